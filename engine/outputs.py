@@ -1,0 +1,146 @@
+"""The values that cross the engine's internal and public boundaries.
+
+scheduler --SchedulerOutput--> model runner --sampled ids--> scheduler
+engine.step() --> (list[RequestOutput], StepStats) --> the load driver
+
+All frozen: a receiver can keep them without copying.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from engine.request import Request
+
+
+@dataclass(frozen=True)
+class ScheduledRequest:
+    """One request's share of a step.
+
+    ``token_ids`` are ``all_token_ids[num_computed_tokens : num_computed_tokens + len(token_ids)]``;
+    their positions start at ``num_computed_tokens``. ``block_ids`` is the request's block table
+    after this step's allocation, long enough for ``num_computed_tokens + len(token_ids)`` tokens.
+    ``sample`` is True when the chunk reaches the last known token, so its logits give the next
+    token (False for a prefill chunk that stops short of the prompt's end).
+    """
+
+    request_id: str
+    token_ids: tuple[int, ...]
+    num_computed_tokens: int
+    block_ids: tuple[int, ...]
+    sample: bool
+
+    @property
+    def num_new_tokens(self) -> int:
+        return len(self.token_ids)
+
+    @property
+    def seq_len(self) -> int:
+        """Context length after this step: cached + new tokens."""
+        return self.num_computed_tokens + len(self.token_ids)
+
+
+@dataclass(frozen=True)
+class SchedulerOutput:
+    """What to run this step, in batch order, and what the scheduler did to make room.
+
+    Decode tokens are single tokens that extend a request's generated output; every other
+    scheduled token (prompt, chunked prefill, recompute after preemption) counts as prefill.
+    """
+
+    scheduled: tuple[ScheduledRequest, ...]
+    num_prefill_tokens: int
+    num_decode_tokens: int
+    preempted_request_ids: tuple[str, ...] = ()
+    num_prefix_queried_tokens: int = 0  # prompt tokens looked up in the prefix cache this step
+    num_prefix_hit_tokens: int = 0  # of those, found cached
+
+    @property
+    def num_scheduled_tokens(self) -> int:
+        return self.num_prefill_tokens + self.num_decode_tokens
+
+    @property
+    def is_empty(self) -> bool:
+        return not self.scheduled
+
+
+@dataclass(frozen=True)
+class StepStats:
+    """One engine step, as the load driver records it.
+
+    Times are ``time.perf_counter()`` seconds. Block counts are read after the step finished
+    (finished requests' blocks already freed). ``kv_resident_tokens`` holds, for every request
+    holding blocks at that moment, its tokens with K/V in the cache (``num_computed_tokens``):
+    an estimator turns these into bytes and compares with ``num_used_blocks``.
+    """
+
+    step_index: int
+    start_time: float
+    end_time: float
+    num_prefill_tokens: int
+    num_decode_tokens: int
+    num_running: int
+    num_waiting: int
+    num_used_blocks: int
+    num_free_blocks: int
+    num_total_blocks: int
+    num_preemptions: int
+    num_finished: int = 0
+    num_oom: int = 0
+    kv_resident_tokens: tuple[int, ...] = ()
+    num_prefix_queried_tokens: int = 0
+    num_prefix_hit_tokens: int = 0
+
+    @property
+    def duration_s(self) -> float:
+        return self.end_time - self.start_time
+
+    @property
+    def kv_cache_usage(self) -> float:
+        """Used blocks / total blocks (vLLM's KV cache usage), in [0, 1]."""
+        return self.num_used_blocks / self.num_total_blocks if self.num_total_blocks else 0.0
+
+
+@dataclass(frozen=True)
+class RequestOutput:
+    """A finished request: its tokens, its timeline, and why it stopped.
+
+    ``token_times[i]`` is when output token i was produced. ``text`` is the decoded output
+    (None when the model has no tokenizer). ``finish_detail`` carries the numbers behind
+    ``cannot_fit`` and ``oom`` (e.g. "needs 70 blocks, cache has 64").
+    """
+
+    request_id: str
+    prompt_token_ids: tuple[int, ...]
+    output_token_ids: tuple[int, ...]
+    text: str | None
+    finish_reason: str
+    finish_detail: str
+    arrival_time: float
+    first_scheduled_time: float | None
+    token_times: tuple[float, ...]
+    finish_time: float
+    num_preemptions: int
+    num_cached_tokens: int
+
+    @property
+    def first_token_time(self) -> float | None:
+        return self.token_times[0] if self.token_times else None
+
+    @classmethod
+    def from_request(cls, request: Request, text: str | None) -> "RequestOutput":
+        assert request.finish_reason is not None and request.finish_time is not None
+        return cls(
+            request_id=request.request_id,
+            prompt_token_ids=tuple(request.prompt_token_ids),
+            output_token_ids=tuple(request.output_token_ids),
+            text=text,
+            finish_reason=request.finish_reason,
+            finish_detail=request.finish_detail,
+            arrival_time=request.arrival_time,
+            first_scheduled_time=request.first_scheduled_time,
+            token_times=tuple(request.token_times),
+            finish_time=request.finish_time,
+            num_preemptions=request.num_preemptions,
+            num_cached_tokens=request.num_cached_tokens,
+        )

@@ -1,0 +1,108 @@
+"""Requests: what a client asks for, and the per-request state the scheduler advances.
+
+Progress is counted in tokens, as in vLLM v1: a request holds ``num_tokens`` known tokens
+(prompt + generated so far) of which ``num_computed_tokens`` already have K/V in the cache.
+Each step the scheduler gives it ``num_new_tokens`` more to compute; prefill, chunked prefill,
+decode and recompute after preemption are all the same rule::
+
+    all_token_ids:  | prompt ................ | output ...... |
+                    0            num_computed_tokens      num_tokens
+                    |<- K/V in cache ->|<- to compute ->|
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+
+class FinishReason:
+    """Why a request stopped. Strings, so they go into CSV and JSON unchanged."""
+
+    STOP = "stop"  # produced an EOS token (and ignore_eos was off)
+    LENGTH = "length"  # produced max_tokens tokens
+    ABORT = "abort"  # abort(request_id): the client went away
+    OOM = "oom"  # torch raised a memory error in the step that ran it
+    CANNOT_FIT = "cannot_fit"  # over max_model_len, or needs more blocks than the whole cache
+
+    ALL = (STOP, LENGTH, ABORT, OOM, CANNOT_FIT)
+
+
+class RequestStatus(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How to pick each output token.
+
+    temperature 0 means greedy (argmax). With temperature > 0, logits are divided by it, then
+    top-p (nucleus) keeps the smallest set of tokens whose probability reaches ``top_p``.
+    ``seed`` makes one request's draws reproducible whatever else shares its batch.
+
+    Raises:
+        ValueError: naming the field, for max_tokens < 1, temperature < 0, top_p outside (0, 1].
+    """
+
+    max_tokens: int = 16
+    temperature: float = 0.0
+    top_p: float = 1.0
+    seed: int | None = None
+    ignore_eos: bool = False
+
+    def __post_init__(self) -> None:
+        if self.max_tokens < 1:
+            raise ValueError(f"max_tokens: must be >= 1 (got {self.max_tokens})")
+        if self.temperature < 0:
+            raise ValueError(f"temperature: must be >= 0 (got {self.temperature})")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p: must be in (0, 1] (got {self.top_p})")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+
+@dataclass(eq=False)
+class Request:
+    """One request's mutable state. The scheduler owns it; others read it.
+
+    Times are ``time.perf_counter()`` seconds (the engine's clock), so differences are latencies.
+    ``cache_salt`` enters the first block's prefix-cache hash: requests with different salts never
+    share blocks.
+    """
+
+    request_id: str
+    prompt_token_ids: tuple[int, ...]
+    sampling_params: SamplingParams
+    arrival_time: float
+    cache_salt: str | None = None
+
+    output_token_ids: list[int] = field(default_factory=list)
+    num_computed_tokens: int = 0
+    status: RequestStatus = RequestStatus.WAITING
+    first_scheduled_time: float | None = None
+    token_times: list[float] = field(default_factory=list)
+    finish_time: float | None = None
+    finish_reason: str | None = None
+    finish_detail: str = ""
+    num_preemptions: int = 0
+    num_cached_tokens: int = 0  # prompt tokens served from the prefix cache at first admission
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.prompt_token_ids)
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.prompt_token_ids) + len(self.output_token_ids)
+
+    @property
+    def all_token_ids(self) -> list[int]:
+        return [*self.prompt_token_ids, *self.output_token_ids]
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status is RequestStatus.FINISHED
