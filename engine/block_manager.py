@@ -1,0 +1,189 @@
+"""BlockManager: the KV cache's blocks, their ref counts, every request's block table, the prefix cache.
+
+The pool holds ``num_blocks`` blocks of ``block_size`` token slots each (slot = block_id x
+block_size + offset). A request's block table lists its blocks in token order; a new block is
+taken only when the last one is full. Blocks with ref count 0 wait in the free queue, least
+recently freed first::
+
+    free queue (front = next to reuse)          prefix cache: hash -> block id
+    [ 7 | 3 | 9 | 4 ]  <- freed blocks join      only full blocks whose K/V were computed
+      ^ popped by allocate(); if it still holds  a hash, the hash is evicted first.
+
+Prefix caching (after vLLM's automatic prefix caching design, docs.vllm.ai "Automatic Prefix
+Caching"): full block i of a request gets ``hash(hash of block i-1, token ids of block i, extra)``,
+where extra is the request's cache salt for block 0 and nothing after (the chain carries it).
+A lookup walks the chain from block 0 until the first miss, never covering the request's last
+token (its logits are needed, so at least one token is always computed). A hit block is shared
+by ref count; if it sat in the free queue it leaves it. A finished request's blocks join the free
+queue tail first, so a shared prefix (the head) stays cached longest.
+
+Only the BlockManager changes block tables; others read copies.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from array import array
+from collections import OrderedDict
+from dataclasses import dataclass
+
+from engine.request import Request
+
+
+@dataclass(eq=False)
+class KVBlock:
+    block_id: int
+    ref_count: int = 0
+    block_hash: bytes | None = None  # set while the block is in the prefix cache
+
+
+def hash_block(parent: bytes | None, token_ids: list[int] | tuple[int, ...], extra: str | None) -> bytes:
+    """16-byte chained hash of one full block (blake2b over parent hash, int64 token ids, extra key)."""
+    h = hashlib.blake2b(digest_size=16)
+    h.update(parent or b"\0" * 16)
+    h.update(array("q", token_ids).tobytes())
+    if extra is not None:
+        h.update(b"\x01salt:" + extra.encode())
+    return h.digest()
+
+
+class BlockManager:
+    """Allocates and frees KV blocks; owns block tables and the prefix cache.
+
+    Args:
+        num_blocks: blocks in the pool.
+        block_size: token slots per block.
+        enable_prefix_caching: cache full computed blocks by chained hash and share them.
+
+    ``num_evictions`` counts cached blocks reused for new content (cumulative).
+    """
+
+    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True):
+        if num_blocks < 1 or block_size < 1:
+            raise ValueError(f"num_blocks and block_size must be >= 1 (got {num_blocks}, {block_size})")
+        self.num_blocks = num_blocks
+        self.block_size = block_size
+        self.enable_prefix_caching = enable_prefix_caching
+        self.blocks = [KVBlock(i) for i in range(num_blocks)]
+        self._free: OrderedDict[int, None] = OrderedDict((i, None) for i in range(num_blocks))
+        self._cached: dict[bytes, int] = {}
+        self._tables: dict[str, list[int]] = {}
+        self._hashes: dict[str, list[bytes]] = {}  # chained hashes of a request's full blocks
+        self._num_checked: dict[str, int] = {}  # leading table entries already offered to the cache
+        self.num_evictions = 0
+
+    # ---- views -------------------------------------------------------------------------
+    @property
+    def num_free_blocks(self) -> int:
+        """Blocks with ref count 0, cached ones included (they are evicted on demand)."""
+        return len(self._free)
+
+    @property
+    def num_used_blocks(self) -> int:
+        """Blocks with ref count >= 1; a block shared by several requests counts once."""
+        return self.num_blocks - len(self._free)
+
+    def free_queue(self) -> list[int]:
+        """Free block ids, next to be reused first."""
+        return list(self._free)
+
+    def block_table(self, request_id: str) -> tuple[int, ...]:
+        return tuple(self._tables.get(request_id, ()))
+
+    def num_blocks_for(self, num_tokens: int) -> int:
+        return -(-num_tokens // self.block_size)
+
+    # ---- prefix cache ------------------------------------------------------------------
+    def _block_hashes(self, request: Request, num_tokens: int) -> list[bytes]:
+        """Chained hashes of the request's first ``num_tokens // block_size`` full blocks."""
+        hashes = self._hashes.setdefault(request.request_id, [])
+        num_full = num_tokens // self.block_size
+        if len(hashes) < num_full:
+            tokens = request.all_token_ids
+            bs = self.block_size
+            for i in range(len(hashes), num_full):
+                parent = hashes[i - 1] if i else None
+                extra = request.cache_salt if i == 0 else None
+                hashes.append(hash_block(parent, tokens[i * bs : (i + 1) * bs], extra))
+        return hashes[:num_full]
+
+    def find_cached_prefix(self, request: Request) -> list[int]:
+        """Block ids of the longest cached prefix of ``request``'s tokens; changes nothing.
+
+        Capped at ``(num_tokens - 1) // block_size`` blocks so the last token is always computed.
+        """
+        if not self.enable_prefix_caching:
+            return []
+        hits: list[int] = []
+        for block_hash in self._block_hashes(request, request.num_tokens - 1):
+            block_id = self._cached.get(block_hash)
+            if block_id is None:
+                break
+            hits.append(block_id)
+        return hits
+
+    def cache_computed_blocks(self, request: Request) -> None:
+        """Enter the request's full blocks whose K/V are computed into the prefix cache.
+
+        A block whose hash is already cached under another block id stays uncached (a duplicate);
+        it is freed like any other block.
+        """
+        if not self.enable_prefix_caching:
+            return
+        table = self._tables.get(request.request_id, [])
+        hashes = self._block_hashes(request, request.num_computed_tokens)
+        start = self._num_checked.get(request.request_id, 0)
+        self._num_checked[request.request_id] = len(hashes)
+        for i in range(start, len(hashes)):
+            block_hash, block = hashes[i], self.blocks[table[i]]
+            if block.block_hash is None and block_hash not in self._cached:
+                block.block_hash = block_hash
+                self._cached[block_hash] = block.block_id
+
+    # ---- allocation --------------------------------------------------------------------
+    def allocate(self, request_id: str, num_tokens: int, cached_block_ids: list[int] = ()) -> bool:
+        """Grow ``request_id``'s block table to hold ``num_tokens`` tokens, all or nothing.
+
+        ``cached_block_ids`` (from find_cached_prefix, only for a request holding no blocks) start
+        the table and are shared (ref count + 1). Returns False, changing nothing, when the free
+        queue cannot supply every block needed.
+        """
+        table = self._tables.get(request_id, [])
+        if cached_block_ids and table:
+            raise ValueError(f"{request_id}: cached blocks can only start an empty block table")
+        num_new = self.num_blocks_for(num_tokens) - len(table) - len(cached_block_ids)
+        num_revived = sum(1 for b in cached_block_ids if self.blocks[b].ref_count == 0)
+        if max(num_new, 0) + num_revived > len(self._free):
+            return False
+        for block_id in cached_block_ids:
+            block = self.blocks[block_id]
+            if block.ref_count == 0:
+                del self._free[block_id]
+            block.ref_count += 1
+            table.append(block_id)
+        for _ in range(num_new):
+            table.append(self._pop_free().block_id)
+        self._tables[request_id] = table
+        return True
+
+    def _pop_free(self) -> KVBlock:
+        block_id, _ = self._free.popitem(last=False)
+        block = self.blocks[block_id]
+        if block.block_hash is not None:  # evict: the content is about to be overwritten
+            del self._cached[block.block_hash]
+            block.block_hash = None
+            self.num_evictions += 1
+        block.ref_count = 1
+        return block
+
+    def free(self, request_id: str, forget: bool = True) -> None:
+        """Release the request's blocks (finish, abort, preemption). ``forget=False`` keeps its
+        block hashes for a later lookup (preemption: the tokens will be the same)."""
+        self._num_checked.pop(request_id, None)
+        for block_id in reversed(self._tables.pop(request_id, [])):
+            block = self.blocks[block_id]
+            block.ref_count -= 1
+            if block.ref_count == 0:
+                self._free[block_id] = None  # tail of the request joins first
+        if forget:
+            self._hashes.pop(request_id, None)

@@ -1,0 +1,225 @@
+"""Scheduler: who runs this step, and how many tokens each, under the token budget.
+
+Iteration-level continuous batching counted in tokens (vLLM v1's scheduler design, docs.vllm.ai
+"vLLM V1" and Yu et al., "Orca", OSDI 2022): each step every running request asks for
+``num_tokens - num_computed_tokens`` more tokens (1 for a decode, a chunk for a prefill), taken
+in order until ``max_num_batched_tokens`` is spent; then waiting requests are admitted first come,
+first served while blocks, budget and ``max_num_seqs`` allow. A prompt longer than the remaining
+budget is prefilled in chunks over several steps (chunked prefill).
+
+When a running request needs a block and none is free, the most recently admitted running request
+is preempted by recompute (Kwon et al., "PagedAttention", SOSP 2023, section 4.5): its blocks are
+freed, its computed tokens forgotten, and it goes back to the front of the waiting queue; no new
+request is admitted in a step that preempted. The scheduler owns the queues; the BlockManager
+owns blocks and block tables.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Iterable, Mapping
+
+from engine.block_manager import BlockManager
+from engine.config import EngineConfig
+from engine.outputs import ScheduledRequest, SchedulerOutput
+from engine.request import FinishReason, Request, RequestStatus
+
+
+class Scheduler:
+    """Queues, token budget, preemption.
+
+    Args:
+        config: max_num_seqs, max_num_batched_tokens, block_size, enable_prefix_caching.
+        num_blocks: blocks in the KV pool.
+        max_model_len: longest prompt + max_tokens a request may ask for (tokens).
+        eos_token_ids: ids that end a request (unless its ignore_eos is set).
+    """
+
+    def __init__(
+        self,
+        config: EngineConfig,
+        num_blocks: int,
+        max_model_len: int,
+        eos_token_ids: frozenset[int] = frozenset(),
+    ):
+        self.max_num_seqs = config.max_num_seqs
+        self.max_num_batched_tokens = config.max_num_batched_tokens
+        self.max_model_len = max_model_len
+        self.eos_token_ids = eos_token_ids
+        self.block_manager = BlockManager(num_blocks, config.block_size, config.enable_prefix_caching)
+        self.waiting: deque[Request] = deque()
+        self.running: list[Request] = []  # admission order: the last one is preempted first
+        self._requests: dict[str, Request] = {}
+        self._finished: list[Request] = []
+        # Prefix-cache lookups of admitted requests (cumulative): tokens looked up, tokens found.
+        self.num_prefix_queried_tokens = 0
+        self.num_prefix_hit_tokens = 0
+
+    # ---- views -------------------------------------------------------------------------
+    num_waiting = property(lambda self: len(self.waiting))
+    num_running = property(lambda self: len(self.running))
+    num_used_blocks = property(lambda self: self.block_manager.num_used_blocks)
+    num_free_blocks = property(lambda self: self.block_manager.num_free_blocks)
+    num_total_blocks = property(lambda self: self.block_manager.num_blocks)
+
+    def get_request(self, request_id: str) -> Request:
+        return self._requests[request_id]
+
+    def has_unfinished(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def kv_resident_tokens(self) -> tuple[int, ...]:
+        """Tokens with K/V in the cache, per request holding blocks (running ones)."""
+        return tuple(r.num_computed_tokens for r in self.running)
+
+    # ---- requests in and out -----------------------------------------------------------
+    def add_request(self, request: Request, now: float) -> None:
+        """Queue ``request``, or finish it at once with CANNOT_FIT if it could never run.
+
+        Raises:
+            ValueError: a request id already in use, or an empty prompt.
+        """
+        if request.request_id in self._requests:
+            raise ValueError(f"request_id: {request.request_id!r} is already in use")
+        if not request.prompt_token_ids:
+            raise ValueError("prompt_token_ids: must hold at least one token")
+        self._requests[request.request_id] = request
+        max_len = request.num_prompt_tokens + request.sampling_params.max_tokens
+        # The last output token is never fed back, so its K/V needs no slot.
+        num_blocks_needed = self.block_manager.num_blocks_for(max_len - 1)
+        if max_len > self.max_model_len:
+            detail = (
+                f"prompt {request.num_prompt_tokens} + max_tokens {request.sampling_params.max_tokens}"
+                f" = {max_len} tokens > max_model_len {self.max_model_len}"
+            )
+        elif num_blocks_needed > self.block_manager.num_blocks:
+            detail = f"needs {num_blocks_needed} blocks, cache has {self.block_manager.num_blocks}"
+        else:
+            self.waiting.append(request)
+            return
+        self._finish(request, FinishReason.CANNOT_FIT, now, detail)
+
+    def finish_requests(self, request_ids: Iterable[str], reason: str, now: float, detail: str = "") -> None:
+        """Finish requests from outside the normal flow (abort, oom); frees their blocks at once.
+        Unknown or already finished ids are ignored."""
+        for request_id in request_ids:
+            request = self._requests.get(request_id)
+            if request is None or request.is_finished:
+                continue
+            if request.status is RequestStatus.WAITING:
+                self.waiting.remove(request)
+            self._finish(request, reason, now, detail)
+
+    def take_finished(self) -> list[Request]:
+        """Requests finished since the last call, in finish order; they are forgotten after."""
+        finished, self._finished = self._finished, []
+        for request in finished:
+            self._requests.pop(request.request_id, None)
+        return finished
+
+    def _finish(self, request: Request, reason: str, now: float, detail: str = "") -> None:
+        if request.status is RequestStatus.RUNNING:
+            self.running.remove(request)
+        self.block_manager.free(request.request_id)
+        request.status = RequestStatus.FINISHED
+        request.finish_reason, request.finish_detail, request.finish_time = reason, detail, now
+        self._finished.append(request)
+
+    # ---- one step ----------------------------------------------------------------------
+    def schedule(self, now: float) -> SchedulerOutput:
+        """Pick this step's requests and token counts; allocate their blocks; preempt if needed."""
+        bm = self.block_manager
+        budget = self.max_num_batched_tokens
+        scheduled: list[ScheduledRequest] = []
+        preempted: list[Request] = []
+        queried0, hit0 = self.num_prefix_queried_tokens, self.num_prefix_hit_tokens
+
+        index = 0
+        while index < len(self.running) and budget > 0:
+            request = self.running[index]
+            num_new = min(request.num_tokens - request.num_computed_tokens, budget)
+            while not bm.allocate(request.request_id, request.num_computed_tokens + num_new):
+                victim = self.running.pop()
+                self._preempt(victim)
+                preempted.append(victim)
+                if victim is request:
+                    break
+            if request.status is not RequestStatus.RUNNING:
+                break
+            scheduled.append(self._scheduled(request, num_new))
+            budget -= num_new
+            index += 1
+
+        while not preempted and self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
+            request = self.waiting[0]
+            cached = bm.find_cached_prefix(request)
+            num_cached = len(cached) * bm.block_size
+            num_new = min(request.num_tokens - num_cached, budget)
+            if not bm.allocate(request.request_id, num_cached + num_new, cached):
+                break
+            self.waiting.popleft()
+            self.running.append(request)
+            request.status = RequestStatus.RUNNING
+            request.num_computed_tokens = num_cached
+            if bm.enable_prefix_caching:
+                self.num_prefix_queried_tokens += request.num_tokens
+                self.num_prefix_hit_tokens += num_cached
+            if request.first_scheduled_time is None:
+                request.first_scheduled_time = now
+                request.num_cached_tokens = num_cached
+            scheduled.append(self._scheduled(request, num_new))
+            budget -= num_new
+
+        num_decode = sum(1 for s in scheduled if self._is_decode(s))
+        return SchedulerOutput(
+            scheduled=tuple(scheduled),
+            num_prefill_tokens=sum(s.num_new_tokens for s in scheduled) - num_decode,
+            num_decode_tokens=num_decode,
+            preempted_request_ids=tuple(r.request_id for r in preempted),
+            num_prefix_queried_tokens=self.num_prefix_queried_tokens - queried0,
+            num_prefix_hit_tokens=self.num_prefix_hit_tokens - hit0,
+        )
+
+    def _scheduled(self, request: Request, num_new: int) -> ScheduledRequest:
+        start = request.num_computed_tokens
+        end = start + num_new
+        return ScheduledRequest(
+            request_id=request.request_id,
+            token_ids=tuple(request.all_token_ids[start:end]),
+            num_computed_tokens=start,
+            block_ids=self.block_manager.block_table(request.request_id),
+            sample=end == request.num_tokens,
+        )
+
+    def _is_decode(self, s: ScheduledRequest) -> bool:
+        request = self._requests[s.request_id]
+        return s.num_new_tokens == 1 and s.num_computed_tokens >= request.num_prompt_tokens
+
+    def _preempt(self, request: Request) -> None:
+        self.block_manager.free(request.request_id, forget=False)
+        request.status = RequestStatus.WAITING
+        request.num_computed_tokens = 0
+        request.num_preemptions += 1
+        self.waiting.appendleft(request)
+
+    def update_from_output(
+        self, output: SchedulerOutput, sampled_token_ids: Mapping[str, int], now: float
+    ) -> None:
+        """Advance every scheduled request by its computed tokens; append sampled tokens; finish
+        requests that hit EOS (unless ignore_eos) or max_tokens."""
+        for s in output.scheduled:
+            request = self._requests.get(s.request_id)
+            if request is None or request.status is not RequestStatus.RUNNING:
+                continue  # finished in between (abort, oom)
+            request.num_computed_tokens += s.num_new_tokens
+            self.block_manager.cache_computed_blocks(request)
+            if not s.sample:
+                continue
+            token_id = sampled_token_ids[s.request_id]
+            request.output_token_ids.append(token_id)
+            request.token_times.append(now)
+            params = request.sampling_params
+            if token_id in self.eos_token_ids and not params.ignore_eos:
+                self._finish(request, FinishReason.STOP, now)
+            elif len(request.output_token_ids) >= params.max_tokens:
+                self._finish(request, FinishReason.LENGTH, now)
