@@ -1,0 +1,155 @@
+"""The `kvplan` command line: one typer app, one thin function per command.
+
+Each command parses its options, calls one library function and renders the result. Heavy imports
+(torch, transformers, pandas, matplotlib) stay inside the command bodies that need them, so
+`kvplan --help` and `kvplan estimate` start fast. To add a command: one more ``@app.command()``
+function here. Bad input raises :class:`kvplan.errors.KvplanError`; :func:`main` prints it as one
+red line on stderr and exits 2.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from kvplan.capacity import DEFAULT_GPU_MEMORY_UTILIZATION, DEFAULT_OVERHEAD_GIB
+from kvplan.errors import KvplanError
+
+app = typer.Typer(
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+    help="KV-cache capacity planning for LLM serving.",
+)
+
+
+def main() -> None:
+    """Console-script entry point. A KvplanError becomes one red line on stderr and exit 2; typer
+    itself reports usage errors (unknown option, bad number) briefly, also with exit 2."""
+    try:
+        app()
+    except KvplanError as err:
+        _error_line(str(err))
+        sys.exit(err.exit_code)
+
+
+@app.callback()
+def _root() -> None:
+    """KV-cache capacity planning for LLM serving: estimate, measure, report, gate."""
+
+
+def _error_line(message: str) -> None:
+    from rich.console import Console
+
+    Console(stderr=True).print(f"error: {message}", style="red", markup=False, highlight=False, soft_wrap=True)
+
+
+def _int_list(text: str | None, flag: str) -> tuple[int, ...]:
+    """``"8192,32k,128K"`` -> (8192, 32768, 131072); a ``k`` suffix means x1024 tokens."""
+    if not text:
+        return ()
+    values = []
+    for part in text.split(","):
+        part = part.strip().lower()
+        scale = 1024 if part.endswith("k") else 1
+        try:
+            values.append(int(part.removesuffix("k")) * scale)
+        except ValueError:
+            raise KvplanError(flag, f"{part!r} is not a whole number", "give numbers like 8192,32k,128k") from None
+    return tuple(values)
+
+
+@app.command()
+def estimate(
+    model: Annotated[str, typer.Option(help="Preset name or Hugging Face id (case-insensitive), config.json path or folder, or .gguf file.")],
+    gpu: Annotated[Optional[str], typer.Option(help="GPU from the bundled table: A10G, L4, L40S, A100-40GB, A100-80GB, H100-80GB, H200, B200, MI300X, RTX-3090, RTX-4090.")] = None,
+    gpu_memory_gib: Annotated[Optional[float], typer.Option(help="GPU memory in GiB, instead of --gpu.")] = None,
+    gpu_memory_utilization: Annotated[float, typer.Option(help="Fraction of GPU memory the server may use (vLLM's default).")] = DEFAULT_GPU_MEMORY_UTILIZATION,
+    kv_memory_gib: Annotated[Optional[float], typer.Option(help="KV pool size in GiB per GPU, as vLLM prints it; skips the budget arithmetic.")] = None,
+    weights_gib: Annotated[Optional[float], typer.Option(help="Weight memory per GPU in GiB, instead of parameters counted from the config.")] = None,
+    weight_dtype: Annotated[str, typer.Option(help="Weight dtype: auto (checkpoint dtype or quantization), fp32, fp16, bf16, fp8, int8, int4.")] = "auto",
+    overhead_gib: Annotated[float, typer.Option(help="Non-KV reserve per GPU in GiB: activation peak, CUDA context, graphs (vLLM logs show 1-3 GiB).")] = DEFAULT_OVERHEAD_GIB,
+    kv_cache_dtype: Annotated[str, typer.Option(help="KV dtype: auto (model dtype), fp32, fp16, bf16, fp8, int8, int4.")] = "auto",
+    tp: Annotated[int, typer.Option(help="Tensor-parallel size.")] = 1,
+    pp: Annotated[int, typer.Option(help="Pipeline-parallel size.")] = 1,
+    block_size: Annotated[int, typer.Option(help="Tokens per KV block.")] = 16,
+    max_model_len: Annotated[Optional[int], typer.Option(help="Longest request in tokens (default: the model's max_position_embeddings).")] = None,
+    context: Annotated[Optional[str], typer.Option(help="Context lengths for the grid, e.g. 8192,32k,128k (default: max_model_len).")] = None,
+    batch: Annotated[str, typer.Option(help="Batch sizes for the grid, e.g. 1,8,32.")] = "1",
+    shared_prefix_tokens: Annotated[int, typer.Option(help="Tokens of a prefix every request shares; its full blocks count once per batch.")] = 0,
+    json_output: Annotated[bool, typer.Option("--json", help="Print one JSON object instead of tables.")] = False,
+    plot: Annotated[Optional[Path], typer.Option(help="Write a PNG of KV GiB against context per batch size, with the KV budget.")] = None,
+) -> None:
+    """KV bytes per token, per request and per batch, and what fits on a GPU (per GPU rank)."""
+    from kvplan.estimate import estimate as run_estimate
+    from kvplan.model_spec import load_model_spec
+
+    spec = load_model_spec(model)
+    result = run_estimate(
+        spec,
+        contexts=_int_list(context, "--context"),
+        batch_sizes=_int_list(batch, "--batch") or (1,),
+        shared_prefix_tokens=shared_prefix_tokens,
+        kv_cache_dtype=kv_cache_dtype,
+        tp=tp,
+        pp=pp,
+        block_size=block_size,
+        max_model_len=max_model_len,
+        gpu=gpu,
+        gpu_memory_gib=gpu_memory_gib,
+        gpu_memory_utilization=gpu_memory_utilization,
+        weights_gib=weights_gib,
+        weight_dtype=weight_dtype,
+        overhead_gib=overhead_gib,
+        kv_memory_gib=kv_memory_gib,
+    )
+    if plot is not None:
+        from kvplan.estimate_plot import save_estimate_plot
+
+        save_estimate_plot(result, plot)
+    if json_output:
+        import json
+
+        print(json.dumps(result.to_dict(), indent=2))
+    else:
+        from kvplan.estimate_view import render_estimate
+
+        render_estimate(result, spec)
+
+
+@app.command()
+def loadtest(
+    workload: Annotated[Path, typer.Argument(help="Workload YAML, e.g. workloads/chat.yaml.")],
+    out: Annotated[Optional[Path], typer.Option(help="Report folder (default: reports/<name>-<timestamp>/).")] = None,
+    quiet: Annotated[bool, typer.Option(help="No progress bars or tables: print only the report folder.")] = False,
+) -> None:
+    """Run a workload's buckets and load levels on the bundled engine; write the report folder (Ctrl-C keeps what finished)."""
+    from rich.console import Console
+
+    from kvplan.loadtest import run_loadtest
+    from kvplan.report import print_summary
+    from kvplan.results import load_run
+    from kvplan.workload import load_workload
+
+    console = Console()
+    run_dir = run_loadtest(load_workload(workload), out, console=None if quiet else console)
+    if not quiet:
+        print_summary(load_run(run_dir).results, console)
+    console.print(f"report: {run_dir}", markup=False, highlight=False)
+
+
+@app.command()
+def report(
+    run_dir: Annotated[Path, typer.Argument(help="A report folder written by kvplan loadtest.")],
+) -> None:
+    """Re-render summary.md, the CSV tables and the charts of a saved run, without re-running it."""
+    from rich.console import Console
+
+    from kvplan.report import print_summary, render_report
+
+    console = Console()
+    print_summary(render_report(run_dir).results, console)
+    console.print(f"report: {run_dir}", markup=False, highlight=False)

@@ -1,0 +1,106 @@
+"""KVEstimate: capacity plus the per-request grid, the one result `kvplan estimate` renders.
+
+Grid row for ``batch_size`` requests of ``context_tokens`` tokens each, on one GPU rank::
+
+    kv_bytes          what the tokens need: sliding layers capped at their window, a shared
+                      prefix's full blocks counted once
+    paged_bytes       whole blocks of block_size tokens per layer (the last block partly empty)
+    contiguous_bytes  a max_model_len reservation per request, as a non-paged cache makes
+    *_waste_bytes     paged_bytes or contiguous_bytes minus kv_bytes
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+from kvplan import kv_math
+from kvplan.capacity import Capacity, estimate_capacity
+from kvplan.errors import KvplanError
+from kvplan.model_spec import ModelSpec
+
+SCHEMA_VERSION = 1
+
+
+@dataclass(frozen=True)
+class GridRow:
+    """KV of ``batch_size`` requests of ``context_tokens`` tokens on one GPU rank (bytes)."""
+
+    context_tokens: int
+    batch_size: int
+    kv_bytes: int
+    paged_bytes: int
+    paged_waste_bytes: int
+    contiguous_bytes: int
+    contiguous_waste_bytes: int
+    exceeds_max_model_len: bool
+    fits: bool | None  # paged_bytes within the KV budget; None without a budget
+
+
+@dataclass(frozen=True)
+class KVEstimate:
+    """Everything `kvplan estimate` prints; ``to_dict`` is its JSON form."""
+
+    capacity: Capacity
+    shared_prefix_tokens: int
+    per_request_contiguous_bytes: int
+    grid: tuple[GridRow, ...]
+    layers: tuple[kv_math.LayerKVSpec, ...]  # the limiting rank's layers, for plots
+
+    def to_dict(self) -> dict:
+        """JSON-ready dict: the capacity fields at top level, then the grid."""
+        out = {"schema_version": SCHEMA_VERSION, **asdict(self.capacity)}
+        out["shared_prefix_tokens"] = self.shared_prefix_tokens
+        out["per_request_contiguous_bytes"] = self.per_request_contiguous_bytes
+        out["grid"] = [asdict(row) for row in self.grid]
+        return out
+
+
+def estimate(
+    spec: ModelSpec,
+    *,
+    contexts: tuple[int, ...] = (),
+    batch_sizes: tuple[int, ...] = (1,),
+    shared_prefix_tokens: int = 0,
+    **capacity_settings,
+) -> KVEstimate:
+    """Capacity (see :func:`kvplan.capacity.estimate_capacity` for ``capacity_settings``) and the
+    grid of ``contexts`` x ``batch_sizes`` (contexts default to max_model_len).
+
+    Raises:
+        KvplanError: a bad setting, named by its flag.
+    """
+    if shared_prefix_tokens < 0:
+        raise KvplanError("--shared-prefix-tokens", f"must be >= 0 (got {shared_prefix_tokens})")
+    for flag, values in (("--context", contexts), ("--batch", batch_sizes)):
+        bad = [v for v in values if v < 1]
+        if bad:
+            raise KvplanError(flag, f"values must be >= 1 (got {bad[0]})")
+    capacity = estimate_capacity(spec, **capacity_settings)
+    layers = kv_math.rank_layer_specs(
+        spec, capacity_settings.get("kv_cache_dtype", "auto"), capacity.tp, capacity.pp
+    )
+    block_size, max_len = capacity.block_size, capacity.max_model_len
+    reservation = kv_math.request_kv_bytes(layers, max_len)
+    rows = []
+    for context in contexts or (max_len,):
+        for batch in batch_sizes:
+            prefix = min(shared_prefix_tokens, context)
+            shared = kv_math.shared_prefix_bytes(layers, context, prefix, block_size) if batch > 1 else 0
+            needed = batch * kv_math.request_kv_bytes(layers, context) - (batch - 1) * shared
+            paged = kv_math.batch_kv_bytes(layers, context, batch, block_size, prefix)
+            contiguous = batch * max(reservation, kv_math.request_kv_bytes(layers, context))
+            budget = capacity.kv_budget_bytes
+            rows.append(
+                GridRow(
+                    context_tokens=context,
+                    batch_size=batch,
+                    kv_bytes=needed,
+                    paged_bytes=paged,
+                    paged_waste_bytes=paged - needed,
+                    contiguous_bytes=contiguous,
+                    contiguous_waste_bytes=contiguous - needed,
+                    exceeds_max_model_len=context > max_len,
+                    fits=None if budget is None else paged <= capacity.num_blocks * capacity.bytes_per_block,
+                )
+            )
+    return KVEstimate(capacity, shared_prefix_tokens, reservation, tuple(rows), layers)

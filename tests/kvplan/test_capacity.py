@@ -1,0 +1,126 @@
+"""Capacity: parameter counts against published totals, the budget, blocks, concurrency, max_model_len fit."""
+
+import math
+
+import pytest
+
+from kvplan.capacity import count_parameters, estimate_capacity, gpu_table, lookup_gpu, weights_bytes
+from kvplan.errors import KvplanError
+from kvplan.model_spec import load_model_spec
+
+GiB = 2**30
+
+
+@pytest.mark.parametrize(
+    "preset, expected",
+    [
+        # sum of the tensor element counts in the SmolLM2-135M-Instruct GGUF (gguf.GGUFReader)
+        ("smollm2-135m", 134_515_008),
+        # 2 x 128256 x 4096 (embeddings, lm_head) + 32 x (2 x 4096^2 + 2 x 4096 x 1024 + 3 x 4096 x 14336 + 2 x 4096) + 4096
+        ("llama-3.1-8b", 8_030_261_248),
+        # 2 x 32000 x 4096 + 32 x (41,943,040 attention + 8 x 3 x 4096 x 14336 experts + 4096 x 8 router + 8192) + 4096
+        ("mixtral-8x7b", 46_702_792_704),
+    ],
+)
+def test_parameter_count_exact(preset, expected):
+    assert sum(count_parameters(load_model_spec(preset))) == expected
+
+
+@pytest.mark.parametrize(
+    "preset, published",
+    [
+        ("deepseek-v3", 671e9),  # DeepSeek-V3 report: 671B total (main model, without the MTP module)
+        ("deepseek-v2-lite", 15.7e9),  # DeepSeek-V2 report: 15.7B
+        ("qwen3-30b-a3b", 30.5e9),  # Qwen3 model card: 30.5B
+        ("qwen3-235b-a22b", 235e9),
+        ("gpt-oss-20b", 20.91e9),  # gpt-oss model card: 20.91B
+        ("llama-2-7b", 6.74e9),
+        ("gemma-2-9b", 9.24e9),
+    ],
+)
+def test_parameter_count_matches_published_totals(preset, published):
+    assert sum(count_parameters(load_model_spec(preset))) == pytest.approx(published, rel=0.005)
+
+
+def test_weights_use_the_checkpoint_quantization():
+    spec = load_model_spec("deepseek-v3")  # fp8 checkpoint: fp8 layers, bf16 embeddings and lm_head
+    embedding, other = count_parameters(spec)
+    assert embedding == 2 * 129_280 * 7168
+    assert weights_bytes(spec) == embedding * 2 + other * 1
+    assert weights_bytes(spec, "int4") == (embedding + other) // 2
+    with pytest.raises(KvplanError, match="--weight-dtype"):
+        weights_bytes(spec, "fp5")
+
+
+def test_budget_blocks_and_concurrency_on_a_gpu():
+    spec = load_model_spec("smollm2-135m")
+    cap = estimate_capacity(spec, gpu="L4", max_model_len=8192)
+    budget = int(22.49 * 0.9 * GiB) - 134_515_008 * 2 - 2 * GiB  # L4 x 0.9 - bf16 weights - 2 GiB overhead
+    assert cap.kv_budget_bytes == budget
+    assert cap.bytes_per_block == 23_040 * 16
+    assert cap.num_blocks == budget // (23_040 * 16)
+    assert cap.kv_capacity_tokens == cap.num_blocks * 16
+    assert cap.max_concurrency == pytest.approx(cap.num_blocks / (8192 / 16))
+    assert cap.max_model_len_fit is None
+
+
+def test_tp_divides_weights_and_kv_heads():
+    spec = load_model_spec("llama-3.1-70b")
+    cap = estimate_capacity(spec, gpu="H100-80GB", tp=4, max_model_len=8192)
+    # 2 x 128256 x 8192 + 80 x (2 x 8192^2 + 2 x 8192 x 1024 + 3 x 8192 x 28672 + 2 x 8192) + 8192 parameters, bf16
+    assert cap.weights_bytes == 70_553_706_496 * 2 // 4
+    assert cap.bytes_per_token == 80 * 2 * 2 * 128 * 2
+    assert cap.bytes_per_token_all_ranks == 4 * cap.bytes_per_token
+
+
+def test_max_model_len_fit_in_whole_blocks():
+    spec = load_model_spec("llama-3.1-8b")  # 2 MiB per block of 16 tokens
+    cap = estimate_capacity(spec, kv_memory_gib=4, max_model_len=131_072)
+    assert cap.num_blocks == 2048
+    assert cap.max_model_len_fit == 2048 * 16
+    assert cap.max_concurrency == pytest.approx(2048 / 8192)
+    fits = estimate_capacity(spec, kv_memory_gib=4, max_model_len=10_000)
+    assert fits.max_model_len_fit is None and fits.max_concurrency == pytest.approx(2048 / 625)
+
+
+def test_hybrid_model_concurrency_counts_the_windows():
+    spec = load_model_spec("gemma-3-27b")
+    cap = estimate_capacity(spec, kv_memory_gib=20, max_model_len=131_072)
+    per_layer_block = 16 * 2 * 16 * 128 * 2
+    # global layers hold 8192 blocks; a local layer holds the 64 blocks under its 1024-token window
+    per_request = (10 * 8192 + 52 * 64) * per_layer_block
+    assert cap.per_request_bytes == per_request
+    assert cap.max_concurrency == pytest.approx(cap.num_blocks * cap.bytes_per_block / per_request)
+
+
+def test_budget_below_zero_says_by_how_much():
+    spec = load_model_spec("llama-3.1-70b")
+    excess = 70_553_706_496 * 2 / GiB + 2 - 22.49 * 0.9
+    with pytest.raises(KvplanError, match=rf"exceed 22.49 GiB x 0.9 = 20.24 GiB by {excess:.2f} GiB"):
+        estimate_capacity(spec, gpu="L4")
+
+
+def test_gpu_table_covers_the_required_gpus():
+    required = ["A10G", "L4", "L40S", "A100-40GB", "A100-80GB", "H100-80GB", "H200", "B200", "MI300X", "RTX-3090", "RTX-4090"]
+    table = gpu_table()
+    for name in required:
+        assert 20 < table[name]["memory_gib"] < 200 and table[name]["source"], name
+    assert lookup_gpu("rtx 4090") == ("RTX-4090", 23.68)
+    assert lookup_gpu("h100") == ("H100-80GB", 79.18)
+    with pytest.raises(KvplanError, match="ambiguous GPU 'A100'"):
+        lookup_gpu("A100")
+    with pytest.raises(KvplanError, match="unknown GPU 'V100'"):
+        lookup_gpu("V100")
+
+
+def test_bad_settings_are_named():
+    spec = load_model_spec("smollm2-135m")
+    for kwargs, flag in [
+        (dict(block_size=0), "--block-size"),
+        (dict(gpu_memory_utilization=1.5), "--gpu-memory-utilization"),
+        (dict(kv_memory_gib=-1), "--kv-memory-gib"),
+        (dict(gpu_memory_gib=24, overhead_gib=-1), "--overhead-gib"),
+    ]:
+        with pytest.raises(KvplanError, match=flag):
+            estimate_capacity(spec, **kwargs)
+    assert math.isclose(estimate_capacity(spec, kv_memory_gib=1).kv_budget_bytes, GiB)

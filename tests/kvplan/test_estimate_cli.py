@@ -1,0 +1,130 @@
+"""`kvplan estimate` end to end: tables, JSON, grid, plot, one-line errors, and the import rule."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from kvplan.cli import main
+
+GiB = 2**30
+
+
+def run(monkeypatch, capsys, *args):
+    """Run the console entry point in-process; return (exit code, stdout, stderr)."""
+    monkeypatch.setattr(sys, "argv", ["kvplan", *args])
+    with pytest.raises(SystemExit) as exit_info:
+        main()
+    out, err = capsys.readouterr()
+    return exit_info.value.code, out, err
+
+
+def run_json(monkeypatch, capsys, *args):
+    code, out, err = run(monkeypatch, capsys, "estimate", *args, "--json")
+    assert code == 0, err
+    return json.loads(out)
+
+
+def test_makefile_demo_renders_tables(monkeypatch, capsys):
+    code, out, err = run(monkeypatch, capsys, "estimate", "--model", "smollm2-135m", "--gpu", "L4", "--max-model-len", "8192")
+    assert code == 0, err
+    assert "SmolLM2-135M-Instruct: KV per token" in out and "Capacity per GPU (L4)" in out
+    assert "23,040 per rank" in out
+
+
+def test_json_has_the_promised_integer_keys(monkeypatch, capsys):
+    result = run_json(monkeypatch, capsys, "--model", "smollm2-135m", "--gpu", "L4", "--max-model-len", "8192")
+    for key in ("bytes_per_token", "bytes_per_block", "num_blocks", "kv_capacity_tokens", "per_request_bytes"):
+        assert isinstance(result[key], int), key
+    assert result["bytes_per_token"] == 23_040 and result["bytes_per_block"] == 368_640
+    assert result["per_request_bytes"] == 8192 * 23_040
+    assert result["max_model_len_fit"] is None and result["max_concurrency"] > 100
+    assert result["grid"] and result["gpu"] == "L4"
+
+
+def test_grid_paged_next_to_contiguous(monkeypatch, capsys):
+    result = run_json(
+        monkeypatch, capsys, "--model", "llama-3.1-8b", "--max-model-len", "131072",
+        "--context", "8192,32k,1000", "--batch", "1,8",
+    )
+    rows = {(row["context_tokens"], row["batch_size"]): row for row in result["grid"]}
+    assert len(rows) == 6
+    assert rows[(8192, 1)]["paged_bytes"] == 1 * GiB
+    assert rows[(32768, 8)]["paged_bytes"] == 32 * GiB  # 8 requests of 32K
+    # 1000 tokens: 63 blocks of 16 -> 8 empty slots; contiguous reserves 131,072 tokens
+    assert rows[(1000, 1)]["paged_waste_bytes"] == 8 * 131_072
+    assert rows[(1000, 1)]["contiguous_bytes"] == 16 * GiB
+    assert rows[(1000, 8)]["contiguous_waste_bytes"] == 8 * (16 * GiB - 1000 * 131_072)
+    assert all(row["fits"] is None for row in result["grid"])  # no GPU, no budget
+
+
+def test_shared_prefix_is_stored_once(monkeypatch, capsys):
+    result = run_json(
+        monkeypatch, capsys, "--model", "llama-3.1-8b", "--context", "1000", "--batch", "8", "--shared-prefix-tokens", "500",
+    )
+    row = result["grid"][0]
+    # 500 // 16 = 31 full prefix blocks of 2 MiB held once instead of 8 times
+    assert row["paged_bytes"] == 8 * 63 * 2**21 - 7 * 31 * 2**21
+
+
+def test_plot_writes_a_png(monkeypatch, capsys, tmp_path):
+    png = tmp_path / "kv.png"
+    code, _, err = run(
+        monkeypatch, capsys, "estimate", "--model", "qwen3-8b", "--gpu", "H100-80GB", "--context", "4k,32k", "--batch", "1,8",
+        "--plot", str(png),
+    )
+    assert code == 0, err
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--model", "llama-3.1-9b"], "error: --model: unknown model 'llama-3.1-9b'; closest: llama-3.1-8b"),
+        (["--model", "llama-3.1-70b", "--gpu", "L4"], "error: KV budget: weights 131.42 GiB + overhead 2.00 GiB"),
+        (["--model", "smollm2-135m", "--tp", "2"], "error: --tp: 2 does not divide the 9 attention heads"),
+        (["--model", "smollm2-135m", "--context", "8k,lots"], "error: --context: 'lots' is not a whole number"),
+        (["--model", "smollm2-135m", "--plot", "/no/such/dir/x.png"], "error: --plot: folder /no/such/dir does not exist"),
+    ],
+)
+def test_bad_input_is_one_red_line(monkeypatch, capsys, args, message):
+    code, out, err = run(monkeypatch, capsys, "estimate", *args)
+    assert code == 2 and out == ""
+    assert err.startswith(message) and err.count("\n") == 1 and "Traceback" not in err
+
+
+def test_config_missing_field_and_unreadable_file(monkeypatch, capsys, tmp_path):
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps({"num_hidden_layers": 4, "num_attention_heads": 4}))  # no head_dim, no hidden_size
+    code, _, err = run(monkeypatch, capsys, "estimate", "--model", str(config))
+    assert code == 2 and "missing field head_dim" in err and err.count("\n") == 1
+    config.write_text(json.dumps({"num_hidden_layers": 4, "num_attention_heads": 4, "head_dim": 64}))
+    code, _, err = run(monkeypatch, capsys, "estimate", "--model", str(config), "--gpu", "L4")
+    assert code == 2 and "missing field hidden_size" in err  # the weights need it
+    config.write_bytes(b"\xff\xfe\x00binary")
+    code, _, err = run(monkeypatch, capsys, "estimate", "--model", str(config))
+    assert code == 2 and err.startswith(f"error: {config}: not valid JSON") and err.count("\n") == 1
+    gguf = tmp_path / "model.gguf"
+    gguf.write_bytes(b"GGUF\x03\x00\x00\x00truncated")
+    code, _, err = run(monkeypatch, capsys, "estimate", "--model", str(gguf))
+    assert code == 2 and err.startswith(f"error: {gguf}: not a readable GGUF file") and err.count("\n") == 1
+
+
+def test_usage_errors_exit_2_without_traceback(monkeypatch, capsys):
+    code, _, err = run(monkeypatch, capsys, "estimate", "--model", "smollm2-135m", "--no-such-flag")
+    assert code == 2 and "No such option" in err and "Traceback" not in err
+
+
+def test_estimate_imports_neither_torch_nor_transformers():
+    script = (
+        "import sys\n"
+        "from kvplan.cli import main\n"
+        "sys.argv = ['kvplan', 'estimate', '--model', 'llama-3.1-8b', '--gpu', 'H100-80GB', '--json']\n"
+        "try:\n    main()\nexcept SystemExit as e:\n    assert e.code == 0, e.code\n"
+        "heavy = sorted(m for m in ('torch', 'transformers', 'pandas', 'matplotlib') if m in sys.modules)\n"
+        "print('HEAVY=' + ','.join(heavy))\n"
+    )
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip().endswith("HEAVY=")

