@@ -55,7 +55,7 @@ def test_weights_use_the_checkpoint_quantization():
 def test_budget_blocks_and_concurrency_on_a_gpu():
     spec = load_model_spec("smollm2-135m")
     cap = estimate_capacity(spec, gpu="L4", max_model_len=8192)
-    budget = int(22.49 * 0.9 * GiB) - 134_515_008 * 2 - 2 * GiB  # L4 x 0.9 - bf16 weights - 2 GiB overhead
+    budget = int(22.03 * 0.9 * GiB) - 134_515_008 * 2 - 2 * GiB  # L4 x 0.9 - bf16 weights - 2 GiB overhead
     assert cap.kv_budget_bytes == budget
     assert cap.bytes_per_block == 23_040 * 16
     assert cap.num_blocks == budget // (23_040 * 16)
@@ -95,8 +95,8 @@ def test_hybrid_model_concurrency_counts_the_windows():
 
 def test_budget_below_zero_says_by_how_much():
     spec = load_model_spec("llama-3.1-70b")
-    excess = 70_553_706_496 * 2 / GiB + 2 - 22.49 * 0.9
-    with pytest.raises(KvplanError, match=rf"exceed 22.49 GiB x 0.9 = 20.24 GiB by {excess:.2f} GiB"):
+    excess = 70_553_706_496 * 2 / GiB + 2 - 22.03 * 0.9
+    with pytest.raises(KvplanError, match=rf"exceed 22.03 GiB x 0.9 = 19.83 GiB by {excess:.2f} GiB"):
         estimate_capacity(spec, gpu="L4")
 
 

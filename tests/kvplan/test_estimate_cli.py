@@ -39,7 +39,11 @@ def test_json_has_the_promised_integer_keys(monkeypatch, capsys):
         assert isinstance(result[key], int), key
     assert result["bytes_per_token"] == 23_040 and result["bytes_per_block"] == 368_640
     assert result["per_request_bytes"] == 8192 * 23_040
-    assert result["max_model_len_fit"] is None and result["max_concurrency"] > 100
+    # L4 22.03 GiB x 0.9 - weights (134,515,008 params x 2 bytes) - 2 GiB reserve, in 368,640-byte blocks
+    num_blocks = int((22.03 * 0.9 * 2**30 - 134_515_008 * 2 - 2 * 2**30) // 368_640)
+    assert result["num_blocks"] == num_blocks == 51_195
+    assert result["max_concurrency"] == num_blocks / (8192 // 16)
+    assert result["max_model_len_fit"] is None
     assert result["grid"] and result["gpu"] == "L4"
 
 
