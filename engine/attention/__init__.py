@@ -25,7 +25,7 @@ Batch layout (the runner guarantees it)::
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from types import ModuleType
 
 import torch
@@ -41,6 +41,9 @@ class AttentionMetadata:
     block_tables: [num_seqs, max_num_blocks_per_seq] int32, padded with 0 past each table's end.
     num_decodes: the first ``num_decodes`` sequences have exactly one new token each.
     max_query_len, max_seq_len: host-side maxima (no device sync needed to size a launch).
+    backend_plans: a backend's own per-step plan, derived from the fields above and built once
+        by the first layer that needs it (keyed by backend and block size); the runner makes a
+        new metadata object each step, so a plan never outlives its step.
     """
 
     slot_mapping: torch.Tensor
@@ -50,6 +53,7 @@ class AttentionMetadata:
     num_decodes: int
     max_query_len: int
     max_seq_len: int
+    backend_plans: dict = field(default_factory=dict, compare=False, repr=False)
 
     @property
     def num_seqs(self) -> int:

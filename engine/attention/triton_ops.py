@@ -1,0 +1,395 @@
+"""Triton paged attention: cache write, decode, and (chunked) prefill kernels with checked wrappers.
+
+The default backend on CUDA. On CPU it runs only in Triton's interpreter (``TRITON_INTERPRET=1``),
+whose dtype faults shape the wrappers (../shared/ENVIRONMENT.md): bf16/fp8 arithmetic and
+fp32 -> bf16/fp8 casts are wrong there, loads followed by an fp32 upcast are exact. So under the
+interpreter every kernel computes in fp32, the write kernel copies values that torch quantised on
+the host (as same-width integers), and outputs are written in fp32 and cast by torch. On a GPU
+the kernels cast natively (fp8 quantisation in the write kernel, 16-bit outputs) and the prefill
+kernel's 16-bit dots use tensor cores. The decode kernel computes in fp32 on both.
+
+Addressing (all kernels): a token at context position ``n`` of sequence ``i`` lives at
+``block_tables[i, n // block_size]``, offset ``n % block_size``. Key tiles are gathered per token
+through the block table, so the key tile ``BLOCK_N`` is independent of the cache's block size.
+
+Softmax is the online (streaming) form of FlashAttention (Dao et al. 2022, arXiv:2205.14135):
+per query row keep the running max ``m``, normaliser ``l`` and unnormalised output ``acc``; for
+each key tile ``m' = max(m, max s)``, ``acc = acc * exp(m - m') + exp(s - m') @ V``. Exponentials
+are base 2 with ``log2(e)`` folded into the score scale. FP8 scales fold as in ``torch_ref``:
+``k_scale`` into the score scale, ``v_scale`` into the final output.
+
+dot precision: fp32 inputs use ``input_precision="ieee"`` (true fp32, matching torch's default of
+no TF32 in matmuls, so fp32 engine runs match transformers); bf16/fp16 inputs use the native
+16-bit dot with fp32 accumulation, as FlashAttention does.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+import triton
+import triton.language as tl
+
+from engine.attention import AttentionMetadata
+from engine.attention.torch_ref import FP8_DTYPE, quantize_to_cache
+
+CACHE_DTYPES = (torch.float32, torch.float16, torch.bfloat16, FP8_DTYPE)
+MODEL_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+_SAME_WIDTH_INT = {1: torch.int8, 2: torch.int16, 4: torch.int32}
+
+
+def _interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET") == "1"
+
+
+@triton.jit
+def _write_kv_kernel(
+    key_ptr, value_ptr, k_cache_ptr, v_cache_ptr, slot_ptr, k_scale, v_scale,
+    stride_kt, stride_kh, stride_vt, stride_vh,
+    stride_kcb, stride_kcs, stride_kch, stride_vcb, stride_vcs, stride_vch,
+    NUM_KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr,
+    BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, QUANT_FP8: tl.constexpr,
+):
+    # One program per token: all KV heads of that token go to one slot.
+    t = tl.program_id(0).to(tl.int64)
+    slot = tl.load(slot_ptr + t)
+    blk = slot // BLOCK_SIZE
+    off = slot % BLOCK_SIZE
+    h = tl.arange(0, BLOCK_H)[:, None]
+    d = tl.arange(0, BLOCK_D)[None, :]
+    mask = (h < NUM_KV_HEADS) & (d < HEAD_DIM)
+    k = tl.load(key_ptr + t * stride_kt + h * stride_kh + d, mask=mask)
+    v = tl.load(value_ptr + t * stride_vt + h * stride_vh + d, mask=mask)
+    if QUANT_FP8:
+        # Correctly rounded division, as torch's x / scale; e4m3 has no inf, so saturate first.
+        k = tl.clamp(tl.div_rn(k.to(tl.float32), k_scale), -448.0, 448.0)  # FP8_MAX
+        v = tl.clamp(tl.div_rn(v.to(tl.float32), v_scale), -448.0, 448.0)
+    k_dst = k_cache_ptr + blk * stride_kcb + off * stride_kcs + h * stride_kch + d
+    v_dst = v_cache_ptr + blk * stride_vcb + off * stride_vcs + h * stride_vch + d
+    tl.store(k_dst, k.to(k_cache_ptr.dtype.element_ty), mask=mask)
+    tl.store(v_dst, v.to(v_cache_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _decode_kernel(
+    q_ptr, k_cache_ptr, v_cache_ptr, out_ptr, block_tables_ptr, seq_lens_ptr,
+    score_scale, out_scale,
+    stride_qt, stride_qh, stride_ot, stride_oh, stride_bt,
+    stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh,
+    GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr,
+    BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
+):
+    # One program per (decode sequence, KV head): the GROUP query heads sharing that KV head are
+    # rows of one tile, so each K/V tile is read once. Decode is memory bound and a one-token
+    # query has few rows, so scores are broadcast multiply-and-sum in fp32, not tl.dot.
+    seq = tl.program_id(0).to(tl.int64)
+    kv_head = tl.program_id(1)
+    seq_len = tl.load(seq_lens_ptr + seq)
+    g = tl.arange(0, BLOCK_G)
+    d = tl.arange(0, BLOCK_D)
+    d_ok = d < HEAD_DIM
+    heads = kv_head * GROUP + g
+    q_mask = (g < GROUP)[:, None] & d_ok[None, :]
+    q = tl.load(q_ptr + seq * stride_qt + heads[:, None] * stride_qh + d[None, :], mask=q_mask, other=0.0)
+    q = q.to(tl.float32) * (score_scale * 1.4426950408889634)  # log2(e): exp2 below
+
+    m_i = tl.full([BLOCK_G], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_G], tl.float32)
+    acc = tl.zeros([BLOCK_G, BLOCK_D], tl.float32)
+    for start in range(0, seq_len, BLOCK_N):
+        n = start + tl.arange(0, BLOCK_N)
+        n_ok = n < seq_len
+        blk = tl.load(block_tables_ptr + seq * stride_bt + n // BLOCK_SIZE, mask=n_ok, other=0).to(tl.int64)
+        row = (blk * stride_kb + (n % BLOCK_SIZE) * stride_ks)[:, None]
+        kv_mask = n_ok[:, None] & d_ok[None, :]
+        k = tl.load(k_cache_ptr + row + kv_head * stride_kh + d[None, :], mask=kv_mask, other=0.0)
+        s = tl.sum(q[:, None, :] * k.to(tl.float32)[None, :, :], axis=2)  # [BLOCK_G, BLOCK_N]
+        s = tl.where(n_ok[None, :], s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, axis=1))
+        alpha = tl.exp2(m_i - m_new)
+        p = tl.exp2(s - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p, axis=1)
+        v_row = (blk * stride_vb + (n % BLOCK_SIZE) * stride_vs)[:, None]
+        v = tl.load(v_cache_ptr + v_row + kv_head * stride_vh + d[None, :], mask=kv_mask, other=0.0)
+        acc = acc * alpha[:, None] + tl.sum(p[:, :, None] * v.to(tl.float32)[None, :, :], axis=1)
+        m_i = m_new
+    out = acc * (out_scale / l_i)[:, None]
+    o_ptrs = out_ptr + seq * stride_ot + heads[:, None] * stride_oh + d[None, :]
+    tl.store(o_ptrs, out.to(out_ptr.dtype.element_ty), mask=q_mask)
+
+
+@triton.jit
+def _prefill_kernel(
+    q_ptr, k_cache_ptr, v_cache_ptr, out_ptr, block_tables_ptr, seq_lens_ptr, query_start_ptr,
+    score_scale, out_scale, first_seq,
+    stride_qt, stride_qh, stride_ot, stride_oh, stride_bt,
+    stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh,
+    GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, UPCAST: tl.constexpr,
+):
+    # One program per (prefill sequence, query head, tile of BLOCK_M new tokens).
+    #   context:  | computed before (ctx_len) | new tokens (query_len) |
+    #   new token m sits at position ctx_len + m and sees keys 0 .. ctx_len + m.
+    seq = (first_seq + tl.program_id(0)).to(tl.int64)
+    head = tl.program_id(1)
+    m_start = tl.program_id(2) * BLOCK_M
+    q_start = tl.load(query_start_ptr + seq)
+    query_len = tl.load(query_start_ptr + seq + 1) - q_start
+    if m_start >= query_len:
+        return
+    seq_len = tl.load(seq_lens_ptr + seq)
+    ctx_len = seq_len - query_len
+    kv_head = head // GROUP
+    m = m_start + tl.arange(0, BLOCK_M)
+    q_pos = ctx_len + m
+    d = tl.arange(0, BLOCK_D)
+    d_ok = d < HEAD_DIM
+    q_mask = (m < query_len)[:, None] & d_ok[None, :]
+    q_rows = (q_start + m).to(tl.int64)
+    q = tl.load(q_ptr + q_rows[:, None] * stride_qt + head * stride_qh + d[None, :], mask=q_mask, other=0.0)
+    if UPCAST:
+        q = q.to(tl.float32)
+    qk_scale = score_scale * 1.4426950408889634  # log2(e): exp2 below
+
+    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+    # Keys past the tile's last query position are masked for every row: stop before them.
+    key_end = tl.minimum(seq_len, ctx_len + m_start + BLOCK_M)
+    for start in range(0, key_end, BLOCK_N):
+        n = start + tl.arange(0, BLOCK_N)
+        n_ok = n < key_end
+        blk = tl.load(block_tables_ptr + seq * stride_bt + n // BLOCK_SIZE, mask=n_ok, other=0).to(tl.int64)
+        kv_mask = n_ok[:, None] & d_ok[None, :]
+        k_row = (blk * stride_kb + (n % BLOCK_SIZE) * stride_ks)[:, None]
+        k = tl.load(k_cache_ptr + k_row + kv_head * stride_kh + d[None, :], mask=kv_mask, other=0.0)
+        v_row = (blk * stride_vb + (n % BLOCK_SIZE) * stride_vs)[:, None]
+        v = tl.load(v_cache_ptr + v_row + kv_head * stride_vh + d[None, :], mask=kv_mask, other=0.0)
+        if UPCAST:
+            s = tl.dot(q, tl.trans(k.to(tl.float32)), input_precision="ieee")
+        else:
+            s = tl.dot(q, tl.trans(k.to(q.dtype)))
+        s = s * qk_scale
+        causal = (n[None, :] <= q_pos[:, None]) & n_ok[None, :]
+        s = tl.where(causal, s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, axis=1))
+        alpha = tl.exp2(m_i - m_new)
+        p = tl.exp2(s - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p, axis=1)
+        if UPCAST:
+            pv = tl.dot(p, v.to(tl.float32), input_precision="ieee")
+        else:
+            pv = tl.dot(p.to(q.dtype), v.to(q.dtype))
+        acc = acc * alpha[:, None] + pv
+        m_i = m_new
+    out = acc * (out_scale / l_i)[:, None]
+    o_ptrs = out_ptr + q_rows[:, None] * stride_ot + head * stride_oh + d[None, :]
+    tl.store(o_ptrs, out.to(out_ptr.dtype.element_ty), mask=q_mask)
+
+
+def _require(ok: bool, problem: str) -> None:
+    if not ok:
+        raise ValueError(f"triton attention: {problem}")
+
+
+def _check_cache(k_cache: torch.Tensor, v_cache: torch.Tensor) -> None:
+    _require(
+        k_cache.dim() == 4 and k_cache.shape == v_cache.shape,
+        "k_cache and v_cache must both be [num_blocks, block_size, num_kv_heads, head_dim] "
+        f"(got {tuple(k_cache.shape)} and {tuple(v_cache.shape)})",
+    )
+    _require(
+        k_cache.dtype == v_cache.dtype and k_cache.dtype in CACHE_DTYPES,
+        f"cache dtype must be one of {CACHE_DTYPES} and equal for K and V "
+        f"(got {k_cache.dtype} and {v_cache.dtype})",
+    )
+    _require(
+        k_cache.stride(-1) == 1 and v_cache.stride(-1) == 1,
+        f"caches need a contiguous head_dim (got strides {k_cache.stride()} and {v_cache.stride()})",
+    )
+    _require(k_cache.device == v_cache.device, "k_cache and v_cache must be on one device")
+    if k_cache.device.type != "cuda" and not _interpreting():
+        raise RuntimeError(
+            "triton attention on CPU needs the Triton interpreter: set TRITON_INTERPRET=1 before "
+            "triton is imported (or use attention_backend torch)"
+        )
+
+
+def _check_tokens(x: torch.Tensor, name: str, k_cache: torch.Tensor, num_heads: int | None = None) -> None:
+    """x: [num_tokens, num_heads (any if None), head_dim], on the cache's device, head_dim contiguous."""
+    head_dim = k_cache.shape[3]
+    _require(
+        x.dim() == 3 and x.shape[2] == head_dim and num_heads in (None, x.shape[1]),
+        f"{name} must be [num_tokens, {num_heads or 'num_heads'}, {head_dim}] (got {tuple(x.shape)})",
+    )
+    _require(x.dtype in MODEL_DTYPES, f"{name} dtype must be one of {MODEL_DTYPES} (got {x.dtype})")
+    _require(x.stride(-1) == 1, f"{name} needs a contiguous head_dim (got strides {x.stride()})")
+    _require(x.device == k_cache.device, f"{name} is on {x.device}, the cache on {k_cache.device}")
+
+
+def write_kv_cache(
+    key: torch.Tensor,
+    value: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+    k_scale: float = 1.0,
+    v_scale: float = 1.0,
+) -> None:
+    """Store this step's K/V in the paged cache, in place (contract: ``engine.attention``).
+
+    key, value: [num_tokens, num_kv_heads, head_dim]. k_cache, v_cache:
+    [num_blocks, block_size, num_kv_heads, head_dim]. slot_mapping: [num_tokens] int64.
+    fp8 cache: stores ``fp8(clamp(x / scale, +-448))``, the same bytes as ``torch_ref``.
+
+    Raises:
+        ValueError: one line naming the tensor whose shape, dtype, stride or device is wrong.
+        RuntimeError: on CPU without ``TRITON_INTERPRET=1``.
+    """
+    _check_cache(k_cache, v_cache)
+    _check_tokens(key, "key", k_cache, k_cache.shape[2])
+    _check_tokens(value, "value", k_cache, k_cache.shape[2])
+    num_tokens = key.shape[0]
+    _require(
+        slot_mapping.dtype == torch.int64 and slot_mapping.shape == (num_tokens,),
+        f"slot_mapping must be [{num_tokens}] int64 (got {tuple(slot_mapping.shape)} {slot_mapping.dtype})",
+    )
+    _require(value.shape[0] == num_tokens, f"value has {value.shape[0]} tokens, key {num_tokens}")
+    if num_tokens == 0:
+        return
+    slot_mapping = slot_mapping.contiguous()
+    quant_fp8 = k_cache.dtype == FP8_DTYPE
+    if _interpreting():
+        # The interpreter's fp8/bf16 casts are wrong: quantise with torch, copy as integers.
+        int_dtype = _SAME_WIDTH_INT[k_cache.element_size()]
+        key = quantize_to_cache(key, k_cache.dtype, k_scale).view(int_dtype)
+        value = quantize_to_cache(value, v_cache.dtype, v_scale).view(int_dtype)
+        k_cache, v_cache = k_cache.view(int_dtype), v_cache.view(int_dtype)
+        quant_fp8 = False
+    _, block_size, num_kv_heads, head_dim = k_cache.shape
+    _write_kv_kernel[(num_tokens,)](
+        key, value, k_cache, v_cache, slot_mapping, float(k_scale), float(v_scale),
+        key.stride(0), key.stride(1), value.stride(0), value.stride(1),
+        *k_cache.stride()[:3], *v_cache.stride()[:3],
+        NUM_KV_HEADS=num_kv_heads, HEAD_DIM=head_dim, BLOCK_SIZE=block_size,
+        BLOCK_H=triton.next_power_of_2(num_kv_heads), BLOCK_D=triton.next_power_of_2(head_dim),
+        QUANT_FP8=quant_fp8,
+    )
+
+
+def _check_meta(meta: AttentionMetadata, device: torch.device) -> None:
+    n = meta.num_seqs
+    for name, t, shape in (
+        ("seq_lens", meta.seq_lens, (n,)),
+        ("query_start_loc", meta.query_start_loc, (n + 1,)),
+    ):
+        _require(
+            t.dtype == torch.int32 and tuple(t.shape) == shape and t.is_contiguous(),
+            f"meta.{name} must be contiguous {list(shape)} int32 (got {tuple(t.shape)} {t.dtype})",
+        )
+    bt = meta.block_tables
+    _require(
+        bt.dtype == torch.int32 and bt.dim() == 2 and bt.shape[0] == n and bt.stride(1) == 1,
+        f"meta.block_tables must be [{n}, max_num_blocks] int32, rows contiguous "
+        f"(got {tuple(bt.shape)} {bt.dtype} strides {bt.stride()})",
+    )
+    _require(0 <= meta.num_decodes <= n, f"meta.num_decodes must be in 0..{n} (got {meta.num_decodes})")
+    for name in ("seq_lens", "query_start_loc", "block_tables"):
+        where = getattr(meta, name).device
+        _require(where == device, f"meta.{name} is on {where}, the query on {device}")
+
+
+def _decode_block_n(block_g: int, block_d: int, interpreting: bool) -> int:
+    """Key tile of the decode kernel. The [BLOCK_G, BLOCK_N, BLOCK_D] fp32 product lives in
+    registers; capped at 4096 values it compiled for sm_90 (ptxas -v, 4 warps) without spills for
+    groups 1-8, head_dim 64 and 128, bf16, fp32 and fp8 caches. The interpreter pays per loop
+    iteration, not per register: there the tile is long."""
+    if interpreting:
+        return 128
+    return max(16, min(64, 4096 // (block_g * block_d)))
+
+
+def _prefill_tiles(block_d: int, interpreting: bool) -> tuple[int, int]:
+    """(BLOCK_M, BLOCK_N) of the prefill kernel. 64 x 32 with 8 warps compiled for sm_90 without
+    spills for head_dim 64 and 128 in bf16, fp8 and fp32 (64 x 64 spilled in fp32); larger heads
+    take smaller tiles (not compiled here)."""
+    if interpreting:
+        return 64, 128
+    return (64, 32) if block_d <= 128 else (32, 16)
+
+
+def paged_attention(
+    query: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    meta: AttentionMetadata,
+    scale: float,
+    k_scale: float = 1.0,
+    v_scale: float = 1.0,
+    *,
+    block_m: int | None = None,
+    block_n: int | None = None,
+) -> torch.Tensor:
+    """Causal attention of each sequence's new tokens over its paged context (contract:
+    ``engine.attention``): query [num_tokens, num_heads, head_dim] -> same shape, query's dtype.
+
+    Decodes (the first ``meta.num_decodes`` sequences) run one program per (sequence, KV head);
+    prefills and chunks one per (sequence, head, ``block_m`` new tokens). ``block_m`` (prefill
+    query tile) and ``block_n`` (key tile, both kernels) are powers of two >= 16 (``tl.dot``'s
+    minimum); None picks a default for the device. Tests pass small tiles so that tiny shapes
+    still cover several tiles.
+
+    Raises:
+        ValueError: one line naming the tensor or field whose shape, dtype, stride or device is wrong.
+        RuntimeError: on CPU without ``TRITON_INTERPRET=1``.
+    """
+    _check_cache(k_cache, v_cache)
+    _check_tokens(query, "query", k_cache)
+    _check_meta(meta, query.device)
+    num_tokens, num_heads, head_dim = query.shape
+    _, block_size, num_kv_heads, _ = k_cache.shape
+    _require(
+        num_heads % num_kv_heads == 0,
+        f"num_heads ({num_heads}) must be a multiple of num_kv_heads ({num_kv_heads})",
+    )
+    for name, tile in (("block_m", block_m), ("block_n", block_n)):
+        _require(
+            tile is None or (tile >= 16 and tile & (tile - 1) == 0),
+            f"{name} must be a power of two >= 16 (got {tile})",
+        )
+    interpreting = _interpreting()
+    is_fp8 = k_cache.dtype == FP8_DTYPE
+    score_scale = float(scale) * (float(k_scale) if is_fp8 else 1.0)
+    out_scale = float(v_scale) if is_fp8 else 1.0
+    # The interpreter's fp32 -> 16-bit casts truncate: write fp32 there and let torch round.
+    out = torch.empty(
+        query.shape, dtype=torch.float32 if interpreting else query.dtype, device=query.device
+    )
+    group = num_heads // num_kv_heads
+    block_d = max(16, triton.next_power_of_2(head_dim))
+    common = (
+        out.stride(0), out.stride(1), meta.block_tables.stride(0),
+        *k_cache.stride()[:3], *v_cache.stride()[:3],
+    )
+    nd = meta.num_decodes
+    if nd > 0:
+        block_g = triton.next_power_of_2(group)
+        _decode_kernel[(nd, num_kv_heads)](
+            query, k_cache, v_cache, out, meta.block_tables, meta.seq_lens,
+            score_scale, out_scale, query.stride(0), query.stride(1), *common,
+            GROUP=group, HEAD_DIM=head_dim, BLOCK_SIZE=block_size, BLOCK_G=block_g, BLOCK_D=block_d,
+            BLOCK_N=block_n or _decode_block_n(block_g, block_d, interpreting), num_warps=4,
+        )
+    num_prefills = meta.num_seqs - nd
+    if num_prefills > 0:
+        default_m, default_n = _prefill_tiles(block_d, interpreting)
+        tile_m = block_m or default_m
+        _prefill_kernel[(num_prefills, num_heads, triton.cdiv(meta.max_query_len, tile_m))](
+            query, k_cache, v_cache, out, meta.block_tables, meta.seq_lens, meta.query_start_loc,
+            score_scale, out_scale, nd, query.stride(0), query.stride(1), *common,
+            GROUP=group, HEAD_DIM=head_dim, BLOCK_SIZE=block_size,
+            BLOCK_M=tile_m, BLOCK_D=block_d, BLOCK_N=block_n or default_n,
+            UPCAST=interpreting or query.dtype == torch.float32, num_warps=8,
+        )
+    return out if out.dtype == query.dtype else out.to(query.dtype)
