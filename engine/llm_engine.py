@@ -1,0 +1,219 @@
+"""LLMEngine: the public API. One step reads on one screen::
+
+    schedule(now) -> SchedulerOutput -> runner.execute -> logits [num_sampled, vocab]
+        -> sampler -> token ids -> scheduler.update_from_output -> finished RequestOutputs + StepStats
+
+The engine owns the clock (``time.perf_counter()`` seconds, passed to the scheduler) and the
+glue; the scheduler owns queues and blocks, the runner owns tensors, the sampler owns generators.
+A torch memory error inside a step finishes that step's requests with reason ``oom`` and the
+engine goes on.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+
+import torch
+
+from engine.attention import get_attention_backend, resolve_backend_name
+from engine.config import DEFAULT_KV_CACHE_MEMORY_BYTES, EngineConfig
+from engine.kv_cache import KVCache
+from engine.model_runner import ModelRunner
+from engine.models.llama import Transformer, config_head_dim
+from engine.models.loader import load_model
+from engine.outputs import RequestOutput, StepStats
+from engine.request import FinishReason, Request, SamplingParams
+from engine.sampler import Sampler
+from engine.scheduler import Scheduler
+
+_TORCH_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32,
+                 "fp8": torch.float8_e4m3fn}
+
+
+def is_oom_error(e: BaseException) -> bool:
+    """torch's OutOfMemoryError (CUDA), or a CPU allocator failure ("can't allocate memory")."""
+    if isinstance(e, torch.OutOfMemoryError):
+        return True
+    message = str(e).lower()
+    return isinstance(e, RuntimeError) and ("out of memory" in message or "can't allocate memory" in message)
+
+
+class LLMEngine:
+    """A paged-KV engine with continuous batching over one model.
+
+    Raises (at construction):
+        ModelLoadError (a ValueError): the model cannot be loaded (see ``engine.models.loader``).
+        ValueError: ``max_model_len`` above the model's max_position_embeddings, or a KV budget
+            below one block. RuntimeError: ``triton`` on CPU without TRITON_INTERPRET=1.
+    """
+
+    def __init__(self, config: EngineConfig):
+        self.config = config
+        self._device = torch.device(
+            ("cuda" if torch.cuda.is_available() else "cpu") if config.device == "auto" else config.device
+        )
+        self._dtype = _TORCH_DTYPES["bfloat16" if config.dtype == "auto" else config.dtype]
+        kv_dtype = config.kv_cache_dtype
+        self._kv_cache_dtype = self._dtype if kv_dtype == "auto" else _TORCH_DTYPES[kv_dtype]
+        self._attention_backend = resolve_backend_name(config.attention_backend, self._device)
+        backend = get_attention_backend(self._attention_backend, self._device)
+
+        loaded = load_model(config.model, self._dtype, config.seed)
+        self._model_name = loaded.name
+        self._tokenizer = loaded.tokenizer
+        self.eos_token_ids = loaded.eos_token_ids
+        self._hf_config = loaded.hf_model.config
+        self.model = Transformer.from_hf(loaded.hf_model.to(self._device), backend)
+        del loaded  # our modules hold the weights now; drop transformers' copies of q/k/v and gate/up
+
+        cfg = self._hf_config
+        max_pos = cfg.max_position_embeddings
+        if config.max_model_len is not None and config.max_model_len > max_pos:
+            raise ValueError(
+                f"max_model_len: must be <= the model's max_position_embeddings {max_pos} "
+                f"(got {config.max_model_len})"
+            )
+        self.kv_cache = KVCache(
+            cfg.num_hidden_layers, cfg.num_key_value_heads, config_head_dim(cfg), config.block_size,
+            self._kv_cache_dtype, self._device, num_blocks=config.num_blocks,
+            memory_bytes=None if config.num_blocks
+            else config.kv_cache_memory_bytes or DEFAULT_KV_CACHE_MEMORY_BYTES,
+        )
+        self._max_model_len = config.max_model_len or min(max_pos, self.num_blocks * config.block_size)
+        self.scheduler = Scheduler(config, self.num_blocks, self._max_model_len, self.eos_token_ids)
+        self.runner = ModelRunner(self.model, self.kv_cache, self._device)
+        self.sampler = Sampler(config.seed)
+        self._ids = itertools.count()
+        self._step_index = 0
+
+    # ---- read-only views ---------------------------------------------------------------
+    block_size = property(lambda self: self.kv_cache.block_size)
+    num_blocks = property(lambda self: self.kv_cache.num_blocks)
+    bytes_per_block = property(lambda self: self.kv_cache.bytes_per_block)  # all layers, K and V
+    max_model_len = property(lambda self: self._max_model_len)
+    hf_config = property(lambda self: self._hf_config)  # the transformers config of the model
+    tokenizer = property(lambda self: self._tokenizer)  # None for tiny-random-llama
+    device = property(lambda self: self._device)
+    dtype = property(lambda self: self._dtype)
+    kv_cache_dtype = property(lambda self: self._kv_cache_dtype)
+    attention_backend = property(lambda self: self._attention_backend)  # "torch" | "triton"
+    model_name = property(lambda self: self._model_name)
+
+    # ---- requests ----------------------------------------------------------------------
+    def add_request(self, prompt_token_ids: list[int], sampling_params: SamplingParams,
+                    request_id: str | None = None, arrival_time: float | None = None,
+                    cache_salt: str | None = None) -> str:
+        """Queue a request; returns its id. ``arrival_time`` defaults to now (perf_counter s).
+
+        A request that can never fit finishes at once with reason ``cannot_fit`` (it comes out of
+        the next ``step()``).
+
+        Raises:
+            ValueError: an empty prompt, a token id outside [0, vocab_size), a reused request_id.
+        """
+        vocab = self.hf_config.vocab_size
+        if prompt_token_ids and not all(0 <= t < vocab for t in prompt_token_ids):
+            raise ValueError(f"prompt_token_ids: every id must be in [0, {vocab}) for {self.model_name}")
+        request_id = str(next(self._ids)) if request_id is None else request_id
+        now = time.perf_counter()
+        request = Request(request_id, tuple(prompt_token_ids), sampling_params,
+                          now if arrival_time is None else arrival_time, cache_salt)
+        self.scheduler.add_request(request, now)
+        self.sampler.add(request_id, sampling_params)
+        return request_id
+
+    def abort(self, request_id: str) -> None:
+        """Finish a request now and free its blocks; it comes out of the next ``step()``.
+        Unknown or finished ids are ignored."""
+        self.scheduler.finish_requests([request_id], FinishReason.ABORT, time.perf_counter())
+
+    def has_unfinished(self) -> bool:
+        return self.scheduler.has_unfinished()
+
+    # ---- one step ----------------------------------------------------------------------
+    def step(self) -> tuple[list[RequestOutput], StepStats]:
+        """Schedule, run, sample, update. Returns the requests finished during this step (and any
+        aborted or rejected since the last one) and this step's stats."""
+        start = time.perf_counter()
+        sched = self.scheduler.schedule(start)
+        num_oom = 0
+        if not sched.is_empty:
+            try:
+                out = self.runner.execute(sched)
+                params = [self.scheduler.get_request(r).sampling_params for r in out.request_ids]
+                token_ids = self.sampler.sample(out.logits, out.request_ids, params)
+            except (torch.OutOfMemoryError, RuntimeError) as e:
+                if not is_oom_error(e):
+                    raise
+                ids = [s.request_id for s in sched.scheduled]
+                num_oom = len(ids)
+                detail = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+                self.scheduler.finish_requests(ids, FinishReason.OOM, time.perf_counter(), detail)
+            else:
+                self.scheduler.update_from_output(sched, dict(zip(out.request_ids, token_ids)),
+                                                  time.perf_counter())
+        outputs = [self._output(r) for r in self.scheduler.take_finished()]
+        s = self.scheduler
+        stats = StepStats(
+            step_index=self._step_index,
+            start_time=start,
+            end_time=time.perf_counter(),
+            num_prefill_tokens=sched.num_prefill_tokens,
+            num_decode_tokens=sched.num_decode_tokens,
+            num_running=s.num_running,
+            num_waiting=s.num_waiting,
+            num_used_blocks=s.num_used_blocks,
+            num_free_blocks=s.num_free_blocks,
+            num_total_blocks=s.num_total_blocks,
+            num_preemptions=len(sched.preempted_request_ids),
+            num_finished=len(outputs),
+            num_oom=num_oom,
+            kv_resident_tokens=s.kv_resident_tokens(),
+            num_prefix_queried_tokens=sched.num_prefix_queried_tokens,
+            num_prefix_hit_tokens=sched.num_prefix_hit_tokens,
+        )
+        self._step_index += 1
+        return outputs, stats
+
+    def _output(self, request: Request) -> RequestOutput:
+        self.sampler.free(request.request_id)
+        text = None
+        if self.tokenizer is not None:
+            text = self.tokenizer.decode(request.output_token_ids, skip_special_tokens=True)
+        return RequestOutput.from_request(request, text)
+
+    # ---- offline batch -----------------------------------------------------------------
+    def generate(self, prompts: list[list[int]] | list[str],
+                 sampling_params: SamplingParams | list[SamplingParams]) -> list[RequestOutput]:
+        """Run ``prompts`` to completion; outputs in input order. Strings are tokenised as plain
+        text (no chat template). Other requests already queued run too; their outputs are dropped.
+
+        Raises:
+            ValueError: string prompts on a model without a tokenizer, or a params list whose
+                length differs from the prompts'.
+        """
+        if isinstance(sampling_params, SamplingParams):
+            sampling_params = [sampling_params] * len(prompts)
+        if len(sampling_params) != len(prompts):
+            raise ValueError(
+                f"sampling_params: need one per prompt ({len(prompts)}), got {len(sampling_params)}"
+            )
+        ids = []
+        for prompt, params in zip(prompts, sampling_params):
+            if isinstance(prompt, str):
+                if self.tokenizer is None:
+                    raise ValueError(f"prompts: {self.model_name} has no tokenizer; pass token ids")
+                prompt = self.tokenizer(prompt)["input_ids"]
+            ids.append(self.add_request(prompt, params))
+        done: dict[str, RequestOutput] = {}
+        pending = set(ids)
+        while pending:
+            outputs, stats = self.step()
+            for o in outputs:
+                if o.request_id in pending:
+                    done[o.request_id] = o
+                    pending.discard(o.request_id)
+            if pending and not outputs and stats.num_prefill_tokens + stats.num_decode_tokens == 0:
+                raise RuntimeError("engine: a step scheduled nothing while requests wait (scheduler stuck)")
+        return [done[i] for i in ids]

@@ -1,0 +1,368 @@
+"""The load driver: one engine, every bucket x level, every request and step recorded.
+
+Order of a run (each stage saved before the next starts, so a crash keeps what came before)::
+
+    load workload -> build engine -> sample prompts -> estimate (results.json, status running)
+      -> for bucket, for level: submit + step, append requests.jsonl / steps.jsonl as they happen
+      -> summaries (results.json, status complete | interrupted) -> report (md, csv, png)
+
+Closed loop (``concurrency: N``): N requests in flight; a finished one is replaced at once.
+Open loop (``request_rates: r``): Poisson arrivals at r requests/s; each request's arrival_time
+is its scheduled arrival, so queueing before admission counts in its TTFT.
+Every level replays the bucket's same requests with its own cache salt, so levels differ only in
+load and never hit each other's prefix-cache blocks. Ctrl-C stops at once and keeps a valid
+report of the requests that finished. The driver reads nothing of the engine beyond its public
+properties, ``RequestOutput`` and ``StepStats``.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from kvplan.errors import KvplanError
+from kvplan.prompts import SampledRequest, sample_buckets
+from kvplan.results import RequestRecord, RunWriter, StepRecord, load_run, summarize_run, write_results
+from kvplan.workload import Workload
+
+REPORTS_ROOT = Path("reports")
+
+
+@dataclass(frozen=True)
+class Level:
+    """One load level of one bucket: ``level`` is N (closed) or requests/s (open)."""
+
+    bucket: str
+    bucket_index: int
+    mode: str
+    level: float
+    requests: tuple[SampledRequest, ...]
+
+    @property
+    def label(self) -> str:
+        return f"{self.bucket} c={int(self.level)}" if self.mode == "closed" else f"{self.bucket} {self.level:g} req/s"
+
+    @property
+    def key(self) -> str:
+        return f"{self.bucket}/{self.mode}/{self.level:g}"
+
+
+# ---- the estimate, saved before the first request -------------------------------------------
+_KV_DTYPE_NAMES = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32", "float8_e4m3fn": "fp8"}
+
+
+def kv_dtype_name(torch_dtype) -> str:
+    """kvplan's name for the engine's KV cache dtype (torch.bfloat16 -> "bf16")."""
+    return _KV_DTYPE_NAMES[str(torch_dtype).removeprefix("torch.")]
+
+
+@dataclass(frozen=True)
+class KVPricing:
+    """kvplan's per-token price of the engine's KV, and the engine's real per-block price.
+
+    Turns one StepStats into the four KV sizes of a StepRecord (bytes): ideal = sum(resident
+    tokens) x bytes_per_token; paged = sum(ceil(tokens / block_size)) x bytes_per_token x
+    block_size; contiguous = requests holding KV x max_model_len x bytes_per_token; measured =
+    used blocks x engine_bytes_per_block.
+    """
+
+    bytes_per_token: int
+    block_size: int
+    max_model_len: int
+    engine_bytes_per_block: int
+
+    def step_bytes(self, stats) -> tuple[int, int, int, int]:
+        resident = stats.kv_resident_tokens
+        blocks = sum(-(-t // self.block_size) for t in resident)
+        return (
+            sum(resident) * self.bytes_per_token,
+            blocks * self.block_size * self.bytes_per_token,
+            len(resident) * self.max_model_len * self.bytes_per_token,
+            stats.num_used_blocks * self.engine_bytes_per_block,
+        )
+
+
+def _max_concurrency(layers, pool_bytes: int, num_tokens: int, block_size: int) -> int:
+    """Whole requests of ``num_tokens`` tokens whose paged KV fits in ``pool_bytes`` at once."""
+    from kvplan.kv_math import request_kv_bytes
+
+    return pool_bytes // request_kv_bytes(layers, max(num_tokens, 1), block_size)
+
+
+def compute_estimate(workload: Workload, engine, sampled: dict[str, list[SampledRequest]]) -> tuple[dict, KVPricing]:
+    """kvplan's prediction for this run, from the engine's own model config and KV dtype.
+
+    Pool: ``num_blocks`` as given, or floor(kv_cache_memory / bytes per block) (engine default
+    256 MiB). Per bucket: P95 request length (prompt + output tokens) and the max concurrency:
+    how many requests of that length fit the pool at once in whole blocks (capacity.py's
+    ``num_blocks x bytes_per_block / per-request paged bytes``, rounded down).
+    Per plan target: the same, on that model, GPU, tp and KV dtype (kvplan's capacity estimate).
+    """
+    from engine.config import DEFAULT_KV_CACHE_MEMORY_BYTES
+    from kvplan.kv_math import layers_bytes_per_token, rank_layer_specs
+    from kvplan.metrics import p95_request_tokens
+    from kvplan.model_spec import ModelSpec
+
+    spec = ModelSpec.from_hf_config(engine.hf_config.to_dict(), name=engine.model_name)
+    kv_dtype = kv_dtype_name(engine.kv_cache_dtype)
+    layers = rank_layer_specs(spec, kv_dtype)
+    bpt = layers_bytes_per_token(layers)
+    block_size = workload.engine.block_size
+    bpb = bpt * block_size
+    memory = workload.engine.kv_cache_memory or DEFAULT_KV_CACHE_MEMORY_BYTES
+    num_blocks = workload.engine.num_blocks or memory // bpb
+    p95 = {name: p95_request_tokens([r.num_tokens for r in reqs]) for name, reqs in sampled.items()}
+    buckets = [
+        {"name": name, "num_requests": len(sampled[name]), "p95_request_tokens": tokens,
+         "blocks_per_request": -(-tokens // block_size),
+         "max_concurrency": _max_concurrency(layers, num_blocks * bpb, tokens, block_size)}
+        for name, tokens in p95.items()
+    ]
+    estimate = {
+        "model": spec.name, "kv_dtype": kv_dtype, "bytes_per_token": bpt, "bytes_per_block": bpb,
+        "block_size": block_size, "num_blocks": num_blocks, "pool_tokens": num_blocks * block_size,
+        "pool_bytes": num_blocks * bpb, "buckets": buckets,
+        "plan": [plan_target(workload, i, p95) for i in range(len(workload.plan))],
+    }
+    pricing = KVPricing(bpt, engine.block_size, engine.max_model_len, engine.bytes_per_block)
+    return estimate, pricing
+
+
+_PLAN_FLAGS = {"--model": "model", "--gpu": "gpu", "--tp": "tp", "--kv-cache-dtype": "kv_dtype"}
+
+
+def plan_target(workload: Workload, index: int, p95: dict[str, int]) -> dict:
+    """Size every bucket's P95 request on ``workload.plan[index]`` with kvplan's capacity
+    estimate (vLLM defaults: block size 16, 0.9 GPU memory utilization, weights and overhead
+    subtracted). ``p95``: bucket name -> P95 request tokens (an empty dict checks the target).
+
+    Raises:
+        KvplanError: an unknown model, GPU or KV dtype, a bad tp, or a model that leaves no KV
+            budget on that GPU: named ``<workload>: plan[i].<field>``.
+    """
+    from kvplan.capacity import estimate_capacity
+    from kvplan.model_spec import load_model_spec
+
+    target = workload.plan[index]
+    try:
+        spec = load_model_spec(target.model)
+        sized = {
+            name: estimate_capacity(spec, kv_cache_dtype=target.kv_dtype, tp=target.tp, gpu=target.gpu,
+                                    max_model_len=max(tokens, 1))
+            for name, tokens in (p95 or {"": spec.max_position_embeddings}).items()
+        }
+    except KvplanError as err:
+        field = _PLAN_FLAGS.get(err.where, "")
+        raise KvplanError(f"{workload.source}: plan[{index}]{'.' + field if field else ''}",
+                          err.problem, err.fix) from None
+    first = next(iter(sized.values()))
+    return {
+        "model": target.model, "gpu": target.gpu, "tp": target.tp, "kv_dtype": first.kv_cache_dtype,
+        "bytes_per_token": first.bytes_per_token, "num_blocks": first.num_blocks,
+        "kv_capacity_tokens": first.kv_capacity_tokens,
+        "buckets": [{"name": name, "max_concurrency": int(c.max_concurrency)} for name, c in sized.items() if name],
+    }
+
+
+def run_metadata(engine, cfg) -> dict:
+    """What ran: versions, machine, the engine's resolved settings and KV pool (from its public
+    properties), and the scheduler settings of ``cfg`` (the EngineConfig it was built from)."""
+    import platform
+
+    import torch
+    import transformers
+
+    import kvplan
+
+    return {
+        "kvplan_version": kvplan.__version__, "python": platform.python_version(),
+        "torch": torch.__version__, "transformers": transformers.__version__,
+        "platform": platform.platform(), "model": engine.model_name, "device": str(engine.device),
+        "dtype": str(engine.dtype).removeprefix("torch."), "kv_cache_dtype": kv_dtype_name(engine.kv_cache_dtype),
+        "attention_backend": engine.attention_backend, "block_size": engine.block_size,
+        "num_blocks": engine.num_blocks, "bytes_per_block": engine.bytes_per_block,
+        "bytes_per_token": engine.bytes_per_block // engine.block_size,
+        "pool_bytes": engine.num_blocks * engine.bytes_per_block,
+        "pool_tokens": engine.num_blocks * engine.block_size, "max_model_len": engine.max_model_len,
+        "max_num_seqs": cfg.max_num_seqs, "max_num_batched_tokens": cfg.max_num_batched_tokens,
+        "enable_prefix_caching": cfg.enable_prefix_caching, "seed": cfg.seed,
+    }
+
+
+# ---- the run --------------------------------------------------------------------------------
+def plan_levels(workload: Workload, sampled: dict[str, list[SampledRequest]]) -> list[Level]:
+    """Bucket by bucket: closed-loop levels in ascending concurrency, then open-loop rates."""
+    levels = []
+    for i, bucket in enumerate(workload.buckets):
+        reqs = tuple(sampled[bucket.name])
+        levels += [Level(bucket.name, i, "closed", float(n), reqs) for n in sorted(bucket.concurrency)]
+        levels += [Level(bucket.name, i, "open", float(r), reqs) for r in sorted(bucket.request_rates)]
+    return levels
+
+
+def new_run_dir(workload: Workload, root: Path = REPORTS_ROOT) -> Path:
+    """``<root>/<name>-<YYYYmmdd-HHMMSS>/``, with a counter if that second is taken."""
+    stamp = dt.datetime.now().strftime("%Y%m%d-%H%M%S")
+    for n in range(1000):
+        path = root / (f"{workload.name}-{stamp}" + (f"-{n}" if n else ""))
+        try:
+            path.mkdir(parents=True)
+            return path
+        except FileExistsError:
+            continue
+    raise KvplanError(str(root), "cannot create a new run folder")
+
+
+def build_engine(workload: Workload):
+    """The engine the workload describes; its errors become one line naming the field."""
+    from engine.llm_engine import LLMEngine
+
+    try:
+        return LLMEngine(workload.engine.to_engine_config(workload.seed))
+    except (ValueError, RuntimeError) as err:  # EngineConfig, ModelLoadError: "<field>: <problem>"
+        message = str(err).splitlines()[0] if str(err) else ""
+        field, _, problem = message.partition(": ")
+        if problem and field.isidentifier():
+            raise KvplanError(f"{workload.source}: engine.{field}", problem) from None
+        if isinstance(err, RuntimeError):  # not a settings problem: keep the traceback
+            raise
+        raise KvplanError(f"{workload.source}: engine.model", message) from None
+
+
+class _Recorder:
+    """Turns engine outputs into records, writes them, and counts progress for one level."""
+
+    def __init__(self, writer: RunWriter, pricing: KVPricing, level: Level, advance: Callable[[], None]):
+        self.writer, self.pricing, self.level, self.advance = writer, pricing, level, advance
+        self.max_tokens: dict[str, int] = {}
+
+    def step(self, engine) -> int:
+        outputs, stats = engine.step()
+        ideal, paged, contiguous, measured = self.pricing.step_bytes(stats)
+        lv = self.level
+        self.writer.write_step(StepRecord(
+            stats.step_index, lv.bucket, lv.mode, lv.level, stats.start_time, stats.end_time,
+            stats.num_prefill_tokens, stats.num_decode_tokens, stats.num_running, stats.num_waiting,
+            stats.num_used_blocks, stats.num_free_blocks, stats.num_total_blocks,
+            stats.num_preemptions, stats.num_finished, stats.num_oom,
+            stats.num_prefix_queried_tokens, stats.num_prefix_hit_tokens,
+            tuple(stats.kv_resident_tokens), ideal, paged, contiguous, measured,
+        ))
+        for out in outputs:
+            self.writer.write_request(RequestRecord(
+                out.request_id, lv.bucket, lv.mode, lv.level, out.arrival_time, out.first_scheduled_time,
+                out.finish_time, tuple(out.token_times), len(out.prompt_token_ids), len(out.output_token_ids),
+                self.max_tokens.pop(out.request_id), out.finish_reason, out.finish_detail,
+                out.num_preemptions, out.num_cached_tokens,
+            ))
+            self.advance()
+        return len(outputs)
+
+
+def run_level(engine, level: Level, recorder: _Recorder, seed: int) -> None:
+    """Drive one level to the end: closed loop keeps ``level`` requests in flight; open loop
+    submits at Poisson arrival times (exponential gaps of mean 1/rate s, seeded per level)."""
+    from engine.request import SamplingParams
+
+    salt = level.key
+    pending = list(enumerate(level.requests))
+    in_flight = 0
+    if level.mode == "open":
+        rng = np.random.default_rng([seed, level.bucket_index, int(level.level * 1000)])
+        gaps = rng.exponential(1.0 / level.level, size=len(pending))
+        offsets = np.concatenate([[0.0], np.cumsum(gaps[:-1])])
+    t0 = time.perf_counter()
+
+    def submit(index: int, req: SampledRequest, arrival: float | None) -> None:
+        rid = f"{level.key}/{index}"
+        recorder.max_tokens[rid] = req.max_tokens
+        params = SamplingParams(max_tokens=req.max_tokens, ignore_eos=True, seed=seed + index)
+        engine.add_request(list(req.prompt_token_ids), params, request_id=rid, arrival_time=arrival, cache_salt=salt)
+
+    while pending or in_flight:
+        if level.mode == "closed":
+            while pending and in_flight < level.level:
+                submit(*pending.pop(0), None)
+                in_flight += 1
+        else:
+            now = time.perf_counter()
+            while pending and t0 + offsets[pending[0][0]] <= now:
+                index, req = pending.pop(0)
+                submit(index, req, t0 + offsets[index])
+                in_flight += 1
+            if not in_flight:  # idle until the next scheduled arrival
+                time.sleep(max(0.0, t0 + offsets[pending[0][0]] - time.perf_counter()))
+                continue
+        in_flight -= recorder.step(engine)
+
+
+def run_loadtest(
+    workload: Workload, run_dir: Path | None = None, *, engine=None, console=None,
+) -> Path:
+    """Run ``workload`` and write its report folder; returns the folder.
+
+    engine: an already built engine to reuse (tests); by default one is built from
+        ``workload.engine``. console: a rich Console for progress bars and notes (None: silent).
+
+    Raises:
+        KvplanError: engine settings the engine refuses, a model that cannot load, prompts that
+            cannot fill a bucket, a plan target kvplan does not know.
+    """
+    say = console.print if console is not None else (lambda *a, **k: None)
+    started = dt.datetime.now().astimezone().isoformat(timespec="seconds")
+    for index in range(len(workload.plan)):  # a bad plan target fails before the model loads
+        plan_target(workload, index, {})
+    say(f"[dim]loading {workload.engine.model}...[/dim]")
+    engine = engine or build_engine(workload)
+    run_dir = run_dir or new_run_dir(workload)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    if workload.source != "<memory>" and Path(workload.source).is_file():
+        (run_dir / "workload.yaml").write_bytes(Path(workload.source).read_bytes())
+    tokenize = None if engine.tokenizer is None else (lambda texts: engine.tokenizer(texts)["input_ids"])
+    sampled = sample_buckets(workload, tokenize, engine.hf_config.vocab_size)
+    if "num_conversations" in sampled.dataset_info:
+        say(f"[dim]sharegpt: read {sampled.dataset_info['num_conversations']:,} whole conversations[/dim]")
+    estimate, pricing = compute_estimate(workload, engine, sampled.requests)
+    results = {
+        "status": "running", "started_at": started, "finished_at": None,
+        "workload": {"name": workload.name, "source": workload.source, "sha256": workload.sha256,
+                     "config": workload.model_dump(mode="json")},
+        "run": {**run_metadata(engine, workload.engine.to_engine_config(workload.seed)),
+                "dataset": sampled.dataset_info},
+        "estimate": estimate,
+    }
+    write_results(run_dir, results)
+
+    status = "complete"
+    with RunWriter(run_dir) as writer:
+        try:
+            for level in plan_levels(workload, sampled.requests):
+                _run_with_progress(engine, level, writer, pricing, workload.seed, console)
+        except KeyboardInterrupt:
+            status = "interrupted"
+            say("[yellow]interrupted: keeping the requests that finished[/yellow]")
+    data = load_run(run_dir)
+    results.update(summarize_run(results, data.requests, data.steps))
+    results.update(status=status, finished_at=dt.datetime.now().astimezone().isoformat(timespec="seconds"))
+    write_results(run_dir, results)
+    from kvplan.report import render_report
+
+    render_report(run_dir)
+    return run_dir
+
+
+def _run_with_progress(engine, level: Level, writer: RunWriter, pricing: KVPricing, seed: int, console) -> None:
+    if console is None:
+        run_level(engine, level, _Recorder(writer, pricing, level, lambda: None), seed)
+        return
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+    with Progress(*columns, console=console, transient=False) as progress:
+        task = progress.add_task(f"{level.label:<24}", total=len(level.requests))
+        run_level(engine, level, _Recorder(writer, pricing, level, lambda: progress.advance(task)), seed)

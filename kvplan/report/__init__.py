@@ -1,0 +1,100 @@
+"""Render a run folder's views (summary.md, CSV tables, PNG charts) from its saved result.
+
+``render_report`` is what both ``kvplan loadtest`` (at the end) and ``kvplan report DIR`` call,
+so re-rendering never re-runs anything. If results.json has no summaries (the run was killed
+before it could write them), they are rebuilt from the JSONL records and saved first.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+from kvplan.results import RunData, load_run, summarize_run, write_results, write_tables
+
+
+def _save(fig, path: Path) -> None:
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def _figure(width: float, height: float, ncols: int = 1):
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(width, height))
+    return fig, [fig.add_subplot(1, ncols, i + 1) for i in range(ncols)]
+
+
+def render_charts(data: RunData) -> list[str]:
+    """Write the PNGs into the run folder; returns their file names in display order."""
+    from kvplan.report import plots
+
+    results, out = data.results, data.run_dir
+    levels: list[dict[str, Any]] = results.get("levels", [])
+    knees = {b["name"]: b for b in results.get("buckets", [])}
+    names: list[str] = []
+
+    fig, (ax,) = _figure(11, 5)
+    plots.plot_kv_over_time(ax, data.steps, (results.get("run") or {}).get("pool_bytes"))
+    _save(fig, out / "kv_over_time.png")
+    names.append("kv_over_time.png")
+
+    for bucket in knees or {"(none)": {}}:
+        for mode, suffix in (("closed", ""), ("open", "_open")):
+            own = [lv for lv in levels if lv["bucket"] == bucket and lv["mode"] == mode]
+            if mode == "open" and not own:
+                continue
+            fig, axes = _figure(14, 4.2, 3)
+            for ax, metric in zip(axes, ("ttft_ms", "tpot_ms", "e2e_ms")):
+                plots.plot_latency_vs_level(ax, own, metric, knees.get(bucket) if mode == "closed" else None)
+            fig.suptitle(f"bucket {bucket}: latency vs {'concurrency' if mode == 'closed' else 'request rate'}")
+            name = f"latency_{re.sub(r'[^A-Za-z0-9_.-]', '_', bucket)}{suffix}.png"
+            _save(fig, out / name)
+            names.append(name)
+
+    fig, axes = _figure(12, 4.5, 2)
+    plots.plot_throughput(axes[0], levels)
+    plots.plot_goodput(axes[1], levels)
+    _save(fig, out / "throughput_goodput.png")
+    names.append("throughput_goodput.png")
+
+    fig, axes = _figure(12, 4.8, 2)
+    plots.plot_estimate_vs_measured(axes[0], data.steps)
+    plots.plot_peak_kv_per_level(axes[1], levels)
+    _save(fig, out / "kv_estimate_vs_measured.png")
+    names.append("kv_estimate_vs_measured.png")
+    return names
+
+
+def render_report(run_dir: str | Path) -> RunData:
+    """(Re)write summary.md, requests.csv, steps.csv and the PNGs of ``run_dir``.
+
+    Raises:
+        KvplanError: the folder holds no readable results.json of this schema version.
+    """
+    from kvplan.report.summary import summary_markdown
+    from kvplan.results import write_atomic
+
+    data = load_run(run_dir)
+    if "levels" not in data.results:
+        results = {**data.results, **summarize_run(data.results, data.requests, data.steps)}
+        results.pop("schema_version", None)
+        write_results(data.run_dir, results)
+        data = load_run(run_dir)
+    write_tables(data.run_dir, data.requests, data.steps)
+    charts = render_charts(data)
+    write_atomic(data.run_dir / "summary.md", summary_markdown(data.results, charts))
+    return data
+
+
+def print_summary(results: dict[str, Any], console) -> None:
+    """The knee table and one narrow row per level (latencies in ms, goodput in req/s)."""
+    from kvplan.report import tables
+
+    for title, frame in (
+        ("Knee: predicted max concurrency vs measured", tables.knee_table(results)),
+        ("Per level (ms; goodput req/s)", tables.console_table(results)),
+    ):
+        if not frame.empty:
+            console.print(tables.to_rich(frame, title))

@@ -1,0 +1,161 @@
+"""Report charts: one ``plot_*(ax, data)`` per chart, drawing on a matplotlib Axes.
+
+Figures are built with ``matplotlib.figure.Figure`` (Agg canvas, no pyplot state), saved, and
+dropped. A chart with nothing to show writes "no data: <why>" on its axes instead of failing.
+Data come from the saved result only: results.json sections and StepRecords.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from matplotlib.axes import Axes
+
+MIB = 2**20
+_PERCENTILE_STYLES = (("p50", "-"), ("p90", "--"), ("p99", ":"))
+
+
+def _level_axis(ax: Axes, xs: Sequence[float]) -> None:
+    """Ticks at the levels run; a log2 axis when they span 8x or more (1, 2, 4, ... 64)."""
+    xs = sorted(set(xs))
+    if xs and xs[0] > 0 and xs[-1] / xs[0] >= 8:
+        ax.set_xscale("log", base=2)
+    ax.set_xticks(xs, [f"{x:g}" for x in xs])
+    ax.minorticks_off()
+
+
+def no_data(ax: Axes, why: str) -> None:
+    """Say on the chart that there is nothing to draw."""
+    ax.text(0.5, 0.5, f"no data: {why}", ha="center", va="center", transform=ax.transAxes, color="0.4")
+    ax.set_xticks([])
+    ax.set_yticks([])
+
+
+def plot_kv_over_time(ax: Axes, steps: Sequence[Any], pool_bytes: int | None) -> None:
+    """KV bytes after each step (MiB) against time since the first step (s): measured (used
+    blocks x bytes per block), the paged, ideal and contiguous estimates, and the pool size."""
+    ax.set_title("KV cache over time: measured vs estimates")
+    if not steps:
+        return no_data(ax, "no engine step was recorded")
+    t0 = steps[0].start_time
+    t = [s.end_time - t0 for s in steps]
+    series = [
+        ("contiguous (max_model_len per request)", "contiguous_bytes", "tab:red", ":"),
+        ("paged estimate (whole blocks)", "paged_bytes", "tab:orange", "-"),
+        ("ideal estimate (tokens x bytes/token)", "ideal_bytes", "tab:green", "--"),
+        ("measured (used blocks x bytes/block)", "measured_bytes", "tab:blue", "-"),
+    ]
+    top = (pool_bytes or 0) / MIB
+    for label, key, color, style in series:
+        values = [getattr(s, key) / MIB for s in steps]
+        if key == "contiguous_bytes":
+            label += f", peak {max(values):,.1f} MiB"
+        width = 2.5 if key == "paged_bytes" else 1.2  # measured is drawn over paged: equal when exact
+        ax.step(t, values, where="post", label=label, color=color, linestyle=style, linewidth=width)
+        if key != "contiguous_bytes":
+            top = max(top, *values)
+    if pool_bytes:
+        ax.axhline(pool_bytes / MIB, color="black", linewidth=1, label="KV pool size")
+    ax.set_ylim(0, top * 1.25 or 1)  # contiguous may exceed the pool by far: it is clipped
+    previous = None
+    for s, x in zip(steps, t):
+        key = (s.bucket, s.mode, s.level)
+        if key != previous:
+            ax.axvline(x, color="0.85", linewidth=0.8, zorder=0)
+            name = f"{s.bucket} c={int(s.level)}" if s.mode == "closed" else f"{s.bucket} {s.level:g}/s"
+            ax.text(x, top * 1.2, name, fontsize=7, rotation=90, va="top", color="0.4")
+            previous = key
+    ax.set_xlabel("time since first step (s)")
+    ax.set_ylabel("KV cache (MiB)")
+    ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=3, frameon=False)
+
+
+def plot_latency_vs_level(ax: Axes, levels: Sequence[dict], metric: str, knee: dict | None = None) -> None:
+    """One bucket's ``metric`` (ttft_ms, tpot_ms, e2e_ms) P50/P90/P99 against its load levels,
+    with the measured knee and the predicted max concurrency as vertical lines when given."""
+    name = metric[:-3].upper()
+    ax.set_title(f"{name} percentiles")
+    points = [lv for lv in levels if lv.get(metric)]
+    if not points:
+        return no_data(ax, f"no completed request with a {name}")
+    x = [lv["level"] for lv in points]
+    for key, style in _PERCENTILE_STYLES:
+        ax.plot(x, [lv[metric][key] for lv in points], style, marker="o", label=key.upper())
+    if knee and knee.get("measured_knee") is not None:
+        ax.axvline(knee["measured_knee"], color="tab:red", linewidth=1, label="measured knee")
+    if knee and knee.get("predicted_max_concurrency") is not None:
+        ax.axvline(knee["predicted_max_concurrency"], color="tab:red", linestyle="--", linewidth=1,
+                   label="predicted max concurrency")
+    _level_axis(ax, x)
+    ax.set_xlabel("concurrency (requests in flight)" if points[0]["mode"] == "closed" else "request rate (req/s)")
+    ax.set_ylabel(f"{name} (ms)")
+    ax.legend(fontsize=8)
+
+
+def plot_throughput(ax: Axes, levels: Sequence[dict]) -> None:
+    """Output tokens/s against concurrency, one line per bucket (closed-loop levels)."""
+    ax.set_title("Output throughput vs concurrency")
+    closed = [lv for lv in levels if lv["mode"] == "closed" and lv["output_tokens_per_s"] is not None]
+    if not closed:
+        return no_data(ax, "no closed-loop level completed a request")
+    for bucket in dict.fromkeys(lv["bucket"] for lv in closed):
+        own = [lv for lv in closed if lv["bucket"] == bucket]
+        ax.plot([lv["level"] for lv in own], [lv["output_tokens_per_s"] for lv in own], marker="o", label=bucket)
+    _level_axis(ax, [lv["level"] for lv in closed])
+    ax.set_xlabel("concurrency (requests in flight)")
+    ax.set_ylabel("output tokens/s")
+    ax.legend(fontsize=8)
+
+
+def plot_goodput(ax: Axes, levels: Sequence[dict]) -> None:
+    """Requests/s (dashed) and goodput under the SLO (solid) against concurrency, per bucket."""
+    ax.set_title("Goodput vs concurrency")
+    closed = [lv for lv in levels if lv["mode"] == "closed" and lv["requests_per_s"] is not None]
+    if not closed:
+        return no_data(ax, "no closed-loop level completed a request")
+    for bucket in dict.fromkeys(lv["bucket"] for lv in closed):
+        own = [lv for lv in closed if lv["bucket"] == bucket]
+        x = [lv["level"] for lv in own]
+        (line,) = ax.plot(x, [lv["goodput_rps"] for lv in own], marker="o", label=f"{bucket} goodput")
+        ax.plot(x, [lv["requests_per_s"] for lv in own], "--", color=line.get_color(), label=f"{bucket} req/s")
+    _level_axis(ax, [lv["level"] for lv in closed])
+    ax.set_xlabel("concurrency (requests in flight)")
+    ax.set_ylabel("requests/s")
+    ax.legend(fontsize=8)
+
+
+def plot_estimate_vs_measured(ax: Axes, steps: Sequence[Any]) -> None:
+    """Per step, estimated KV (MiB) against measured KV (MiB); points on y = x are exact."""
+    ax.set_title("Estimated vs measured KV, every step")
+    busy = [s for s in steps if s.measured_bytes or s.paged_bytes]
+    if not busy:
+        return no_data(ax, "no step held KV")
+    measured = [s.measured_bytes / MIB for s in busy]
+    ax.scatter(measured, [s.ideal_bytes / MIB for s in busy], s=8, color="tab:green", label="ideal estimate")
+    ax.scatter(measured, [s.paged_bytes / MIB for s in busy], s=14, facecolors="none",
+               edgecolors="tab:orange", label="paged estimate")
+    top = max(measured + [s.paged_bytes / MIB for s in busy])
+    ax.plot([0, top], [0, top], color="black", linewidth=0.8, label="y = x")
+    ax.set_xlabel("measured KV (MiB)")
+    ax.set_ylabel("estimated KV (MiB)")
+    ax.legend(fontsize=8)
+
+
+def plot_peak_kv_per_level(ax: Axes, levels: Sequence[dict]) -> None:
+    """Peak KV bytes per level (MiB, log scale): ideal, paged, measured, contiguous."""
+    ax.set_title("Peak KV per level")
+    if not levels or not any(lv["peak_measured_bytes"] for lv in levels):
+        return no_data(ax, "no level held KV")
+    keys = (("peak_ideal_bytes", "ideal", "tab:green"), ("peak_paged_bytes", "paged", "tab:orange"),
+            ("peak_measured_bytes", "measured", "tab:blue"), ("peak_contiguous_bytes", "contiguous", "tab:red"))
+    width = 0.8 / len(keys)
+    for i, (key, label, color) in enumerate(keys):
+        xs = [j + i * width for j in range(len(levels))]
+        ax.bar(xs, [max(lv[key], 1) / MIB for lv in levels], width, label=label, color=color)
+    names = [f"{lv['bucket']}\nc={int(lv['level'])}" if lv["mode"] == "closed" else f"{lv['bucket']}\n{lv['level']:g}/s"
+             for lv in levels]
+    ax.set_xticks([j + 0.4 - width / 2 for j in range(len(levels))], names, fontsize=7)
+    ax.set_yscale("log")
+    ax.set_ylabel("peak KV (MiB, log)")
+    ax.legend(fontsize=8)

@@ -1,0 +1,257 @@
+"""A load-test run on disk: raw records first, written as they happen; summaries written whole.
+
+Run folder (``reports/<name>-<timestamp>/``)::
+
+    results.json     metadata, estimate, summaries; schema_version; replaced atomically
+    requests.jsonl   one RequestRecord per finished request, appended and flushed at once
+    steps.jsonl      one StepRecord per engine step, appended and flushed at once
+    requests.csv     the same requests as a table (scalars and derived latencies in ms)
+    steps.csv        the same steps as a table
+    workload.yaml    the workload file as it was read
+    summary.md, *.png    views, rebuilt by ``kvplan report DIR``
+
+A run killed mid-write leaves at most one torn last line per JSONL file; ``load_run`` drops it.
+Summary files are written to a temporary file in the same folder, then ``os.replace``d, so a
+reader never sees half a ``results.json``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+from typing import Any
+
+from kvplan import metrics
+from kvplan.errors import KvplanError
+
+SCHEMA_VERSION = 1
+RESULTS_FILE, REQUESTS_FILE, STEPS_FILE = "results.json", "requests.jsonl", "steps.jsonl"
+
+
+@dataclass(frozen=True)
+class RequestRecord:
+    """One finished request of one load level. Times are ``time.perf_counter()`` seconds.
+
+    ``level`` is the concurrency (mode ``closed``) or the request rate in requests/s (``open``).
+    ``token_times[i]`` is when output token i was produced. ``finish_reason`` is the engine's
+    (stop, length, abort, oom, cannot_fit). Latencies derived from these are in kvplan.metrics.
+    """
+
+    request_id: str
+    bucket: str
+    mode: str
+    level: float
+    arrival_time: float
+    first_scheduled_time: float | None
+    finish_time: float
+    token_times: tuple[float, ...]
+    num_prompt_tokens: int
+    num_output_tokens: int
+    max_tokens: int
+    finish_reason: str
+    finish_detail: str = ""
+    num_preemptions: int = 0
+    num_cached_tokens: int = 0
+
+
+@dataclass(frozen=True)
+class StepRecord:
+    """One engine step (the engine's StepStats) with its level and the KV bytes side by side.
+
+    ``kv_resident_tokens``: per request holding blocks after the step, its tokens with K/V.
+    ``ideal_bytes`` = sum(resident tokens) x bytes per token; ``paged_bytes`` = sum of whole
+    blocks per request x bytes per block; ``contiguous_bytes`` = requests holding KV x
+    max_model_len x bytes per token (kvplan's estimate, all three); ``measured_bytes`` = used
+    blocks x the engine's real bytes per block.
+    """
+
+    step_index: int
+    bucket: str
+    mode: str
+    level: float
+    start_time: float
+    end_time: float
+    num_prefill_tokens: int
+    num_decode_tokens: int
+    num_running: int
+    num_waiting: int
+    num_used_blocks: int
+    num_free_blocks: int
+    num_total_blocks: int
+    num_preemptions: int
+    num_finished: int
+    num_oom: int
+    num_prefix_queried_tokens: int
+    num_prefix_hit_tokens: int
+    kv_resident_tokens: tuple[int, ...]
+    ideal_bytes: int
+    paged_bytes: int
+    contiguous_bytes: int
+    measured_bytes: int
+
+
+def _from_dict(cls, row: dict[str, Any]):
+    names = {f.name for f in fields(cls)}
+    values = {k: v for k, v in row.items() if k in names}
+    for key in ("token_times", "kv_resident_tokens"):
+        if key in values:
+            values[key] = tuple(values[key])
+    return cls(**values)
+
+
+def request_row(rec: RequestRecord) -> dict[str, Any]:
+    """The requests.csv row: scalars plus derived latencies in ms (empty when undefined)."""
+    row = {k: v for k, v in asdict(rec).items() if k != "token_times"}
+    ms = lambda s: None if s is None else s * 1e3  # noqa: E731
+    row.update(ttft_ms=ms(metrics.ttft_s(rec)), tpot_ms=ms(metrics.tpot_s(rec)), e2e_ms=ms(metrics.e2e_s(rec)))
+    return row
+
+
+def step_row(rec: StepRecord) -> dict[str, Any]:
+    """The steps.csv row: resident tokens summed, KV usage added."""
+    row = {k: v for k, v in asdict(rec).items() if k != "kv_resident_tokens"}
+    row["num_kv_requests"] = len(rec.kv_resident_tokens)
+    row["kv_resident_tokens"] = sum(rec.kv_resident_tokens)
+    row["kv_cache_usage"] = metrics.kv_cache_usage(rec)
+    return row
+
+
+class RunWriter:
+    """Appends records to the run folder's JSONL files, flushing each line as it is written."""
+
+    def __init__(self, run_dir: Path):
+        run_dir.mkdir(parents=True, exist_ok=True)
+        self._requests = open(run_dir / REQUESTS_FILE, "a", encoding="utf-8")
+        self._steps = open(run_dir / STEPS_FILE, "a", encoding="utf-8")
+
+    @staticmethod
+    def _append(handle, record) -> None:
+        handle.write(json.dumps(asdict(record)) + "\n")
+        handle.flush()
+
+    def write_request(self, record: RequestRecord) -> None:
+        self._append(self._requests, record)
+
+    def write_step(self, record: StepRecord) -> None:
+        self._append(self._steps, record)
+
+    def close(self) -> None:
+        self._requests.close()
+        self._steps.close()
+
+    def __enter__(self) -> RunWriter:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def write_atomic(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` through a temporary file and ``os.replace`` (atomic on POSIX)."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            handle.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def write_results(run_dir: Path, results: dict[str, Any]) -> None:
+    """Atomically (re)write results.json, stamping the schema version."""
+    results = {"schema_version": SCHEMA_VERSION, **results}
+    write_atomic(run_dir / RESULTS_FILE, json.dumps(results, indent=2, allow_nan=False) + "\n")
+
+
+def write_tables(run_dir: Path, requests: list[RequestRecord], steps: list[StepRecord]) -> None:
+    """Atomically write requests.csv and steps.csv (empty tables keep their header)."""
+    import pandas as pd
+
+    tables = [
+        ("requests.csv", [request_row(r) for r in requests], [f.name for f in fields(RequestRecord)]),
+        ("steps.csv", [step_row(s) for s in steps], [f.name for f in fields(StepRecord)]),
+    ]
+    for name, rows, columns in tables:
+        frame = pd.DataFrame(rows) if rows else pd.DataFrame(columns=columns)
+        write_atomic(run_dir / name, frame.to_csv(index=False))
+
+
+def _read_jsonl(path: Path) -> list[dict[str, Any]]:
+    if not path.exists():
+        return []
+    rows = []
+    lines = path.read_text(encoding="utf-8").splitlines()
+    for number, line in enumerate(lines, start=1):
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError:
+            if number == len(lines):  # torn last line of a killed run
+                break
+            raise KvplanError(f"{path}: line {number}", "not valid JSON") from None
+    return rows
+
+
+@dataclass(frozen=True)
+class RunData:
+    """A run folder read back: results.json as a dict, and the raw records."""
+
+    run_dir: Path
+    results: dict[str, Any]
+    requests: list[RequestRecord]
+    steps: list[StepRecord]
+
+
+def load_run(run_dir: str | Path) -> RunData:
+    """Read a run folder.
+
+    Raises:
+        KvplanError: no folder, no or unreadable results.json, or an unknown schema_version.
+    """
+    run_dir = Path(run_dir)
+    path = run_dir / RESULTS_FILE
+    if not path.is_file():
+        raise KvplanError(str(run_dir), f"no {RESULTS_FILE} here", "pass a folder written by kvplan loadtest")
+    try:
+        results = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError) as err:
+        raise KvplanError(str(path), f"cannot read results ({err})") from None
+    version = results.get("schema_version") if isinstance(results, dict) else None
+    if version != SCHEMA_VERSION:
+        raise KvplanError(f"{path}: schema_version", f"expected {SCHEMA_VERSION} (got {version!r})")
+    requests = [_from_dict(RequestRecord, r) for r in _read_jsonl(run_dir / REQUESTS_FILE)]
+    steps = [_from_dict(StepRecord, s) for s in _read_jsonl(run_dir / STEPS_FILE)]
+    return RunData(run_dir, results, requests, steps)
+
+
+def summarize_run(results: dict[str, Any], requests: list[RequestRecord], steps: list[StepRecord]) -> dict[str, Any]:
+    """The summary sections of results.json, a pure function of the records and the saved
+    estimate and workload: ``levels`` (one LevelSummary per bucket x level), ``buckets``
+    (predicted max concurrency vs measured knee) and ``kv`` (paging exactness over all steps)."""
+    from kvplan.workload import Slo
+
+    slo = Slo(**(results.get("workload", {}).get("config", {}).get("slo") or {}))
+    levels = metrics.summarize_levels(requests, steps, slo)
+    estimates = {b["name"]: b for b in results.get("estimate", {}).get("buckets", [])}
+    names = list(dict.fromkeys([*estimates, *(s.bucket for s in levels)]))
+    buckets = []
+    for name in names:
+        own = [s for s in levels if s.bucket == name]
+        buckets.append({
+            "name": name,
+            "p95_request_tokens": estimates.get(name, {}).get("p95_request_tokens"),
+            "predicted_max_concurrency": estimates.get(name, {}).get("max_concurrency"),
+            "measured_knee": metrics.measured_knee(own),
+            "max_clean_concurrency": metrics.max_clean_concurrency(own),
+            "levels_run": [s.level for s in own],
+        })
+    kv = {
+        "num_steps": len(steps),
+        "max_paged_error_bytes": max((abs(s.measured_bytes - s.paged_bytes) for s in steps), default=0),
+        "num_requests": len(requests),
+    }
+    return {"levels": [s.to_dict() for s in levels], "buckets": buckets, "kv": kv}
+

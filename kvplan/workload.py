@@ -1,0 +1,345 @@
+"""The workload YAML: what to load-test, validated once at the edge.
+
+A workload names one engine configuration, one prompt dataset, optional SLOs, a list of buckets
+(request shape x load levels) and optional production targets (``plan:``) to size the same
+buckets on. ``load_workload`` turns every problem into one ``KvplanError`` line that names the
+file and the YAML path, e.g. ``workloads/chat.yaml: buckets[1].concurrency[0]: must be >= 1 (got 0)``.
+
+Minimal example::
+
+    name: chat
+    seed: 0
+    engine: {model: SmolLM2-135M-Instruct, block_size: 16, kv_cache_memory: 48MiB}
+    dataset: sharegpt                 # sharegpt | random | {jsonl: prompts.jsonl}
+    slo: {ttft_ms: 2000, tpot_ms: 200}
+    buckets:
+      - name: short
+        input_tokens: [16, 256]       # [min, max]; or 128 (fixed); or {min, max, dist, mean, std}
+        output_tokens: [16, 128]
+        concurrency: [1, 8, 32]       # closed loop: keep N requests in flight
+        request_rates: [2.0]          # open loop: Poisson arrivals, requests/s
+        num_requests: 32              # per level
+    plan: [{model: llama-3.1-8b, gpu: L4, tp: 1, kv_dtype: fp8}]
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import yaml
+from pydantic import BaseModel, ByteSize, ConfigDict, Field, PrivateAttr, ValidationError
+from pydantic import field_validator, model_validator
+
+from engine.config import ATTENTION_BACKENDS, DEFAULT_MODEL, DEVICES, DTYPES, KV_CACHE_DTYPES
+from engine.config import TINY_RANDOM_MODEL, EngineConfig
+from kvplan.errors import KvplanError
+
+Count = Annotated[int, Field(ge=1)]
+Name = Annotated[str, Field(pattern=r"^[A-Za-z0-9_.-]+$")]  # names become file names
+DATASETS = ("sharegpt", "random", "jsonl")
+DISTRIBUTIONS = ("fixed", "uniform", "normal", "lognormal")
+
+
+class _Strict(BaseModel):
+    # strict: YAML already gives real types, so "4" for an integer is a typo worth reporting.
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+
+
+class EngineSettings(_Strict):
+    """The engine under test; fields mirror ``engine.config.EngineConfig``.
+
+    The KV pool is ``kv_cache_memory`` (bytes, with units: ``48MiB``, ``1.5GiB``, ``512MB``)
+    or ``num_blocks``; neither means the engine's default (256 MiB).
+    """
+
+    model: str = DEFAULT_MODEL
+    dtype: Literal[DTYPES] = "auto"
+    device: Literal[DEVICES] = "auto"
+    block_size: Count = 16
+    kv_cache_memory: ByteSize | None = None
+    num_blocks: Count | None = None
+    kv_cache_dtype: Literal[KV_CACHE_DTYPES] = "auto"
+    max_num_seqs: Count = 64
+    max_num_batched_tokens: Count = 2048
+    max_model_len: Count | None = None
+    enable_prefix_caching: bool = True
+    attention_backend: Literal[ATTENTION_BACKENDS] = "auto"
+
+    @field_validator("kv_cache_memory")
+    @classmethod
+    def _positive_memory(cls, value: ByteSize | None) -> ByteSize | None:
+        if value is not None and value <= 0:
+            raise ValueError("must be > 0 bytes")
+        return value
+
+    @model_validator(mode="after")
+    def _one_pool_size(self) -> EngineSettings:
+        if self.kv_cache_memory is not None and self.num_blocks is not None:
+            raise ValueError("give kv_cache_memory or num_blocks, not both")
+        return self
+
+    def to_engine_config(self, seed: int) -> EngineConfig:
+        fields = self.model_dump(exclude={"kv_cache_memory"})
+        return EngineConfig(**fields, kv_cache_memory_bytes=self.kv_cache_memory, seed=seed)
+
+
+class Dataset(_Strict):
+    """Where prompts come from. Shorthands: ``dataset: sharegpt`` and ``dataset: {jsonl: PATH}``.
+
+    ``path`` (jsonl only) is relative to the workload file; each line holds ``prompt`` (text) or
+    ``prompt_token_ids``, and optionally ``output_tokens``.
+    """
+
+    kind: Literal[DATASETS]
+    path: str | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _shorthand(cls, data: Any) -> Any:
+        if isinstance(data, str):
+            return {"kind": data}
+        if isinstance(data, dict) and set(data) == {"jsonl"}:
+            return {"kind": "jsonl", "path": data["jsonl"]}
+        return data
+
+    @model_validator(mode="after")
+    def _path_for_jsonl(self) -> Dataset:
+        if self.kind == "jsonl" and not self.path:
+            raise ValueError("jsonl needs a path: dataset: {jsonl: prompts.jsonl}")
+        if self.kind != "jsonl" and self.path is not None:
+            raise ValueError(f"path applies to jsonl only (kind is {self.kind})")
+        return self
+
+
+class Lengths(_Strict):
+    """A token-length range ``[min, max]`` (inclusive) and, for random prompts, its distribution.
+
+    For sharegpt and jsonl the range filters the real lengths. For random: ``fixed`` (min == max),
+    ``uniform`` (default), ``normal`` (mean, std) or ``lognormal`` (mean and std of the lengths
+    themselves, in tokens), draws clipped to the range. Shorthands: ``128`` and ``[16, 256]``.
+    """
+
+    min: Count
+    max: Count
+    dist: Literal[DISTRIBUTIONS] = "uniform"
+    mean: Annotated[float, Field(gt=0)] | None = None
+    std: Annotated[float, Field(gt=0)] | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _shorthand(cls, data: Any) -> Any:
+        if isinstance(data, int) and not isinstance(data, bool):
+            return {"min": data, "max": data, "dist": "fixed"}
+        if isinstance(data, list):
+            if len(data) != 2:
+                raise ValueError("a range is [min, max], two integers")
+            return {"min": data[0], "max": data[1]}
+        return data
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Lengths:
+        if self.min > self.max:
+            raise ValueError(f"min must be <= max (got min {self.min}, max {self.max})")
+        if self.dist == "fixed" and self.min != self.max:
+            raise ValueError("dist fixed needs min == max (or write the length alone: 128)")
+        if self.dist in ("normal", "lognormal") and self.std is None:
+            raise ValueError(f"dist {self.dist} needs std (tokens)")
+        if self.mean is not None and not self.min <= self.mean <= self.max:
+            raise ValueError(f"mean must lie in [min, max] (got {self.mean})")
+        return self
+
+    @property
+    def center(self) -> float:
+        return self.mean if self.mean is not None else (self.min + self.max) / 2
+
+
+class Bucket(_Strict):
+    """One request shape, run at each load level: closed-loop ``concurrency`` levels (N in
+    flight) then open-loop ``request_rates`` (Poisson arrivals, requests/s), each with
+    ``num_requests`` requests."""
+
+    name: Name
+    input_tokens: Lengths
+    output_tokens: Lengths
+    concurrency: list[Count] = []
+    request_rates: list[Annotated[float, Field(gt=0)]] = []
+    num_requests: Count
+
+    @model_validator(mode="after")
+    def _some_level(self) -> Bucket:
+        if not self.concurrency and not self.request_rates:
+            raise ValueError("give concurrency levels and/or request_rates")
+        for field in ("concurrency", "request_rates"):
+            values = getattr(self, field)
+            if len(set(values)) != len(values):
+                raise ValueError(f"{field} has duplicate levels: {values}")
+        return self
+
+    @property
+    def max_request_tokens(self) -> int:
+        return self.input_tokens.max + self.output_tokens.max
+
+
+class Slo(_Strict):
+    """Service-level objectives in milliseconds; any subset. Goodput counts requests meeting all."""
+
+    ttft_ms: Annotated[float, Field(gt=0)] | None = None
+    tpot_ms: Annotated[float, Field(gt=0)] | None = None
+    e2e_ms: Annotated[float, Field(gt=0)] | None = None
+
+
+class PlanTarget(_Strict):
+    """A production target to size the buckets on: a model preset, a GPU, tensor parallelism
+    and a KV cache dtype (names as in ``kvplan estimate``)."""
+
+    model: str
+    gpu: str
+    tp: Count = 1
+    kv_dtype: str = "auto"
+
+
+class Workload(_Strict):
+    """A whole load test. ``source`` and ``sha256`` describe the file it was read from."""
+
+    name: Name
+    seed: int = 0
+    engine: EngineSettings = EngineSettings()
+    dataset: Dataset
+    slo: Slo = Slo()
+    buckets: Annotated[list[Bucket], Field(min_length=1)]
+    plan: list[PlanTarget] = []
+    _source: str = PrivateAttr(default="<memory>")
+    _sha256: str = PrivateAttr(default="")
+
+    @property
+    def source(self) -> str:
+        return self._source
+
+    @property
+    def sha256(self) -> str:
+        return self._sha256
+
+    @property
+    def dataset_path(self) -> Path | None:
+        """The jsonl file, resolved against the workload file's folder."""
+        if self.dataset.path is None:
+            return None
+        return (Path(self.source).parent / self.dataset.path).resolve()
+
+
+_MESSAGES = {
+    "missing": "required field missing",
+    "extra_forbidden": "unknown field; check the spelling or remove it",
+    "int_type": "must be an integer",
+    "float_type": "must be a number",
+    "string_type": "must be a string",
+    "bool_type": "must be true or false",
+    "list_type": "must be a list",
+    "model_type": "must be a mapping",
+    "dict_type": "must be a mapping",
+    "too_short": "must not be empty",
+    "string_pattern_mismatch": "may hold only letters, digits, '_', '-' and '.'",
+    "byte_size": "must be a size such as 48MiB, 1.5GiB or 512MB",
+    "byte_size_unit": "unknown unit; use B, KB, MB, GB, KiB, MiB or GiB (e.g. 48MiB)",
+}
+
+
+def _yaml_path(loc: tuple[str | int, ...]) -> str:
+    path = ""
+    for part in loc:
+        path += f"[{part}]" if isinstance(part, int) else (f".{part}" if path else str(part))
+    return path
+
+
+def describe_error(err: ValidationError) -> tuple[str, str]:
+    """The first pydantic error as (YAML path, problem), e.g. ("buckets[1].concurrency[0]",
+    "must be >= 1 (got 0)"). Further errors are counted, not listed: one line per failure."""
+    first = err.errors()[0]
+    kind, ctx, value = first["type"], first.get("ctx") or {}, first.get("input")
+    if kind == "greater_than_equal":
+        problem = f"must be >= {ctx['ge']}"
+    elif kind == "greater_than":
+        problem = f"must be > {ctx['gt']}"
+    elif kind == "literal_error":
+        problem = f"must be one of {ctx['expected'].replace(' or ', ', ')}"
+    elif kind == "value_error":
+        problem = str(ctx.get("error", first["msg"]))
+    else:
+        problem = _MESSAGES.get(kind, first["msg"][:1].lower() + first["msg"][1:])
+    if kind not in ("missing", "value_error") and not isinstance(value, (dict, list)):
+        problem += f" (got {value!r})"
+    if err.error_count() > 1:
+        problem += f" [+{err.error_count() - 1} more]"
+    return _yaml_path(first["loc"]), problem
+
+
+def _check_semantics(workload: Workload) -> None:
+    """Cross-section rules pydantic cannot place on a single field."""
+    path = workload.dataset_path
+    if path is not None and not path.is_file():
+        raise KvplanError(f"{workload.source}: dataset.path", f"file not found: {path}")
+    if workload.dataset.kind == "sharegpt" and workload.engine.model == TINY_RANDOM_MODEL:
+        raise KvplanError(
+            f"{workload.source}: dataset",
+            f"sharegpt needs a tokenizer and {TINY_RANDOM_MODEL} has none",
+            "use dataset: random with this model",
+        )
+    names = [b.name for b in workload.buckets]
+    for i, bucket in enumerate(workload.buckets):
+        if bucket.name in names[:i]:
+            raise KvplanError(f"{workload.source}: buckets[{i}].name", f"duplicate name {bucket.name!r}")
+        for side in ("input_tokens", "output_tokens"):
+            lengths: Lengths = getattr(bucket, side)
+            if workload.dataset.kind != "random" and lengths.dist in ("normal", "lognormal"):
+                raise KvplanError(
+                    f"{workload.source}: buckets[{i}].{side}.dist",
+                    f"applies to dataset random only (dataset is {workload.dataset.kind})",
+                    "drop dist; the range filters the real lengths",
+                )
+        max_len = workload.engine.max_model_len
+        if max_len is not None and bucket.input_tokens.min + bucket.output_tokens.min > max_len:
+            raise KvplanError(
+                f"{workload.source}: buckets[{i}]",
+                f"shortest request ({bucket.input_tokens.min} + {bucket.output_tokens.min} tokens)"
+                f" exceeds engine.max_model_len {max_len}",
+            )
+
+
+def parse_workload(data: Any, source: str = "<memory>", sha256: str = "") -> Workload:
+    """Validate an already-parsed YAML document. Raises KvplanError naming ``source`` and the field."""
+    if not isinstance(data, dict):
+        kind = "empty" if data is None else type(data).__name__
+        raise KvplanError(source, f"must be a YAML mapping (got {kind})", "see workloads/smoke.yaml")
+    try:
+        workload = Workload.model_validate(data)
+    except ValidationError as err:
+        where, problem = describe_error(err)
+        raise KvplanError(f"{source}: {where}" if where else source, problem) from None
+    workload._source, workload._sha256 = source, sha256
+    _check_semantics(workload)
+    return workload
+
+
+def load_workload(path: str | Path) -> Workload:
+    """Read and validate a workload YAML file.
+
+    Raises:
+        KvplanError: unreadable file, malformed YAML, or any invalid field (one line, exit 2).
+    """
+    source = str(path)
+    try:
+        raw = Path(path).read_bytes()
+    except OSError as err:
+        raise KvplanError(source, f"cannot read workload file ({err.strerror or err})") from None
+    try:
+        data = yaml.safe_load(raw)
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        at = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
+        problem = getattr(err, "problem", None) or str(err).splitlines()[0]
+        raise KvplanError(source, f"malformed YAML: {at}{problem}") from None
+    return parse_workload(data, source, hashlib.sha256(raw).hexdigest())
+

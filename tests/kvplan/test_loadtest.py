@@ -1,0 +1,161 @@
+"""`kvplan loadtest` end to end on the tiny random model: files, exact KV accounting, the knee,
+Poisson arrivals, and a run interrupted by Ctrl-C that `kvplan report` still renders."""
+
+import contextlib
+import io
+import json
+import math
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from kvplan.cli import main
+from kvplan.loadtest import build_engine, run_loadtest
+from kvplan.results import load_run
+from kvplan.workload import load_workload
+
+ROOT = Path(__file__).resolve().parents[2]
+SMOKE = ROOT / "workloads" / "smoke.yaml"
+# tiny-random-llama in float32: 2 layers x (K and V) x 2 KV heads x head_dim 16 x 4 bytes.
+BYTES_PER_TOKEN = 2 * 2 * 2 * 16 * 4  # 512
+BLOCK_SIZE, NUM_BLOCKS = 4, 48  # smoke.yaml
+MAX_MODEL_LEN = NUM_BLOCKS * BLOCK_SIZE  # 192: the engine caps max_model_len at the pool's tokens
+
+
+def run_cli(*args: str) -> tuple[int, str, str]:
+    """``kvplan ARGS`` in-process through the console-script entry point."""
+    out, err = io.StringIO(), io.StringIO()
+    argv, sys.argv = sys.argv, ["kvplan", *args]
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err), pytest.raises(SystemExit) as done:
+            main()
+    finally:
+        sys.argv = argv
+    return done.value.code or 0, out.getvalue(), err.getvalue()
+
+
+@pytest.fixture(scope="module")
+def smoke(tmp_path_factory):
+    run_dir = tmp_path_factory.mktemp("smoke") / "run"
+    code, out, err = run_cli("loadtest", str(SMOKE), "--out", str(run_dir), "--quiet")
+    assert (code, err) == (0, ""), err
+    assert out.strip() == f"report: {run_dir}"
+    return load_run(run_dir)
+
+
+def test_smoke_run_writes_every_report_file(smoke):
+    names = {p.name for p in smoke.run_dir.iterdir()}
+    assert {"results.json", "requests.jsonl", "steps.jsonl", "requests.csv", "steps.csv", "summary.md",
+            "workload.yaml", "kv_over_time.png", "latency_short.png", "latency_short_open.png",
+            "throughput_goodput.png", "kv_estimate_vs_measured.png"} <= names
+    results = smoke.results
+    assert results["status"] == "complete" and results["schema_version"] == 1
+    assert results["run"]["num_blocks"] == NUM_BLOCKS and results["run"]["bytes_per_block"] == BLOCK_SIZE * BYTES_PER_TOKEN
+    assert results["estimate"]["bytes_per_token"] == BYTES_PER_TOKEN
+    # 4 levels (c=1, 4, 8 and 200 req/s) x 8 requests, each producing exactly max_tokens (ignore_eos).
+    assert len(smoke.requests) == 32
+    assert all(r.finish_reason == "length" and r.num_output_tokens == r.max_tokens == 12 for r in smoke.requests)
+    assert [(lv["mode"], lv["level"], lv["num_completed"]) for lv in results["levels"]] == [
+        ("closed", 1.0, 8), ("closed", 4.0, 8), ("closed", 8.0, 8), ("open", 200.0, 8)]
+
+
+def test_measured_kv_equals_the_paged_estimate_at_every_step(smoke):
+    assert len(smoke.steps) > 50
+    for s in smoke.steps:
+        blocks = sum(math.ceil(t / BLOCK_SIZE) for t in s.kv_resident_tokens)
+        assert s.num_used_blocks == blocks, s.step_index
+        assert s.measured_bytes == s.paged_bytes == blocks * BLOCK_SIZE * BYTES_PER_TOKEN
+        assert s.ideal_bytes == sum(s.kv_resident_tokens) * BYTES_PER_TOKEN
+        assert s.contiguous_bytes == len(s.kv_resident_tokens) * MAX_MODEL_LEN * BYTES_PER_TOKEN
+    assert smoke.results["kv"]["max_paged_error_bytes"] == 0
+
+
+def test_closed_loop_keeps_n_in_flight_and_the_knee_shows(smoke):
+    by_level = {lv["level"]: lv for lv in smoke.results["levels"] if lv["mode"] == "closed"}
+    for n in (1, 4, 8):
+        steps = [s for s in smoke.steps if s.mode == "closed" and s.level == n]
+        assert max(s.num_running + s.num_waiting for s in steps) == n
+    # 4 requests of at most 20 + 12 tokens hold at most 4 x 8 = 32 of 48 blocks: no preemption.
+    assert by_level[4.0]["num_preemptions"] == 0 and by_level[8.0]["num_preemptions"] > 0
+    bucket = smoke.results["buckets"][0]
+    assert (bucket["measured_knee"], bucket["max_clean_concurrency"]) == (8, 4)
+    # Predicted: P95 of prompt + output tokens, in whole blocks, into the 48-block pool.
+    lengths = [r.num_prompt_tokens + r.max_tokens for r in smoke.requests if r.level == 1.0]
+    p95 = math.ceil(np.percentile(lengths, 95))
+    assert bucket["p95_request_tokens"] == p95
+    assert bucket["predicted_max_concurrency"] == NUM_BLOCKS // math.ceil(p95 / BLOCK_SIZE)
+
+
+def test_open_loop_arrivals_follow_the_seeded_poisson_schedule(smoke):
+    opened = sorted((r for r in smoke.requests if r.mode == "open"), key=lambda r: int(r.request_id.rsplit("/", 1)[1]))
+    gaps = np.random.default_rng([0, 0, 200_000]).exponential(1 / 200, size=8)
+    expected = np.concatenate([[0.0], np.cumsum(gaps[:-1])])
+    arrivals = np.array([r.arrival_time for r in opened])
+    assert np.allclose(arrivals - arrivals[0], expected, atol=1e-9)
+
+
+def test_every_level_replays_the_same_requests(smoke):
+    shapes = {}
+    for r in smoke.requests:
+        index = int(r.request_id.rsplit("/", 1)[1])
+        shapes.setdefault(index, set()).add((r.num_prompt_tokens, r.max_tokens))
+    assert len(shapes) == 8 and all(len(s) == 1 for s in shapes.values())
+
+
+def test_an_interrupted_run_keeps_a_report_that_kvplan_report_renders(tmp_path):
+    workload = load_workload(SMOKE)
+    engine = build_engine(workload)
+    real_step, calls = engine.step, []
+
+    def step_then_ctrl_c():
+        calls.append(1)
+        if len(calls) == 110:
+            raise KeyboardInterrupt
+        return real_step()
+
+    engine.step = step_then_ctrl_c
+    run_dir = run_loadtest(workload, tmp_path / "run", engine=engine)
+    data = load_run(run_dir)
+    assert data.results["status"] == "interrupted"
+    # A request takes 12 steps (one prefill, 11 decodes): c=1 ends after step 96; c=4 admits 4
+    # at once, which finish at step 108. Ctrl-C comes in the 110th call: 109 steps were recorded.
+    assert len(data.steps) == 109
+    assert len(data.requests) == 12
+    assert [(lv["level"], lv["num_completed"]) for lv in data.results["levels"]] == [(1.0, 8), (4.0, 4)]
+
+    (run_dir / "summary.md").unlink()
+    code, out, err = run_cli("report", str(run_dir))
+    assert (code, err) == (0, "")
+    assert out.rstrip().endswith(f"report: {run_dir}")
+    assert "interrupted (Ctrl-C)" in (run_dir / "summary.md").read_text()
+    assert json.loads((run_dir / "results.json").read_text())["status"] == "interrupted"
+
+
+def test_plan_targets_size_the_bucket_on_production_gpus(smoke):
+    (target,) = smoke.results["estimate"]["plan"]
+    # Llama-3.1-8B, fp8 KV: 32 layers x (K and V) x 8 KV heads x head_dim 128 x 1 byte.
+    assert (target["model"], target["gpu"], target["kv_dtype"]) == ("llama-3.1-8b", "L4", "fp8")
+    assert target["bytes_per_token"] == 32 * 2 * 8 * 128
+    p95 = smoke.results["buckets"][0]["p95_request_tokens"]
+    blocks_per_request = math.ceil(p95 / 16)  # vLLM's default block size
+    assert target["buckets"] == [{"name": "short", "max_concurrency": target["num_blocks"] // blocks_per_request}]
+
+
+def test_an_unknown_plan_gpu_stops_before_the_model_loads(tmp_path):
+    path = ROOT / "tests" / "kvplan" / "bad_workloads" / "unknown_plan_gpu.yaml"
+    code, out, err = run_cli("loadtest", str(path), "--out", str(tmp_path / "run"))
+    assert code == 2 and out == ""
+    assert err.startswith(f"error: {path}: plan[0].gpu: unknown GPU 'H900'; use one of A100-40GB,")
+    assert len(err.splitlines()) == 1 and not (tmp_path / "run").exists()
+
+
+def test_engine_settings_the_engine_refuses_are_one_line(tmp_path):
+    path = tmp_path / "w.yaml"
+    path.write_text(SMOKE.read_text().replace("block_size: 4", "block_size: 4\n  max_model_len: 1000"))
+    code, out, err = run_cli("loadtest", str(path), "--out", str(tmp_path / "run"))
+    assert code == 2
+    assert err.strip() == (f"error: {path}: engine.max_model_len: must be <= the model's "
+                           "max_position_embeddings 256 (got 1000)")
+    assert not (tmp_path / "run").exists()

@@ -1,0 +1,103 @@
+"""The run folder on disk: records appended and flushed as they happen, summaries replaced whole."""
+
+import json
+
+import pandas as pd
+import pytest
+
+from kvplan.errors import KvplanError
+from kvplan.results import (
+    SCHEMA_VERSION, RequestRecord, RunWriter, StepRecord, load_run, summarize_run, write_atomic,
+    write_results, write_tables,
+)
+
+
+def request(rid="b/closed/2/0", level=2.0, tokens=(1.25, 1.5, 2.0), reason="length"):
+    return RequestRecord(rid, "b", "closed", level, 1.0, 1.0, tokens[-1] if tokens else 1.1, tuple(tokens),
+                         12, len(tokens), 3, reason, "", 0, 0)
+
+
+def step(i, used=3, level=2.0, preemptions=0, measured=3072, paged=3072):
+    return StepRecord(i, "b", "closed", level, float(i), i + 0.5, 4, 1, 2, 0, used, 5, 8, preemptions, 0, 0,
+                      0, 0, (9, 3), 6000, paged, 9000, measured)
+
+
+def test_records_are_on_disk_before_the_writer_closes(tmp_path):
+    writer = RunWriter(tmp_path)
+    writer.write_request(request())
+    writer.write_step(step(0))
+    # Read while still open: each line was flushed when written.
+    lines = (tmp_path / "requests.jsonl").read_text().splitlines()
+    assert len(lines) == 1 and json.loads(lines[0])["token_times"] == [1.25, 1.5, 2.0]
+    assert len((tmp_path / "steps.jsonl").read_text().splitlines()) == 1
+    writer.close()
+
+
+def test_load_run_round_trips_and_drops_a_torn_last_line(tmp_path):
+    write_results(tmp_path, {"status": "running"})
+    with RunWriter(tmp_path) as writer:
+        writer.write_request(request())
+        writer.write_step(step(0))
+        writer.write_step(step(1))
+    with open(tmp_path / "steps.jsonl", "a") as handle:
+        handle.write('{"step_index": 2, "bucket": "b", "mo')  # killed mid-write
+    data = load_run(tmp_path)
+    assert data.results == {"schema_version": SCHEMA_VERSION, "status": "running"}
+    assert data.requests == [request()]
+    assert [s.step_index for s in data.steps] == [0, 1]
+    assert data.steps[0].kv_resident_tokens == (9, 3)
+
+
+def test_a_torn_line_in_the_middle_is_an_error(tmp_path):
+    write_results(tmp_path, {"status": "complete"})
+    (tmp_path / "requests.jsonl").write_text('{"broken\n' + json.dumps(request().__dict__) + "\n")
+    with pytest.raises(KvplanError, match=r"requests.jsonl: line 1: not valid JSON"):
+        load_run(tmp_path)
+
+
+def test_write_atomic_replaces_whole_and_leaves_no_temp_file(tmp_path):
+    target = tmp_path / "results.json"
+    target.write_text("old")
+    write_atomic(target, "new contents")
+    assert target.read_text() == "new contents"
+    assert [p.name for p in tmp_path.iterdir()] == ["results.json"]
+
+
+def test_load_run_refuses_missing_or_foreign_results(tmp_path):
+    with pytest.raises(KvplanError, match="no results.json here"):
+        load_run(tmp_path)
+    (tmp_path / "results.json").write_text(json.dumps({"schema_version": 99}))
+    with pytest.raises(KvplanError, match=r"schema_version: expected 1 \(got 99\)"):
+        load_run(tmp_path)
+
+
+def test_csv_tables_hold_derived_latencies_in_ms(tmp_path):
+    write_tables(tmp_path, [request(), request("b/closed/2/1", tokens=(), reason="cannot_fit")], [step(0)])
+    requests = pd.read_csv(tmp_path / "requests.csv")
+    # arrival 1.0 s, tokens at 1.25, 1.5, 2.0 s: TTFT 250 ms, E2E 1000 ms, TPOT 750 / 2 = 375 ms.
+    first = requests.iloc[0]
+    assert (first.ttft_ms, first.e2e_ms, first.tpot_ms) == pytest.approx((250.0, 1000.0, 375.0))
+    assert pd.isna(requests.iloc[1].ttft_ms) and pd.isna(requests.iloc[1].tpot_ms)
+    steps = pd.read_csv(tmp_path / "steps.csv")
+    assert (steps.iloc[0].num_kv_requests, steps.iloc[0].kv_resident_tokens) == (2, 12)
+    assert steps.iloc[0].kv_cache_usage == pytest.approx(3 / 8)
+    write_tables(tmp_path, [], [])  # an empty run still writes headers
+    assert "ttft_ms" not in pd.read_csv(tmp_path / "requests.csv").columns
+    assert "request_id" in pd.read_csv(tmp_path / "requests.csv").columns
+
+
+def test_summarize_run_pairs_each_bucket_estimate_with_its_knee():
+    results = {
+        "workload": {"config": {"slo": {"ttft_ms": 300.0, "tpot_ms": None, "e2e_ms": None}}},
+        "estimate": {"buckets": [{"name": "b", "p95_request_tokens": 40, "max_concurrency": 3}]},
+    }
+    steps = [step(0, level=2.0), step(1, level=4.0, preemptions=2, measured=4096)]
+    reqs = [request(), request("b/closed/4/0", level=4.0)]
+    out = summarize_run(results, reqs, steps)
+    assert out["buckets"] == [{
+        "name": "b", "p95_request_tokens": 40, "predicted_max_concurrency": 3, "measured_knee": 4,
+        "max_clean_concurrency": 2, "levels_run": [2.0, 4.0],
+    }]
+    assert out["kv"] == {"num_steps": 2, "max_paged_error_bytes": 1024, "num_requests": 2}
+    # TTFT 250 ms meets the 300 ms SLO: goodput = requests/s = 1 request / 1.0 s span.
+    assert out["levels"][0]["goodput_rps"] == pytest.approx(1.0)
