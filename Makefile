@@ -18,7 +18,7 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 demo: $(STAMP)
-	$(VENV)/bin/kvplan estimate --model smollm2-135m --gpu L4 --max-model-len 8192
+	$(VENV)/bin/kvplan loadtest workloads/chat.yaml
 
 test: $(STAMP)
 	$(PY) -m pytest -q
