@@ -12,7 +12,7 @@ is read from the allocated tensors, which makes it the oracle kvplan's estimate 
 
 FP8 (``torch.float8_e4m3fn``): the cache stores ``fp8(x / scale)`` with one K scale and one V
 scale per layer (default 1.0). ``set_scales`` is the hook a calibration pass uses to install
-measured scales (e.g. amax / 448 per layer).
+measured scales (amax / 448 per layer: ``LLMEngine.calibrate_kv_scales``, engine/calibration.py).
 """
 
 from __future__ import annotations

@@ -17,9 +17,10 @@ import time
 import torch
 
 from engine.attention import get_attention_backend, resolve_backend_name
+from engine.calibration import KVScales, measure_kv_scales
 from engine.config import DEFAULT_KV_CACHE_MEMORY_BYTES, EngineConfig
 from engine.kv_cache import KVCache
-from engine.model_runner import ModelRunner
+from engine.model_runner import ModelRunner, PromptLogits
 from engine.models.llama import Transformer, config_head_dim
 from engine.models.loader import load_model
 from engine.outputs import RequestOutput, StepStats
@@ -86,6 +87,7 @@ class LLMEngine:
         self.sampler = Sampler(config.seed)
         self._ids = itertools.count()
         self._step_index = 0
+        self._prompt_logits: dict[str, torch.Tensor] = {}  # request id -> [num_prompt_logits, vocab]
 
     # ---- read-only views ---------------------------------------------------------------
     block_size = property(lambda self: self.kv_cache.block_size)
@@ -100,6 +102,35 @@ class LLMEngine:
     attention_backend = property(lambda self: self._attention_backend)  # "torch" | "triton"
     model_name = property(lambda self: self._model_name)
 
+    # ---- fp8 KV calibration ------------------------------------------------------------
+    def calibrate_kv_scales(self, prompts: list[list[int]]) -> KVScales:
+        """Measure per-layer K/V amax over ``prompts`` (token ids) in the model dtype and install
+        scale = amax / 448 on the KV cache (see ``engine.calibration``); returns the scales.
+
+        Only an fp8 cache reads the scales; for other dtypes they are measured and kept unused.
+
+        Raises:
+            ValueError: no prompts, an empty prompt, a token id outside the vocabulary, or a
+                prompt longer than the model's max_position_embeddings (the pass has its own cache,
+                so the pool's size does not limit it).
+            RuntimeError: called after the first step (the cache, and its prefix-cached blocks,
+                already hold K/V quantised with the old scales).
+        """
+        if self._step_index:
+            raise RuntimeError("calibrate_kv_scales: call before the first step; the cache already "
+                               "holds K/V quantised with the old scales")
+        if not prompts or not all(prompts):
+            raise ValueError("prompts: calibration needs at least one non-empty prompt")
+        vocab, max_pos = self.hf_config.vocab_size, self.hf_config.max_position_embeddings
+        for i, prompt in enumerate(prompts):
+            if not all(0 <= t < vocab for t in prompt):
+                raise ValueError(f"prompts[{i}]: every id must be in [0, {vocab}) for {self.model_name}")
+            if len(prompt) > max_pos:
+                raise ValueError(f"prompts[{i}]: {len(prompt)} tokens > max_position_embeddings {max_pos}")
+        scales = measure_kv_scales(self.model, prompts, self.block_size, self._dtype, self._device)
+        self.kv_cache.set_scales(list(scales.k_scales), list(scales.v_scales))
+        return scales
+
     # ---- requests ----------------------------------------------------------------------
     def add_request(self, prompt_token_ids: list[int], sampling_params: SamplingParams,
                     request_id: str | None = None, arrival_time: float | None = None,
@@ -110,7 +141,8 @@ class LLMEngine:
         the next ``step()``).
 
         Raises:
-            ValueError: an empty prompt, a token id outside [0, vocab_size), a reused request_id.
+            ValueError: an empty prompt, a token id outside [0, vocab_size), a reused request_id,
+                ``num_prompt_logits`` above the prompt's length.
         """
         vocab = self.hf_config.vocab_size
         if prompt_token_ids and not all(0 <= t < vocab for t in prompt_token_ids):
@@ -143,6 +175,8 @@ class LLMEngine:
                 out = self.runner.execute(sched)
                 params = [self.scheduler.get_request(r).sampling_params for r in out.request_ids]
                 token_ids = self.sampler.sample(out.logits, out.request_ids, params)
+                for part in out.prompt_logits:
+                    self._keep_prompt_logits(part)
             except (torch.OutOfMemoryError, RuntimeError) as e:
                 if not is_oom_error(e):
                     raise
@@ -176,12 +210,27 @@ class LLMEngine:
         self._step_index += 1
         return outputs, stats
 
+    def _keep_prompt_logits(self, part: PromptLogits) -> None:
+        """Copy one step's requested prompt-logit rows into the request's buffer, by position
+        (a recompute after preemption overwrites the same rows)."""
+        request = self.scheduler.get_request(part.request_id)
+        n = request.sampling_params.num_prompt_logits
+        buffer = self._prompt_logits.get(part.request_id)
+        if buffer is None:
+            buffer = torch.empty(n, part.logits.shape[1], dtype=part.logits.dtype, device=part.logits.device)
+            self._prompt_logits[part.request_id] = buffer
+        row = part.first_position - (request.num_prompt_tokens - n)
+        buffer[row : row + part.logits.shape[0]] = part.logits
+
     def _output(self, request: Request) -> RequestOutput:
         self.sampler.free(request.request_id)
         text = None
         if self.tokenizer is not None:
             text = self.tokenizer.decode(request.output_token_ids, skip_special_tokens=True)
-        return RequestOutput.from_request(request, text)
+        prompt_logits = self._prompt_logits.pop(request.request_id, None)
+        if request.finish_reason not in (FinishReason.STOP, FinishReason.LENGTH):
+            prompt_logits = None  # aborted or failed before every row was computed
+        return RequestOutput.from_request(request, text, prompt_logits)
 
     # ---- offline batch -----------------------------------------------------------------
     def generate(self, prompts: list[list[int]] | list[str],

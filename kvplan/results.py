@@ -55,6 +55,10 @@ class RequestRecord:
     finish_detail: str = ""
     num_preemptions: int = 0
     num_cached_tokens: int = 0
+    variant: str = ""  # "cached" | "uncached" in a shared_prefix run (see kvplan.prefix_metrics)
+    prefix_group: int | None = None  # the shared prefix it carried; None: none
+    tenant: int | None = None
+    cache_salt: str | None = None  # requests share prefix blocks only under the same salt
 
 
 @dataclass(frozen=True)
@@ -91,6 +95,7 @@ class StepRecord:
     paged_bytes: int
     contiguous_bytes: int
     measured_bytes: int
+    variant: str = ""  # the level's variant, as in RequestRecord
 
 
 def _from_dict(cls, row: dict[str, Any]):
@@ -229,8 +234,11 @@ def load_run(run_dir: str | Path) -> RunData:
 
 def summarize_run(results: dict[str, Any], requests: list[RequestRecord], steps: list[StepRecord]) -> dict[str, Any]:
     """The summary sections of results.json, a pure function of the records and the saved
-    estimate and workload: ``levels`` (one LevelSummary per bucket x level), ``buckets``
-    (predicted max concurrency vs measured knee) and ``kv`` (paging exactness over all steps)."""
+    estimate and workload: ``levels`` (one LevelSummary per bucket x level x variant),
+    ``buckets`` (predicted max concurrency vs measured knee), ``kv`` (paging exactness over the
+    steps where no block could be shared: all but a shared_prefix run's cached variant) and, for
+    a shared_prefix run, ``prefix_caching`` (kvplan.prefix_metrics.compare_variants)."""
+    from kvplan import prefix_metrics
     from kvplan.workload import Slo
 
     slo = Slo(**(results.get("workload", {}).get("config", {}).get("slo") or {}))
@@ -239,7 +247,8 @@ def summarize_run(results: dict[str, Any], requests: list[RequestRecord], steps:
     names = list(dict.fromkeys([*estimates, *(s.bucket for s in levels)]))
     buckets = []
     for name in names:
-        own = [s for s in levels if s.bucket == name]
+        # The predicted max concurrency shares nothing, so the knee is the unshared variant's.
+        own = [s for s in levels if s.bucket == name and s.variant != prefix_metrics.CACHED]
         buckets.append({
             "name": name,
             "p95_request_tokens": estimates.get(name, {}).get("p95_request_tokens"),
@@ -248,10 +257,17 @@ def summarize_run(results: dict[str, Any], requests: list[RequestRecord], steps:
             "max_clean_concurrency": metrics.max_clean_concurrency(own),
             "levels_run": [s.level for s in own],
         })
+    unshared = [s for s in steps if s.variant != prefix_metrics.CACHED]
     kv = {
         "num_steps": len(steps),
-        "max_paged_error_bytes": max((abs(s.measured_bytes - s.paged_bytes) for s in steps), default=0),
+        "max_paged_error_bytes": max((abs(s.measured_bytes - s.paged_bytes) for s in unshared), default=0),
         "num_requests": len(requests),
     }
-    return {"levels": [s.to_dict() for s in levels], "buckets": buckets, "kv": kv}
+    out = {"levels": [s.to_dict() for s in levels], "buckets": buckets, "kv": kv}
+    pricing = prefix_metrics.PrefixPricing.from_results(results)
+    if pricing is not None:
+        kv["num_shared_steps"] = len(steps) - len(unshared)  # the cached variant's
+        per_step = prefix_metrics.step_estimates(steps, requests, pricing)
+        out["prefix_caching"] = prefix_metrics.compare_variants(out["levels"], steps, per_step)
+    return out
 

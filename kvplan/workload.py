@@ -20,6 +20,8 @@ Minimal example::
         request_rates: [2.0]          # open loop: Poisson arrivals, requests/s
         num_requests: 32              # per level
     plan: [{model: llama-3.1-8b, gpu: L4, tp: 1, kv_dtype: fp8}]
+    shared_prefix: {num_tokens: 256, num_prefixes: 2, fraction: 0.75, num_tenants: 2}
+    gate: {tolerances: {ttft_p99_ms: {rel: 2.0, abs: 50}}}   # kvplan gate (kvplan.gate_metrics)
 """
 
 from __future__ import annotations
@@ -36,6 +38,8 @@ from pydantic import field_validator, model_validator
 from engine.config import ATTENTION_BACKENDS, DEFAULT_MODEL, DEVICES, DTYPES, KV_CACHE_DTYPES
 from engine.config import TINY_RANDOM_MODEL, EngineConfig
 from kvplan.errors import KvplanError
+from kvplan.gate_metrics import GateSettings
+from kvplan.shared_prefix import SharedPrefix, check_shared_prefix
 
 Count = Annotated[int, Field(ge=1)]
 Name = Annotated[str, Field(pattern=r"^[A-Za-z0-9_.-]+$")]  # names become file names
@@ -201,6 +205,21 @@ class PlanTarget(_Strict):
     kv_dtype: str = "auto"
 
 
+class Fp8QualitySettings(_Strict):
+    """Used only when ``engine.kv_cache_dtype`` is fp8 (see kvplan.fp8_quality).
+
+    The KV scales are calibrated on the first ``num_calibration_prompts`` sampled requests before
+    the run. After it, the quality check compares the fp8 engine with the same engine keeping KV in
+    the model dtype on ``num_prompts`` ShareGPT prompts (random token ids for a model without a
+    tokenizer): greedy agreement over ``num_tokens`` tokens and the KL over ``num_tokens``
+    teacher-forced reply tokens. ``num_prompts: 0`` skips the check.
+    """
+
+    num_calibration_prompts: Count = 4
+    num_prompts: Annotated[int, Field(ge=0)] = 10
+    num_tokens: Count = 32
+
+
 class Workload(_Strict):
     """A whole load test. ``source`` and ``sha256`` describe the file it was read from."""
 
@@ -211,6 +230,9 @@ class Workload(_Strict):
     slo: Slo = Slo()
     buckets: Annotated[list[Bucket], Field(min_length=1)]
     plan: list[PlanTarget] = []
+    fp8_quality: Fp8QualitySettings = Fp8QualitySettings()
+    shared_prefix: SharedPrefix | None = None
+    gate: GateSettings = GateSettings()  # kvplan gate's tolerances per metric (kvplan.gate_metrics)
     _source: str = PrivateAttr(default="<memory>")
     _sha256: str = PrivateAttr(default="")
 
@@ -263,6 +285,8 @@ def describe_error(err: ValidationError) -> tuple[str, str]:
         problem = f"must be >= {ctx['ge']}"
     elif kind == "greater_than":
         problem = f"must be > {ctx['gt']}"
+    elif kind == "less_than_equal":
+        problem = f"must be <= {ctx['le']:g}"
     elif kind == "literal_error":
         problem = f"must be one of {ctx['expected'].replace(' or ', ', ')}"
     elif kind == "value_error":
@@ -306,6 +330,7 @@ def _check_semantics(workload: Workload) -> None:
                 f"shortest request ({bucket.input_tokens.min} + {bucket.output_tokens.min} tokens)"
                 f" exceeds engine.max_model_len {max_len}",
             )
+    check_shared_prefix(workload)
 
 
 def parse_workload(data: Any, source: str = "<memory>", sha256: str = "") -> Workload:

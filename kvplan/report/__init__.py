@@ -35,10 +35,16 @@ def render_charts(data: RunData) -> list[str]:
     knees = {b["name"]: b for b in results.get("buckets", [])}
     names: list[str] = []
 
+    from kvplan import prefix_metrics
+
+    pricing = prefix_metrics.PrefixPricing.from_results(results)
+    shared = prefix_metrics.step_estimates(data.steps, data.requests, pricing)
     fig, (ax,) = _figure(11, 5)
-    plots.plot_kv_over_time(ax, data.steps, (results.get("run") or {}).get("pool_bytes"))
+    plots.plot_kv_over_time(ax, data.steps, (results.get("run") or {}).get("pool_bytes"), shared)
     _save(fig, out / "kv_over_time.png")
     names.append("kv_over_time.png")
+    if "prefix_caching" in results:
+        names += render_prefix_charts(data)
 
     for bucket in knees or {"(none)": {}}:
         for mode, suffix in (("closed", ""), ("open", "_open")):
@@ -60,11 +66,27 @@ def render_charts(data: RunData) -> list[str]:
     names.append("throughput_goodput.png")
 
     fig, axes = _figure(12, 4.8, 2)
-    plots.plot_estimate_vs_measured(axes[0], data.steps)
+    plots.plot_estimate_vs_measured(axes[0], data.steps, shared)
     plots.plot_peak_kv_per_level(axes[1], levels)
     _save(fig, out / "kv_estimate_vs_measured.png")
     names.append("kv_estimate_vs_measured.png")
     return names
+
+
+def render_prefix_charts(data: RunData) -> list[str]:
+    """A shared_prefix run's two charts: TTFT and peak KV with vs without caching per level,
+    and the prefix hit rate per step and per level."""
+    from kvplan.report import prefix
+
+    rows = data.results.get("prefix_caching", [])
+    fig, axes = _figure(13, 4.8, 2)
+    prefix.plot_ttft_with_without(axes[0], rows)
+    prefix.plot_prefix_kv(axes[1], rows)
+    _save(fig, data.run_dir / "prefix_caching.png")
+    fig, (ax,) = _figure(11, 4.5)
+    prefix.plot_prefix_hit_rate(ax, data.steps, data.results.get("levels", []))
+    _save(fig, data.run_dir / "prefix_hit_rate.png")
+    return ["prefix_caching.png", "prefix_hit_rate.png"]
 
 
 def render_report(run_dir: str | Path) -> RunData:
@@ -90,11 +112,12 @@ def render_report(run_dir: str | Path) -> RunData:
 
 def print_summary(results: dict[str, Any], console) -> None:
     """The knee table and one narrow row per level (latencies in ms, goodput in req/s)."""
-    from kvplan.report import tables
+    from kvplan.report import prefix, tables
 
     for title, frame in (
         ("Knee: predicted max concurrency vs measured", tables.knee_table(results)),
         ("Per level (ms; goodput req/s)", tables.console_table(results)),
+        ("Prefix caching: TTFT (ms) cached vs uncached", prefix.prefix_table(results).iloc[:, :7]),
     ):
         if not frame.empty:
             console.print(tables.to_rich(frame, title))

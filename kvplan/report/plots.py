@@ -14,6 +14,7 @@ from matplotlib.axes import Axes
 
 MIB = 2**20
 _PERCENTILE_STYLES = (("p50", "-"), ("p90", "--"), ("p99", ":"))
+_VARIANT_COLORS = {"cached": "tab:blue", "uncached": "tab:red"}  # kvplan.prefix_metrics' variants
 
 
 def _level_axis(ax: Axes, xs: Sequence[float]) -> None:
@@ -32,9 +33,21 @@ def no_data(ax: Axes, why: str) -> None:
     ax.set_yticks([])
 
 
-def plot_kv_over_time(ax: Axes, steps: Sequence[Any], pool_bytes: int | None) -> None:
+def _by(levels: Sequence[dict], *fields: str) -> dict[str, list[dict]]:
+    """Levels grouped by the values of ``fields`` joined by spaces ("short cached"), in order;
+    a field a level lacks (``variant`` in older results) counts as ""."""
+    groups: dict[str, list[dict]] = {}
+    for lv in levels:
+        groups.setdefault(" ".join(str(lv.get(f, "")) for f in fields).strip(), []).append(lv)
+    return groups
+
+
+def plot_kv_over_time(ax: Axes, steps: Sequence[Any], pool_bytes: int | None,
+                      shared_estimate_bytes: Sequence[int | None] = ()) -> None:
     """KV bytes after each step (MiB) against time since the first step (s): measured (used
-    blocks x bytes per block), the paged, ideal and contiguous estimates, and the pool size."""
+    blocks x bytes per block), the paged, ideal and contiguous estimates, and the pool size; in a
+    shared_prefix run also the paged estimate with the prefix counted once (one value per step,
+    None where it cannot be told: a gap)."""
     ax.set_title("KV cache over time: measured vs estimates")
     if not steps:
         return no_data(ax, "no engine step was recorded")
@@ -55,15 +68,20 @@ def plot_kv_over_time(ax: Axes, steps: Sequence[Any], pool_bytes: int | None) ->
         ax.step(t, values, where="post", label=label, color=color, linestyle=style, linewidth=width)
         if key != "contiguous_bytes":
             top = max(top, *values)
+    if any(v is not None for v in shared_estimate_bytes):
+        values = [float("nan") if v is None else v / MIB for v in shared_estimate_bytes]
+        ax.step(t, values, where="post", label="paged estimate, shared prefix once", color="tab:purple",
+                linestyle="-.", linewidth=1.2)
     if pool_bytes:
         ax.axhline(pool_bytes / MIB, color="black", linewidth=1, label="KV pool size")
     ax.set_ylim(0, top * 1.25 or 1)  # contiguous may exceed the pool by far: it is clipped
     previous = None
     for s, x in zip(steps, t):
-        key = (s.bucket, s.mode, s.level)
+        key = (s.bucket, s.mode, s.level, s.variant)
         if key != previous:
             ax.axvline(x, color="0.85", linewidth=0.8, zorder=0)
             name = f"{s.bucket} c={int(s.level)}" if s.mode == "closed" else f"{s.bucket} {s.level:g}/s"
+            name = f"{name} {s.variant}".rstrip()
             ax.text(x, top * 1.2, name, fontsize=7, rotation=90, va="top", color="0.4")
             previous = key
     ax.set_xlabel("time since first step (s)")
@@ -79,9 +97,12 @@ def plot_latency_vs_level(ax: Axes, levels: Sequence[dict], metric: str, knee: d
     points = [lv for lv in levels if lv.get(metric)]
     if not points:
         return no_data(ax, f"no completed request with a {name}")
+    for variant, own in _by(points, "variant").items():  # shared_prefix runs: cached, uncached
+        color = {"color": _VARIANT_COLORS[variant]} if variant in _VARIANT_COLORS else {}
+        for key, style in _PERCENTILE_STYLES:
+            ax.plot([lv["level"] for lv in own], [lv[metric][key] for lv in own], style, marker="o",
+                    label=f"{key.upper()} {variant}".rstrip(), **color)
     x = [lv["level"] for lv in points]
-    for key, style in _PERCENTILE_STYLES:
-        ax.plot(x, [lv[metric][key] for lv in points], style, marker="o", label=key.upper())
     if knee and knee.get("measured_knee") is not None:
         ax.axvline(knee["measured_knee"], color="tab:red", linewidth=1, label="measured knee")
     if knee and knee.get("predicted_max_concurrency") is not None:
@@ -99,8 +120,7 @@ def plot_throughput(ax: Axes, levels: Sequence[dict]) -> None:
     closed = [lv for lv in levels if lv["mode"] == "closed" and lv["output_tokens_per_s"] is not None]
     if not closed:
         return no_data(ax, "no closed-loop level completed a request")
-    for bucket in dict.fromkeys(lv["bucket"] for lv in closed):
-        own = [lv for lv in closed if lv["bucket"] == bucket]
+    for bucket, own in _by(closed, "bucket", "variant").items():
         ax.plot([lv["level"] for lv in own], [lv["output_tokens_per_s"] for lv in own], marker="o", label=bucket)
     _level_axis(ax, [lv["level"] for lv in closed])
     ax.set_xlabel("concurrency (requests in flight)")
@@ -114,8 +134,7 @@ def plot_goodput(ax: Axes, levels: Sequence[dict]) -> None:
     closed = [lv for lv in levels if lv["mode"] == "closed" and lv["requests_per_s"] is not None]
     if not closed:
         return no_data(ax, "no closed-loop level completed a request")
-    for bucket in dict.fromkeys(lv["bucket"] for lv in closed):
-        own = [lv for lv in closed if lv["bucket"] == bucket]
+    for bucket, own in _by(closed, "bucket", "variant").items():
         x = [lv["level"] for lv in own]
         (line,) = ax.plot(x, [lv["goodput_rps"] for lv in own], marker="o", label=f"{bucket} goodput")
         ax.plot(x, [lv["requests_per_s"] for lv in own], "--", color=line.get_color(), label=f"{bucket} req/s")
@@ -125,8 +144,9 @@ def plot_goodput(ax: Axes, levels: Sequence[dict]) -> None:
     ax.legend(fontsize=8)
 
 
-def plot_estimate_vs_measured(ax: Axes, steps: Sequence[Any]) -> None:
-    """Per step, estimated KV (MiB) against measured KV (MiB); points on y = x are exact."""
+def plot_estimate_vs_measured(ax: Axes, steps: Sequence[Any], shared_estimate_bytes: Sequence[int | None] = ()) -> None:
+    """Per step, estimated KV (MiB) against measured KV (MiB); points on y = x are exact. In a
+    shared_prefix run also the paged estimate with the prefix counted once, where it is told."""
     ax.set_title("Estimated vs measured KV, every step")
     busy = [s for s in steps if s.measured_bytes or s.paged_bytes]
     if not busy:
@@ -135,6 +155,10 @@ def plot_estimate_vs_measured(ax: Axes, steps: Sequence[Any]) -> None:
     ax.scatter(measured, [s.ideal_bytes / MIB for s in busy], s=8, color="tab:green", label="ideal estimate")
     ax.scatter(measured, [s.paged_bytes / MIB for s in busy], s=14, facecolors="none",
                edgecolors="tab:orange", label="paged estimate")
+    shared = [(s.measured_bytes / MIB, e / MIB) for s, e in zip(steps, shared_estimate_bytes)
+              if e is not None and (s.measured_bytes or s.paged_bytes)]
+    if shared:
+        ax.scatter(*zip(*shared), s=6, marker="x", color="tab:purple", label="paged estimate, shared prefix once")
     top = max(measured + [s.paged_bytes / MIB for s in busy])
     ax.plot([0, top], [0, top], color="black", linewidth=0.8, label="y = x")
     ax.set_xlabel("measured KV (MiB)")
@@ -155,6 +179,7 @@ def plot_peak_kv_per_level(ax: Axes, levels: Sequence[dict]) -> None:
         ax.bar(xs, [max(lv[key], 1) / MIB for lv in levels], width, label=label, color=color)
     names = [f"{lv['bucket']}\nc={int(lv['level'])}" if lv["mode"] == "closed" else f"{lv['bucket']}\n{lv['level']:g}/s"
              for lv in levels]
+    names = [name + (f"\n{lv['variant']}" if lv.get("variant") else "") for name, lv in zip(names, levels)]
     ax.set_xticks([j + 0.4 - width / 2 for j in range(len(levels))], names, fontsize=7)
     ax.set_yscale("log")
     ax.set_ylabel("peak KV (MiB, log)")

@@ -6,6 +6,8 @@ from typing import Any
 
 from kvplan.metrics import DEFINITIONS
 from kvplan.report import tables
+from kvplan.report.fp8 import fp8_markdown
+from kvplan.report.prefix import prefix_markdown
 
 STATUS_NOTES = {
     "complete": "complete",
@@ -43,6 +45,12 @@ def _exactness(results: dict[str, Any]) -> str:
     steps, error = kv.get("num_steps", 0), kv.get("max_paged_error_bytes", 0)
     if not steps:
         return "No engine step was recorded."
+    shared = kv.get("num_shared_steps", 0)
+    if shared:  # a shared_prefix run: only the uncached variant's steps can be exact
+        verdict = "equal" if error == 0 else f"differ by up to {error:,} B from"
+        return (f"Measured KV bytes {verdict} the paged estimate at every one of the uncached variant's"
+                f" {steps - shared:,} steps; the cached variant's {shared:,} steps share prefix blocks"
+                " (see Prefix caching).")
     if error == 0:
         return f"Measured KV bytes equal the paged estimate at every one of {steps:,} steps (max |difference| 0 B)."
     return (f"Measured KV bytes differ from the paged estimate by up to {error:,} B over {steps:,} steps"
@@ -71,6 +79,8 @@ def summary_markdown(results: dict[str, Any], charts: list[str]) -> str:
         if note:
             lines += [note, ""]
         lines.append(tables.to_markdown(frame).rstrip("\n"))
+    lines += fp8_markdown(results)
+    lines += prefix_markdown(results)
     lines += ["", "## Charts", ""]
     lines += [f"![{name}]({name})" for name in charts]
     lines += ["", "## Metric definitions", "", DEFINITIONS.rstrip("\n"),

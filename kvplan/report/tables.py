@@ -25,9 +25,8 @@ def _stat(level: dict[str, Any], metric: str, key: str) -> float | None:
 
 
 def _level_name(level: dict[str, Any]) -> str:
-    if level["mode"] == "closed":
-        return f"c={int(level['level'])}"
-    return f"{level['level']:g}/s"
+    name = f"c={int(level['level'])}" if level["mode"] == "closed" else f"{level['level']:g}/s"
+    return f"{name} {level.get('variant', '')}".rstrip()  # shared_prefix runs: "c=4 cached"
 
 
 def estimate_table(results: dict[str, Any]) -> pd.DataFrame:

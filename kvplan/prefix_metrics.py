@@ -1,0 +1,162 @@
+"""Prefix caching in a load test: pure functions of the saved records and summaries.
+
+A ``shared_prefix`` workload runs every load level twice on one engine (kvplan.loadtest), on the
+same prompts, so TTFT with and without prefix reuse is measured side by side in one run::
+
+    variant    cache salt of request i of a level    what the prefix cache can do
+    cached     <level>/tenant<t>                     share a group's prefix blocks within tenant t
+    uncached   <level>/<i>   (one per request)       nothing: every block hash differs
+
+The estimate with the prefix counted once is kvplan's paged estimate (whole blocks per request)
+minus, for every (prefix group, cache salt) with k requests holding the prefix's full blocks,
+(k - 1) x the bytes of those blocks: k requests hold one copy, as
+``kvplan.kv_math.batch_kv_bytes`` counts a batch sharing a prefix. It is the ideal: the engine
+shares a block only when it was cached before the request was admitted, so requests of one group
+admitted in the same step each compute (and hold) their own copy, and the measured KV then lies
+between this estimate and the paged one.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # records are plain data; only their fields are read
+    from kvplan.results import RequestRecord, StepRecord
+
+CACHED, UNCACHED = "cached", "uncached"
+VARIANTS = (CACHED, UNCACHED)  # the order a level's variants run in
+
+
+@dataclass(frozen=True)
+class PrefixPricing:
+    """What sharing the prefix saves. ``full_tokens``: tokens in the prefix's full blocks
+    (num_tokens // block_size x block_size); ``shared_bytes``: their KV bytes, from
+    ``kvplan.kv_math.shared_prefix_bytes`` (saved in results.json's ``estimate.shared_prefix``)."""
+
+    full_tokens: int
+    shared_bytes: int
+
+    @classmethod
+    def from_results(cls, results: dict[str, Any]) -> PrefixPricing | None:
+        """From a results.json dict; None for a run without a shared prefix."""
+        info = (results.get("estimate") or {}).get("shared_prefix")
+        if not info:
+            return None
+        return cls(info["num_full_blocks"] * results["estimate"]["block_size"], info["shared_bytes_per_request"])
+
+
+def hit_rate(hit_tokens: int, queried_tokens: int) -> float | None:
+    """Prefix cache hit rate: prompt tokens found cached / prompt tokens looked up (None: none)."""
+    return hit_tokens / queried_tokens if queried_tokens else None
+
+
+def _level_key(rec) -> tuple:
+    return rec.bucket, rec.mode, rec.level, rec.variant
+
+
+def _submission_index(rec: RequestRecord) -> int:
+    return int(rec.request_id.rsplit("/", 1)[1])  # the driver's ids end in the request's index
+
+
+def residents(step: StepRecord, requests: Sequence[RequestRecord]) -> list[RequestRecord] | None:
+    """The requests holding KV after ``step``, in the engine's running order, told from their
+    records: admitted at or before the step (``first_scheduled_time`` is the start time of the
+    step that admitted it) and not finished by its end. The engine runs requests in admission
+    order, first come first served, so ties within a step go by submission index.
+
+    ``requests``: the records of the step's level. None when the records cannot tell: their count
+    differs from the step's ``kv_resident_tokens`` (a request still running when the run stopped)
+    or one was preempted (it held no KV while it waited again).
+    """
+    held = [
+        r for r in requests
+        if r.first_scheduled_time is not None and r.first_scheduled_time <= step.start_time
+        and r.finish_time > step.end_time
+    ]
+    if len(held) != len(step.kv_resident_tokens) or any(r.num_preemptions for r in held):
+        return None
+    return sorted(held, key=lambda r: (r.first_scheduled_time, _submission_index(r)))
+
+
+def shared_prefix_estimate_bytes(
+    step: StepRecord, held: Sequence[RequestRecord], pricing: PrefixPricing,
+) -> int:
+    """The step's paged estimate with the prefix's full blocks counted once per (prefix group,
+    cache salt) in flight. ``held``: ``residents(step, ...)``, in the order of
+    ``step.kv_resident_tokens``; a request counts as holding the prefix once its resident tokens
+    cover the prefix's full blocks."""
+    sharers = Counter(
+        (r.prefix_group, r.cache_salt)
+        for r, tokens in zip(held, step.kv_resident_tokens)
+        if r.prefix_group is not None and tokens >= pricing.full_tokens
+    )
+    return step.paged_bytes - sum(k - 1 for k in sharers.values()) * pricing.shared_bytes
+
+
+def step_estimates(
+    steps: Sequence[StepRecord], requests: Sequence[RequestRecord], pricing: PrefixPricing | None,
+) -> list[int | None]:
+    """``shared_prefix_estimate_bytes`` for every step (None where ``residents`` cannot tell, and
+    for every step of a run without a shared prefix)."""
+    if pricing is None:
+        return [None] * len(steps)
+    by_level: dict[tuple, list[RequestRecord]] = {}
+    for r in requests:
+        by_level.setdefault(_level_key(r), []).append(r)
+    out: list[int | None] = []
+    for s in steps:
+        held = residents(s, by_level.get(_level_key(s), []))
+        out.append(None if held is None else shared_prefix_estimate_bytes(s, held, pricing))
+    return out
+
+
+def _p(level: dict[str, Any] | None, metric: str, key: str) -> float | None:
+    stats = (level or {}).get(metric)
+    return None if stats is None else stats[key]
+
+
+def _mean(values: Sequence[float]) -> float | None:
+    return sum(values) / len(values) if values else None
+
+
+def compare_variants(
+    levels: Sequence[dict[str, Any]], steps: Sequence[StepRecord], estimates: Sequence[int | None],
+) -> list[dict[str, Any]]:
+    """Per level run in both variants: prefix hit rate, TTFT P50/P95 (ms) and KV bytes with
+    caching effective and with it defeated. KV: peaks over each variant's steps; for the cached
+    variant also the estimate with the prefix counted once, and means (per step) of it, the paged
+    estimate and the measured bytes over the steps where it could be told.
+
+    ``levels``: results.json level summaries; ``estimates``: ``step_estimates``, one per step.
+    """
+    by_key = {(lv["bucket"], lv["mode"], lv["level"], lv.get("variant", "")): lv for lv in levels}
+    rows = []
+    for (bucket, mode, level, variant), cached in by_key.items():
+        if variant != CACHED:
+            continue
+        uncached = by_key.get((bucket, mode, level, UNCACHED)) or {}
+        told = [(s, e) for s, e in zip(steps, estimates) if e is not None and _level_key(s) == (bucket, mode, level, CACHED)]
+        uncached_steps = [s for s in steps if _level_key(s) == (bucket, mode, level, UNCACHED)]
+        p50 = (_p(cached, "ttft_ms", "p50"), _p(uncached, "ttft_ms", "p50"))
+        rows.append({
+            "bucket": bucket, "mode": mode, "level": level,
+            "prefix_hit_rate_cached": cached["prefix_hit_rate"],
+            "prefix_hit_rate_uncached": uncached.get("prefix_hit_rate"),
+            "ttft_p50_ms_cached": p50[0], "ttft_p50_ms_uncached": p50[1],
+            "ttft_p95_ms_cached": _p(cached, "ttft_ms", "p95"),
+            "ttft_p95_ms_uncached": _p(uncached, "ttft_ms", "p95"),
+            "ttft_p50_speedup": p50[1] / p50[0] if None not in p50 and p50[0] > 0 else None,
+            "peak_paged_bytes": cached["peak_paged_bytes"],
+            "peak_shared_estimate_bytes": max((e for _, e in told), default=None),
+            "peak_measured_bytes_cached": cached["peak_measured_bytes"],
+            "peak_measured_bytes_uncached": uncached.get("peak_measured_bytes"),
+            "mean_paged_bytes": _mean([s.paged_bytes for s, _ in told]),
+            "mean_shared_estimate_bytes": _mean([e for _, e in told]),
+            "mean_measured_bytes_cached": _mean([s.measured_bytes for s, _ in told]),
+            "mean_measured_bytes_uncached": _mean([s.measured_bytes for s in uncached_steps]),
+            "num_steps_estimated": len(told), "num_steps": cached["num_steps"],
+        })
+    return rows
