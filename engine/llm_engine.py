@@ -189,6 +189,7 @@ class LLMEngine:
                                                   time.perf_counter())
         outputs = [self._output(r) for r in self.scheduler.take_finished()]
         s = self.scheduler
+        resident_ids, resident_tokens = s.kv_residents()
         stats = StepStats(
             step_index=self._step_index,
             start_time=start,
@@ -203,7 +204,8 @@ class LLMEngine:
             num_preemptions=len(sched.preempted_request_ids),
             num_finished=len(outputs),
             num_oom=num_oom,
-            kv_resident_tokens=s.kv_resident_tokens(),
+            kv_resident_tokens=resident_tokens,
+            kv_resident_request_ids=resident_ids,
             num_prefix_queried_tokens=sched.num_prefix_queried_tokens,
             num_prefix_hit_tokens=sched.num_prefix_hit_tokens,
         )

@@ -77,8 +77,9 @@ class StepStats:
 
     Times are ``time.perf_counter()`` seconds. Block counts are read after the step finished
     (finished requests' blocks already freed). ``kv_resident_tokens`` holds, for every request
-    holding blocks at that moment, its tokens with K/V in the cache (``num_computed_tokens``):
-    an estimator turns these into bytes and compares with ``num_used_blocks``.
+    holding blocks at that moment, its tokens with K/V in the cache (``num_computed_tokens``),
+    and ``kv_resident_request_ids`` names those requests in the same order: an estimator turns
+    these into bytes and compares with ``num_used_blocks``.
     """
 
     step_index: int
@@ -95,6 +96,7 @@ class StepStats:
     num_finished: int = 0
     num_oom: int = 0
     kv_resident_tokens: tuple[int, ...] = ()
+    kv_resident_request_ids: tuple[str, ...] = ()
     num_prefix_queried_tokens: int = 0
     num_prefix_hit_tokens: int = 0
 

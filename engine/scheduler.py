@@ -68,9 +68,10 @@ class Scheduler:
     def has_unfinished(self) -> bool:
         return bool(self.waiting or self.running)
 
-    def kv_resident_tokens(self) -> tuple[int, ...]:
-        """Tokens with K/V in the cache, per request holding blocks (running ones)."""
-        return tuple(r.num_computed_tokens for r in self.running)
+    def kv_residents(self) -> tuple[tuple[str, ...], tuple[int, ...]]:
+        """The requests holding blocks (running ones), in admission order, and the tokens each
+        has with K/V in the cache: (request ids, num_computed_tokens)."""
+        return tuple(r.request_id for r in self.running), tuple(r.num_computed_tokens for r in self.running)
 
     # ---- requests in and out -----------------------------------------------------------
     def add_request(self, request: Request, now: float) -> None:

@@ -19,7 +19,7 @@ between this estimate and the paged one.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -57,28 +57,15 @@ def _level_key(rec) -> tuple:
     return rec.bucket, rec.mode, rec.level, rec.variant
 
 
-def _submission_index(rec: RequestRecord) -> int:
-    return int(rec.request_id.rsplit("/", 1)[1])  # the driver's ids end in the request's index
-
-
-def residents(step: StepRecord, requests: Sequence[RequestRecord]) -> list[RequestRecord] | None:
-    """The requests holding KV after ``step``, in the engine's running order, told from their
-    records: admitted at or before the step (``first_scheduled_time`` is the start time of the
-    step that admitted it) and not finished by its end. The engine runs requests in admission
-    order, first come first served, so ties within a step go by submission index.
-
-    ``requests``: the records of the step's level. None when the records cannot tell: their count
-    differs from the step's ``kv_resident_tokens`` (a request still running when the run stopped)
-    or one was preempted (it held no KV while it waited again).
-    """
-    held = [
-        r for r in requests
-        if r.first_scheduled_time is not None and r.first_scheduled_time <= step.start_time
-        and r.finish_time > step.end_time
-    ]
-    if len(held) != len(step.kv_resident_tokens) or any(r.num_preemptions for r in held):
+def residents(step: StepRecord, requests_by_id: Mapping[str, RequestRecord]) -> list[RequestRecord] | None:
+    """The records of the requests holding KV after ``step``, in the order of its
+    ``kv_resident_tokens`` (the engine names them in ``kv_resident_request_ids``). None when one
+    has no record (a request still running when the run stopped) or the step names no requests
+    (records written before the engine reported them)."""
+    if len(step.kv_resident_request_ids) != len(step.kv_resident_tokens):
         return None
-    return sorted(held, key=lambda r: (r.first_scheduled_time, _submission_index(r)))
+    held = [requests_by_id.get(rid) for rid in step.kv_resident_request_ids]
+    return None if None in held else held
 
 
 def shared_prefix_estimate_bytes(
@@ -103,12 +90,10 @@ def step_estimates(
     for every step of a run without a shared prefix)."""
     if pricing is None:
         return [None] * len(steps)
-    by_level: dict[tuple, list[RequestRecord]] = {}
-    for r in requests:
-        by_level.setdefault(_level_key(r), []).append(r)
+    by_id = {r.request_id: r for r in requests}
     out: list[int | None] = []
     for s in steps:
-        held = residents(s, by_level.get(_level_key(s), []))
+        held = residents(s, by_id)
         out.append(None if held is None else shared_prefix_estimate_bytes(s, held, pricing))
     return out
 

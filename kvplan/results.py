@@ -65,7 +65,8 @@ class RequestRecord:
 class StepRecord:
     """One engine step (the engine's StepStats) with its level and the KV bytes side by side.
 
-    ``kv_resident_tokens``: per request holding blocks after the step, its tokens with K/V.
+    ``kv_resident_tokens``: per request holding blocks after the step, its tokens with K/V;
+    ``kv_resident_request_ids`` names those requests in the same order.
     ``ideal_bytes`` = sum(resident tokens) x bytes per token; ``paged_bytes`` = sum of whole
     blocks per request x bytes per block; ``contiguous_bytes`` = requests holding KV x
     max_model_len x bytes per token (kvplan's estimate, all three); ``measured_bytes`` = used
@@ -96,12 +97,13 @@ class StepRecord:
     contiguous_bytes: int
     measured_bytes: int
     variant: str = ""  # the level's variant, as in RequestRecord
+    kv_resident_request_ids: tuple[str, ...] = ()
 
 
 def _from_dict(cls, row: dict[str, Any]):
     names = {f.name for f in fields(cls)}
     values = {k: v for k, v in row.items() if k in names}
-    for key in ("token_times", "kv_resident_tokens"):
+    for key in ("token_times", "kv_resident_tokens", "kv_resident_request_ids"):
         if key in values:
             values[key] = tuple(values[key])
     return cls(**values)
@@ -117,7 +119,7 @@ def request_row(rec: RequestRecord) -> dict[str, Any]:
 
 def step_row(rec: StepRecord) -> dict[str, Any]:
     """The steps.csv row: resident tokens summed, KV usage added."""
-    row = {k: v for k, v in asdict(rec).items() if k != "kv_resident_tokens"}
+    row = {k: v for k, v in asdict(rec).items() if k not in ("kv_resident_tokens", "kv_resident_request_ids")}
     row["num_kv_requests"] = len(rec.kv_resident_tokens)
     row["kv_resident_tokens"] = sum(rec.kv_resident_tokens)
     row["kv_cache_usage"] = metrics.kv_cache_usage(rec)

@@ -27,7 +27,6 @@ Minimal example::
 from __future__ import annotations
 
 import hashlib
-import re
 from pathlib import Path
 from typing import Annotated, Any, Literal
 

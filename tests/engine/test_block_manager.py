@@ -76,7 +76,6 @@ def test_prefix_share_free_rehit_and_evict():
     assert bm.free_queue() == [5, 2, 3, 4, 1, 0]
 
     # D (other tokens) needs 6 blocks: it takes the whole queue, evicting cached blocks 1 and 0.
-    d = req("d", list(range(50, 74)))
     assert bm.num_evictions == 0
     assert bm.allocate("d", 24)
     assert bm.block_table("d") == (5, 2, 3, 4, 1, 0)

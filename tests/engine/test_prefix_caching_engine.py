@@ -92,6 +92,7 @@ def test_tiny_shared_blocks_are_held_once(tiny_runs):
     # first output token decoded in this step; request 3 its 17 prompt tokens (12 of them hit).
     for admitted in (admitted_on, admitted_off):
         assert admitted.kv_resident_tokens == (21 + 1, 23 + 1, 17)
+        assert admitted.kv_resident_request_ids == ("1", "2", "3")  # admission order
     blocks = 6 + 6 + 5  # ceil(22 / 4) + ceil(24 / 4) + ceil(17 / 4)
     assert admitted_off.num_used_blocks == blocks
     assert admitted_on.num_used_blocks == blocks - 2 * 3  # three holders of 3 blocks keep one copy

@@ -8,11 +8,8 @@ cannot all fit; a short request holds at most 24 + 16 - 1 = 39 tokens, 10 blocks
 flight fit in 40 blocks and eight cannot.
 """
 
-import contextlib
-import io
 import json
 import math
-import sys
 import xml.etree.ElementTree as ET
 from dataclasses import asdict
 from pathlib import Path
@@ -21,12 +18,12 @@ import pytest
 import torch
 import yaml
 
-from kvplan.cli import main
 from kvplan.errors import KvplanError
 from kvplan.gate import Baseline, check_same_workload, compare, load_baseline, run_gate
 from kvplan.gate_metrics import METRICS, METRICS_BY_NAME, CheckKey, Tolerance
 from kvplan.results import load_run
 from kvplan.workload import parse_workload
+from tests.kvplan.cli_runner import run_cli
 
 ROOT = Path(__file__).resolve().parents[2]
 CI = ROOT / "workloads" / "ci.yaml"
@@ -36,18 +33,6 @@ LEVELS = {"short": (2, 4, 8), "long": (1, 2, 3)}
 # 2 run checks + 2 bucket checks per bucket + 10 level checks per level.
 NUM_CHECKS = 2 + 2 * len(LEVELS) + 10 * sum(len(v) for v in LEVELS.values())
 CAPACITY = [m.name for m in METRICS if m.default == Tolerance()]
-
-
-def run_cli(*args: str) -> tuple[int, str, str]:
-    """``kvplan ARGS`` in-process through the console-script entry point."""
-    out, err = io.StringIO(), io.StringIO()
-    argv, sys.argv = sys.argv, ["kvplan", *args]
-    try:
-        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err), pytest.raises(SystemExit) as done:
-            main()
-    finally:
-        sys.argv = argv
-    return done.value.code or 0, out.getvalue(), err.getvalue()
 
 
 def loadtest(workload: Path, out: Path) -> Path:

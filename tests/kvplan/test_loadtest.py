@@ -1,20 +1,17 @@
 """`kvplan loadtest` end to end on the tiny random model: files, exact KV accounting, the knee,
 Poisson arrivals, and a run interrupted by Ctrl-C that `kvplan report` still renders."""
 
-import contextlib
-import io
 import json
 import math
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from kvplan.cli import main
 from kvplan.loadtest import build_engine, run_loadtest
 from kvplan.results import load_run
 from kvplan.workload import load_workload
+from tests.kvplan.cli_runner import run_cli
 
 ROOT = Path(__file__).resolve().parents[2]
 SMOKE = ROOT / "workloads" / "smoke.yaml"
@@ -22,18 +19,6 @@ SMOKE = ROOT / "workloads" / "smoke.yaml"
 BYTES_PER_TOKEN = 2 * 2 * 2 * 16 * 4  # 512
 BLOCK_SIZE, NUM_BLOCKS = 4, 48  # smoke.yaml
 MAX_MODEL_LEN = NUM_BLOCKS * BLOCK_SIZE  # 192: the engine caps max_model_len at the pool's tokens
-
-
-def run_cli(*args: str) -> tuple[int, str, str]:
-    """``kvplan ARGS`` in-process through the console-script entry point."""
-    out, err = io.StringIO(), io.StringIO()
-    argv, sys.argv = sys.argv, ["kvplan", *args]
-    try:
-        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err), pytest.raises(SystemExit) as done:
-            main()
-    finally:
-        sys.argv = argv
-    return done.value.code or 0, out.getvalue(), err.getvalue()
 
 
 @pytest.fixture(scope="module")
@@ -159,3 +144,11 @@ def test_engine_settings_the_engine_refuses_are_one_line(tmp_path):
     assert err.strip() == (f"error: {path}: engine.max_model_len: must be <= the model's "
                            "max_position_embeddings 256 (got 1000)")
     assert not (tmp_path / "run").exists()
+
+
+def test_loadtest_refuses_a_non_empty_out_folder(tmp_path):
+    (tmp_path / "results.json").write_text("{}")
+    code, _, err = run_cli("loadtest", str(ROOT / "workloads" / "smoke.yaml"), "--out", str(tmp_path), "--quiet")
+    assert code == 2
+    assert err.strip() == f"error: --out: {tmp_path} is not empty; give a new folder (or remove that one)"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["results.json"]

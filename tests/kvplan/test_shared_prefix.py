@@ -125,9 +125,14 @@ def request(index, group, salt, admitted, finished, preemptions=0):
                          prefix_group=group, cache_salt=salt)
 
 
-def step(start, end, resident, paged_bytes):
+def step(start, end, resident, paged_bytes, ids=None):
+    ids = tuple(f"b/closed/4/cached/{i}" for i in range(len(resident))) if ids is None else ids
     return StepRecord(7, "b", "closed", 4.0, start, end, 0, len(resident), len(resident), 0, 0, 0, 96, 0, 0, 0,
-                      0, 0, tuple(resident), 0, paged_bytes, 0, 0, variant="cached")
+                      0, 0, tuple(resident), 0, paged_bytes, 0, 0, variant="cached", kv_resident_request_ids=ids)
+
+
+def by_id(reqs):
+    return {r.request_id: r for r in reqs}
 
 
 def test_the_estimate_counts_each_groups_prefix_once_per_salt():
@@ -137,21 +142,23 @@ def test_the_estimate_counts_each_groups_prefix_once_per_salt():
         request(1, 0, "t0", admitted=2.0, finished=9.0),
         request(2, 0, "t1", admitted=2.0, finished=9.0),  # same prefix, another tenant
         request(3, None, "t0", admitted=2.0, finished=9.0),  # no prefix
-        request(4, 0, "t0", admitted=3.0, finished=9.0),  # admitted after the step below
-        request(5, 1, "t0", admitted=0.5, finished=2.5),  # finished inside the step below
+        request(4, 0, "t0", admitted=3.0, finished=9.0),  # not holding KV in the step below
+        request(5, 1, "t0", admitted=0.5, finished=2.5),  # not holding KV in the step below
         request(6, 0, "t0", admitted=2.0, finished=9.0),  # still prefilling: 12 tokens < 16
     ]
-    s = step(start=2.0, end=2.9, resident=(40, 30, 30, 14, 12), paged_bytes=37 * BLOCK * BYTES_PER_TOKEN)
-    held = residents(s, reqs)
-    assert [r.request_id[-1] for r in held] == ["0", "1", "2", "3", "6"]  # admission, then index order
+    ids = tuple(f"b/closed/4/cached/{i}" for i in (0, 1, 2, 3, 6))
+    s = step(start=2.0, end=2.9, resident=(40, 30, 30, 14, 12), paged_bytes=37 * BLOCK * BYTES_PER_TOKEN, ids=ids)
+    held = residents(s, by_id(reqs))
+    assert [r.request_id[-1] for r in held] == ["0", "1", "2", "3", "6"]  # as the engine named them
     # Group 0 under salt t0 has 2 holders of its 16 full-block tokens (request 6 holds 12): one copy saved.
     assert shared_prefix_estimate_bytes(s, held, pricing) == (37 * BLOCK - 16) * BYTES_PER_TOKEN
 
 
 def test_the_estimate_is_not_told_when_records_cannot_place_the_requests():
-    reqs = [request(0, 0, "t0", 1.0, 9.0), request(1, 0, "t0", 1.0, 9.0, preemptions=1)]
-    assert residents(step(2.0, 2.5, (20, 20), 0), reqs) is None  # one was preempted at some point
-    assert residents(step(2.0, 2.5, (20,), 0), reqs[:1] * 2) is None  # counts differ
+    reqs = by_id([request(0, 0, "t0", 1.0, 9.0), request(1, 0, "t0", 1.0, 9.0, preemptions=1)])
+    assert residents(step(2.0, 2.5, (20, 20), 0), reqs) is not None  # a preempted request is fine
+    assert residents(step(2.0, 2.5, (20, 20, 20), 0), reqs) is None  # request 2 has no record
+    assert residents(step(2.0, 2.5, (20,), 0, ids=()), reqs) is None  # the step names no requests
 
 
 # ---- the load test, end to end on the tiny model ---------------------------------------------
@@ -214,7 +221,7 @@ def test_uncached_variant_is_exact_and_cached_lies_between_the_estimates(run):
         if s.variant == "uncached":
             assert s.measured_bytes == s.paged_bytes
             continue
-        held = residents(s, [r for r in run.requests if (r.level, r.variant) == (s.level, s.variant)])
+        held = residents(s, by_id(run.requests))
         if held is None:
             continue
         told += 1

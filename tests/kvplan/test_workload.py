@@ -1,16 +1,14 @@
 """Workload YAML: the shipped files load, and every bad file gives one line naming the field."""
 
-import contextlib
-import io
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from kvplan.cli import main
 from kvplan.errors import KvplanError
 from kvplan.workload import load_workload, parse_workload
+from tests.kvplan.cli_runner import run_cli
 
 ROOT = Path(__file__).resolve().parents[2]
 BAD = Path(__file__).resolve().parent / "bad_workloads"
@@ -47,18 +45,6 @@ def test_bad_workload_is_one_line_naming_the_field(name):
     assert message.startswith(f"{path}: ")
     assert BAD_CASES[name] in message
     assert "\n" not in message
-
-
-def run_cli(*args: str) -> tuple[int, str, str]:
-    """``kvplan ARGS`` in-process through the console-script entry point."""
-    out, err = io.StringIO(), io.StringIO()
-    argv, sys.argv = sys.argv, ["kvplan", *args]
-    try:
-        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err), pytest.raises(SystemExit) as done:
-            main()
-    finally:
-        sys.argv = argv
-    return done.value.code or 0, out.getvalue(), err.getvalue()
 
 
 @pytest.mark.parametrize("name", sorted(BAD_CASES))
