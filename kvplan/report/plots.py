@@ -59,22 +59,23 @@ def plot_kv_over_time(ax: Axes, steps: Sequence[Any], pool_bytes: int | None,
         ("ideal estimate (tokens x bytes/token)", "ideal_bytes", "tab:green", "--"),
         ("measured (used blocks x bytes/block)", "measured_bytes", "tab:blue", "-"),
     ]
-    top = (pool_bytes or 0) / MIB
+    top = max((pool_bytes or 0) / MIB, *(max(getattr(s, k) for s in steps) / MIB for _, k, _, _ in series[1:]))
     for label, key, color, style in series:
         values = [getattr(s, key) / MIB for s in steps]
         if key == "contiguous_bytes":
             label += f", peak {max(values):,.1f} MiB"
+            if max(values) > 2 * top:  # a naive reservation dwarfs the pool: name it, do not draw it
+                ax.plot([], [], " ", label=label + " (off scale)")
+                continue
         width = 2.5 if key == "paged_bytes" else 1.2  # measured is drawn over paged: equal when exact
         ax.step(t, values, where="post", label=label, color=color, linestyle=style, linewidth=width)
-        if key != "contiguous_bytes":
-            top = max(top, *values)
     if any(v is not None for v in shared_estimate_bytes):
         values = [float("nan") if v is None else v / MIB for v in shared_estimate_bytes]
         ax.step(t, values, where="post", label="paged estimate, shared prefix once", color="tab:purple",
                 linestyle="-.", linewidth=1.2)
     if pool_bytes:
         ax.axhline(pool_bytes / MIB, color="black", linewidth=1, label="KV pool size")
-    ax.set_ylim(0, top * 1.25 or 1)  # contiguous may exceed the pool by far: it is clipped
+    ax.set_ylim(0, top * 1.25 or 1)  # a drawn contiguous line may still exceed this: clipped
     previous = None
     for s, x in zip(steps, t):
         key = (s.bucket, s.mode, s.level, s.variant)
