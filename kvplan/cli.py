@@ -47,6 +47,15 @@ def _error_line(message: str) -> None:
     Console(stderr=True).print(f"error: {message}", style="red", markup=False, highlight=False, soft_wrap=True)
 
 
+def _console():
+    """A rich Console for tables. Piped into a file or a CI log there is no terminal width to fit
+    (rich would assume 80 columns and cut the tables): keep each row on one line instead."""
+    from rich.console import Console
+
+    console = Console()
+    return console if console.is_terminal else Console(width=max(console.width, 140))
+
+
 def _int_list(text: str | None, flag: str) -> tuple[int, ...]:
     """``"8192,32k,128K"`` -> (8192, 32768, 131072); a ``k`` suffix means x1024 tokens."""
     if not text:
@@ -127,14 +136,12 @@ def loadtest(
     quiet: Annotated[bool, typer.Option(help="No progress bars or tables: print only the report folder.")] = False,
 ) -> None:
     """Run a workload's buckets and load levels on the bundled engine; write the report folder (Ctrl-C keeps what finished)."""
-    from rich.console import Console
-
     from kvplan.loadtest import run_loadtest
     from kvplan.report import print_summary
     from kvplan.results import load_run
     from kvplan.workload import load_workload
 
-    console = Console()
+    console = _console()
     run_dir = run_loadtest(load_workload(workload), out, console=None if quiet else console)
     if not quiet:
         print_summary(load_run(run_dir).results, console)
@@ -146,11 +153,9 @@ def report(
     run_dir: Annotated[Path, typer.Argument(help="A report folder written by kvplan loadtest.")],
 ) -> None:
     """Re-render summary.md, the CSV tables and the charts of a saved run, without re-running it."""
-    from rich.console import Console
-
     from kvplan.report import print_summary, render_report
 
-    console = Console()
+    console = _console()
     print_summary(render_report(run_dir).results, console)
     console.print(f"report: {run_dir}", markup=False, highlight=False)
 
@@ -163,13 +168,9 @@ def gate(
     junit: Annotated[Optional[Path], typer.Option(help="Also write JUnit XML here: one test case per check.")] = None,
 ) -> None:
     """Compare a run with a baseline, metric by metric: exit 0 when every check holds, 1 on any regression, 2 on bad input."""
-    from rich.console import Console
-
     from kvplan.gate import run_gate, write_baseline
 
-    console = Console()
-    if not console.is_terminal:  # a CI log has no width to fit: keep each check on one line
-        console = Console(width=max(console.width, 120))
+    console = _console()
     if update_baseline:
         if junit is not None:
             raise KvplanError("--junit", "there are no checks to write with --update-baseline", "drop one of the two")
