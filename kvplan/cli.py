@@ -27,13 +27,25 @@ app = typer.Typer(
 
 
 def main() -> None:
-    """Console-script entry point. A KvplanError becomes one red line on stderr and exit 2; typer
-    itself reports usage errors (unknown option, bad number) briefly, also with exit 2."""
+    """Console-script entry point. Bad input becomes one red line on stderr and exit 2, no
+    traceback: a KvplanError, or a usage error typer raises (unknown option, a value of the wrong
+    type). A command's ``typer.Exit(code)`` becomes the exit code; Ctrl-C outside a load test, 130."""
     try:
-        app()
+        code = app(standalone_mode=False)
     except KvplanError as err:
         _error_line(str(err))
         sys.exit(err.exit_code)
+    except typer.TyperException as err:  # typer's public base of its usage errors
+        if type(err).__name__ == "NoArgsIsHelpError":  # plain `kvplan`: the help is the answer
+            err.show()
+        else:
+            ctx = getattr(err, "ctx", None)
+            command = ctx.command_path if ctx is not None else "kvplan"
+            _error_line(f"{err.format_message().rstrip('.')}; see `{command} --help`")
+        sys.exit(getattr(err, "exit_code", 2))
+    except typer.Abort:
+        sys.exit(130)
+    sys.exit(code if isinstance(code, int) else 0)
 
 
 @app.callback()

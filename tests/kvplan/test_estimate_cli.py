@@ -115,9 +115,14 @@ def test_config_missing_field_and_unreadable_file(monkeypatch, capsys, tmp_path)
     assert code == 2 and err.startswith(f"error: {gguf}: not a readable GGUF file") and err.count("\n") == 1
 
 
-def test_usage_errors_exit_2_without_traceback(monkeypatch, capsys):
+def test_usage_errors_are_one_line_with_exit_2(monkeypatch, capsys):
     code, _, err = run(monkeypatch, capsys, "estimate", "--model", "smollm2-135m", "--no-such-flag")
-    assert code == 2 and "No such option" in err and "Traceback" not in err
+    assert code == 2 and err.startswith("error: No such option: --no-such-flag") and err.count("\n") == 1
+    code, _, err = run(monkeypatch, capsys, "estimate", "--model", "smollm2-135m", "--tp", "two")
+    assert code == 2 and err.startswith("error: Invalid value for '--tp'") and err.count("\n") == 1
+    assert err.rstrip().endswith("see `kvplan estimate --help`")
+    code, _, err = run(monkeypatch, capsys, "estimate")
+    assert (code, err) == (2, "error: Missing option '--model'; see `kvplan estimate --help`\n")
 
 
 def test_estimate_imports_neither_torch_nor_transformers():
