@@ -1,7 +1,9 @@
 """``python -m engine "a prompt"``: one chat turn through the engine, answer on stdout.
 
 The prompt goes through the model's chat template (the quickest end-to-end proof that the
-engine runs a real trained model). Bad settings print one line and exit with status 2.
+engine runs a real trained model). Bad settings, and a prompt plus --max-tokens longer than the
+engine's max_model_len, print one line and exit with status 2; a request that fails in the engine
+(oom) prints what it produced, one line, and exits with status 1.
 """
 
 from __future__ import annotations
@@ -50,6 +52,12 @@ def main(argv: list[str] | None = None) -> int:
         output = engine.generate([prompt_ids], params)[0]
     except (ValueError, RuntimeError) as e:
         print(f"error: {str(e).splitlines()[0]}", file=sys.stderr)
+        return 2
+    if output.finish_reason == "cannot_fit":  # the input's fault, and the answer would be empty
+        room = engine.max_model_len - len(prompt_ids)
+        where, fix = (("--max-tokens", f"use --max-tokens <= {room}") if room >= 1
+                      else ("prompt", f"shorten it below {engine.max_model_len} tokens"))
+        print(f"error: {where}: {output.finish_detail}; {fix}", file=sys.stderr)
         return 2
     print(output.text)
     if output.finish_reason not in ("stop", "length"):

@@ -12,6 +12,7 @@ KV_CACHE_DTYPES = ("auto", "bfloat16", "float16", "float32", "fp8")
 ATTENTION_BACKENDS = ("auto", "torch", "triton")
 DEVICES = ("auto", "cpu", "cuda")
 DEFAULT_KV_CACHE_MEMORY_BYTES = 256 * 2**20
+SEED_LIMIT = 2**64  # torch.Generator.manual_seed takes [0, 2**64) as an unsigned 64-bit seed
 
 
 @dataclass(frozen=True)
@@ -29,6 +30,7 @@ class EngineConfig:
     max_model_len: prompt + max_tokens limit per request, tokens; None = the model's
         max_position_embeddings, capped at the pool's size in tokens.
     attention_backend: ``auto`` = triton on CUDA, torch on CPU.
+    seed: in [0, 2**64); draws tiny-random-llama's weights and the seeds of unseeded requests.
 
     Raises:
         ValueError: ``<field>: <problem> (got <value>)`` for any out-of-range setting.
@@ -80,3 +82,4 @@ class EngineConfig:
         check(self.max_num_seqs >= 1, "max_num_seqs", "must be >= 1")
         check(self.max_num_batched_tokens >= 1, "max_num_batched_tokens", "must be >= 1")
         check(self.max_model_len is None or self.max_model_len >= 1, "max_model_len", "must be >= 1")
+        check(0 <= self.seed < SEED_LIMIT, "seed", "must be in [0, 2**64)")

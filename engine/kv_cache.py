@@ -32,6 +32,14 @@ class LayerKV:
     v_scale: float = 1.0
 
 
+def is_oom_error(e: BaseException) -> bool:
+    """torch's OutOfMemoryError (CUDA), or a CPU allocator failure ("can't allocate memory")."""
+    if isinstance(e, torch.OutOfMemoryError):
+        return True
+    message = str(e).lower()
+    return isinstance(e, RuntimeError) and ("out of memory" in message or "can't allocate memory" in message)
+
+
 def bytes_per_block_for(num_layers: int, block_size: int, num_kv_heads: int, head_dim: int,
                         dtype: torch.dtype) -> int:
     """Bytes one block takes over all layers, K and V, before allocating anything (for sizing)."""
@@ -52,8 +60,10 @@ class KVCache:
         num_blocks: pool size in blocks; or ``memory_bytes``: as many whole blocks as fit.
 
     Raises:
-        ValueError: neither or both of num_blocks / memory_bytes, or a budget below one block
-            (the message gives the bytes one block needs).
+        ValueError: neither or both of num_blocks / memory_bytes, a budget below one block (the
+            message gives the bytes one block needs), or a pool the device cannot allocate (the
+            message names ``num_blocks`` or ``kv_cache_memory_bytes``, whichever set the size, and
+            the bytes asked for).
     """
 
     def __init__(self, num_layers: int, num_kv_heads: int, head_dim: int, block_size: int,
@@ -61,8 +71,9 @@ class KVCache:
                  memory_bytes: int | None = None):
         if (num_blocks is None) == (memory_bytes is None):
             raise ValueError("KVCache: give exactly one of num_blocks or memory_bytes")
+        per_block = bytes_per_block_for(num_layers, block_size, num_kv_heads, head_dim, dtype)
+        size_field = "num_blocks" if memory_bytes is None else "kv_cache_memory_bytes"
         if num_blocks is None:
-            per_block = bytes_per_block_for(num_layers, block_size, num_kv_heads, head_dim, dtype)
             num_blocks = memory_bytes // per_block
             if num_blocks < 1:
                 raise ValueError(
@@ -72,8 +83,16 @@ class KVCache:
         shape = (num_blocks, block_size, num_kv_heads, head_dim)
         self.block_size = block_size
         self.dtype = dtype
-        self.k_caches = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
-        self.v_caches = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+        try:
+            self.k_caches = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+            self.v_caches = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+        except (torch.OutOfMemoryError, RuntimeError) as e:
+            if not is_oom_error(e):
+                raise
+            raise ValueError(
+                f"{size_field}: a KV cache of {num_blocks:,} blocks x {per_block:,} bytes = "
+                f"{num_blocks * per_block:,} bytes cannot be allocated on {device}; lower {size_field}"
+            ) from None
         self.set_scales([1.0] * num_layers, [1.0] * num_layers)
 
     @property

@@ -19,7 +19,7 @@ import torch
 from engine.attention import get_attention_backend, resolve_backend_name
 from engine.calibration import KVScales, measure_kv_scales
 from engine.config import DEFAULT_KV_CACHE_MEMORY_BYTES, EngineConfig
-from engine.kv_cache import KVCache
+from engine.kv_cache import KVCache, is_oom_error
 from engine.model_runner import ModelRunner, PromptLogits
 from engine.models.llama import Transformer, config_head_dim
 from engine.models.loader import load_model
@@ -32,12 +32,21 @@ _TORCH_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32"
                  "fp8": torch.float8_e4m3fn}
 
 
-def is_oom_error(e: BaseException) -> bool:
-    """torch's OutOfMemoryError (CUDA), or a CPU allocator failure ("can't allocate memory")."""
-    if isinstance(e, torch.OutOfMemoryError):
-        return True
-    message = str(e).lower()
-    return isinstance(e, RuntimeError) and ("out of memory" in message or "can't allocate memory" in message)
+def resolve_device(name: str) -> torch.device:
+    """``auto`` -> cuda when torch sees a GPU, else cpu; ``cpu`` and ``cuda`` as given.
+
+    Raises:
+        ValueError: ``cuda`` where torch sees no GPU (the check torch itself would only make later,
+            as an AssertionError, when the first tensor moves there).
+    """
+    has_cuda = torch.cuda.is_available()
+    if name == "auto":
+        return torch.device("cuda" if has_cuda else "cpu")
+    if name == "cuda" and not has_cuda:
+        why = (f"torch {torch.__version__} is built without CUDA" if torch.version.cuda is None
+               else "torch sees no CUDA GPU")
+        raise ValueError(f"device: cuda is not available here ({why}); use device auto or cpu")
+    return torch.device(name)
 
 
 class LLMEngine:
@@ -45,15 +54,16 @@ class LLMEngine:
 
     Raises (at construction):
         ModelLoadError (a ValueError): the model cannot be loaded (see ``engine.models.loader``).
-        ValueError: ``max_model_len`` above the model's max_position_embeddings, or a KV budget
-            below one block. RuntimeError: ``triton`` on CPU without TRITON_INTERPRET=1.
+        ValueError: ``device`` cuda where torch sees no GPU, ``max_model_len`` or ``block_size``
+            above the model's max_position_embeddings, a KV budget below one block, or a KV pool
+            the device cannot allocate (see ``KVCache``).
+        RuntimeError: ``triton`` on CPU without TRITON_INTERPRET=1.
+        Each message starts with the EngineConfig field: ``<field>: <problem>``.
     """
 
     def __init__(self, config: EngineConfig):
         self.config = config
-        self._device = torch.device(
-            ("cuda" if torch.cuda.is_available() else "cpu") if config.device == "auto" else config.device
-        )
+        self._device = resolve_device(config.device)
         self._dtype = _TORCH_DTYPES["bfloat16" if config.dtype == "auto" else config.dtype]
         kv_dtype = config.kv_cache_dtype
         self._kv_cache_dtype = self._dtype if kv_dtype == "auto" else _TORCH_DTYPES[kv_dtype]
@@ -74,6 +84,11 @@ class LLMEngine:
             raise ValueError(
                 f"max_model_len: must be <= the model's max_position_embeddings {max_pos} "
                 f"(got {config.max_model_len})"
+            )
+        if config.block_size > max_pos:  # no sequence could ever fill one block
+            raise ValueError(
+                f"block_size: must be <= the model's max_position_embeddings {max_pos} "
+                f"(got {config.block_size})"
             )
         self.kv_cache = KVCache(
             cfg.num_hidden_layers, cfg.num_key_value_heads, config_head_dim(cfg), config.block_size,

@@ -13,7 +13,10 @@ decode and recompute after preemption are all the same rule::
 from __future__ import annotations
 
 import enum
+import math
 from dataclasses import dataclass, field
+
+from engine.config import SEED_LIMIT
 
 
 class FinishReason:
@@ -49,8 +52,9 @@ class SamplingParams:
     request skips the prefix-cache lookup, so every prompt position is computed through the cache.
 
     Raises:
-        ValueError: naming the field, for max_tokens < 1, temperature < 0, top_p outside (0, 1],
-            num_prompt_logits < 0.
+        ValueError: naming the field, for max_tokens < 1, a temperature that is not a finite
+            number >= 0, top_p outside (0, 1] (NaN included), a seed outside [0, 2**64) (the range
+            of a torch generator's seed), num_prompt_logits < 0.
     """
 
     max_tokens: int = 16
@@ -63,10 +67,12 @@ class SamplingParams:
     def __post_init__(self) -> None:
         if self.max_tokens < 1:
             raise ValueError(f"max_tokens: must be >= 1 (got {self.max_tokens})")
-        if self.temperature < 0:
-            raise ValueError(f"temperature: must be >= 0 (got {self.temperature})")
-        if not 0 < self.top_p <= 1:
+        if not (math.isfinite(self.temperature) and self.temperature >= 0):
+            raise ValueError(f"temperature: must be a finite number >= 0 (got {self.temperature})")
+        if not 0 < self.top_p <= 1:  # also refuses NaN: every comparison with it is False
             raise ValueError(f"top_p: must be in (0, 1] (got {self.top_p})")
+        if self.seed is not None and not 0 <= self.seed < SEED_LIMIT:
+            raise ValueError(f"seed: must be in [0, 2**64) (got {self.seed})")
         if self.num_prompt_logits < 0:
             raise ValueError(f"num_prompt_logits: must be >= 0 (got {self.num_prompt_logits})")
 

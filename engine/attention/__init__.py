@@ -83,7 +83,7 @@ def get_attention_backend(name: str, device: torch.device) -> ModuleType:
     if name == "triton":
         if device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
             raise RuntimeError(
-                "attention_backend triton on CPU needs the Triton interpreter: "
+                "attention_backend: triton on CPU needs the Triton interpreter: "
                 "set TRITON_INTERPRET=1 before starting (or use attention_backend torch)"
             )
         from engine.attention import triton_ops
