@@ -29,6 +29,9 @@ DEFAULT_GPU_MEMORY_UTILIZATION = 0.9  # vLLM's default --gpu-memory-utilization
 # 1.26 + 1.79 GiB for Llama-3-8B on an H100 (vllm-project/vllm PR #10511).
 DEFAULT_OVERHEAD_GIB = 2.0
 GPUS_FILE = Path(__file__).parent / "data" / "gpus.yaml"
+# Input bounds: far beyond any GPU or model, low enough that byte counts stay within float range.
+MAX_GIB = 2**20  # 1 PiB per GPU
+MAX_TOKENS = 2**30  # per request, and per block
 WEIGHT_BYTES = {"fp32": 4.0, "fp16": 2.0, "bf16": 2.0, "fp8": 1.0, "int8": 1.0, "int4": 0.5}
 
 
@@ -181,16 +184,20 @@ def estimate_capacity(
     The budget is ``kv_memory_gib`` when given, else GPU memory (``gpu`` from the bundled table or
     ``gpu_memory_gib``) x utilization - weights / (tp x pp) - overhead; with neither, only the
     per-token and per-request sizes are filled in. ``max_model_len`` defaults to the model's
-    ``max_position_embeddings``.
+    limit (``derived_max_model_len``; ``max_position_embeddings`` when the config names none).
 
     Raises:
-        KvplanError: a bad setting (named), or a budget at or below zero (by how many GiB the
-            weights and overhead exceed the usable GPU memory).
+        KvplanError: a bad setting, named by its flag: a GiB value that is not finite or out of
+            range, a block size or max_model_len out of [1, MAX_TOKENS], a max_model_len beyond
+            the model's own limit (vLLM refuses it too); or a budget at or below zero (by how many
+            GiB the weights and overhead exceed the usable GPU memory).
     """
-    _check(block_size >= 1, "--block-size", f"must be >= 1 (got {block_size})")
+    _check(1 <= block_size <= MAX_TOKENS, "--block-size", f"must be between 1 and {MAX_TOKENS:,} tokens (got {block_size})")
     _check(0 < gpu_memory_utilization <= 1, "--gpu-memory-utilization", f"must be in (0, 1] (got {gpu_memory_utilization})")
-    max_model_len = spec.max_position_embeddings if max_model_len is None else max_model_len
-    _check(max_model_len >= 1, "--max-model-len", f"must be >= 1 (got {max_model_len})")
+    for flag, gib, zero_ok in (("--gpu-memory-gib", gpu_memory_gib, False), ("--kv-memory-gib", kv_memory_gib, False),
+                               ("--weights-gib", weights_gib, True), ("--overhead-gib", overhead_gib, True)):
+        _check_gib(flag, gib, zero_ok)
+    max_model_len = _max_model_len(spec, max_model_len)
     stages = kv_math.stage_layer_specs(spec, kv_cache_dtype, tp, pp)
     layers = max(stages, key=kv_math.layers_bytes_per_token)
     per_token = kv_math.layers_bytes_per_token(layers)
@@ -233,14 +240,38 @@ def estimate_capacity(
     )
 
 
-def _check(ok: bool, where: str, problem: str) -> None:
+def _check(ok: bool, where: str, problem: str, fix: str | None = None) -> None:
     if not ok:
-        raise KvplanError(where, problem)
+        raise KvplanError(where, problem, fix)
+
+
+def _check_gib(flag: str, gib: float | None, zero_ok: bool) -> None:
+    """A GiB flag lies in [0, MAX_GIB] (> 0 unless ``zero_ok``); NaN and inf fail the comparisons."""
+    if gib is not None:
+        in_range = 0 <= gib <= MAX_GIB and (zero_ok or gib > 0)
+        low = ">= 0" if zero_ok else "> 0"
+        _check(in_range, flag, f"must be a finite number of GiB, {low} and at most {MAX_GIB:,} (got {gib})")
+
+
+def _max_model_len(spec: ModelSpec, max_model_len: int | None) -> int:
+    """``max_model_len``, or the model's default, checked against the model's own limit: vLLM
+    refuses a longer one ("User-specified max_model_len ... is greater than the derived
+    max_model_len"). A config that names no length sets no limit: the model's is unknown (vLLM
+    assumes 2048, and some versions then take the user's value)."""
+    limit = spec.derived_max_model_len
+    if max_model_len is None:
+        return limit or spec.max_position_embeddings
+    _check(1 <= max_model_len <= MAX_TOKENS, "--max-model-len",
+           f"must be between 1 and {MAX_TOKENS:,} tokens (got {max_model_len})")
+    if limit is not None and max_model_len > limit:
+        source = "max_position_embeddings" if limit == spec.max_position_embeddings else "scaled by its rope_scaling"
+        raise KvplanError("--max-model-len", f"{max_model_len:,} exceeds the model's limit of {limit:,} tokens ({source})",
+                          f"give at most {limit}")
+    return max_model_len
 
 
 def _budget(capacity: dict, gpu, gpu_memory_gib, utilization, overhead_gib, kv_memory_gib) -> int | None:
     if kv_memory_gib is not None:
-        _check(kv_memory_gib > 0, "--kv-memory-gib", f"must be > 0 (got {kv_memory_gib})")
         return int(kv_memory_gib * GiB)
     if gpu_memory_gib is None and gpu is None:
         return None
@@ -248,8 +279,6 @@ def _budget(capacity: dict, gpu, gpu_memory_gib, utilization, overhead_gib, kv_m
         total_gib = gpu_memory_gib
     else:
         capacity["gpu"], total_gib = lookup_gpu(gpu)
-    _check(total_gib > 0, "--gpu-memory-gib", f"must be > 0 (got {total_gib})")
-    _check(overhead_gib >= 0, "--overhead-gib", f"must be >= 0 (got {overhead_gib})")
     capacity["gpu_memory_bytes"] = int(total_gib * GiB)
     capacity["overhead_bytes"] = int(overhead_gib * GiB)
     usable = int(total_gib * utilization * GiB)
@@ -263,7 +292,6 @@ def _budget(capacity: dict, gpu, gpu_memory_gib, utilization, overhead_gib, kv_m
             "use a larger GPU, more --tp/--pp, a smaller --weight-dtype, or give --kv-memory-gib",
         )
     return budget
-
 
 
 def _max_len_fit(layers, pool_bytes: int, max_model_len: int, block_size: int) -> int | None:

@@ -14,11 +14,12 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 
 from kvplan import kv_math
-from kvplan.capacity import Capacity, estimate_capacity
+from kvplan.capacity import MAX_TOKENS, Capacity, estimate_capacity
 from kvplan.errors import KvplanError
 from kvplan.model_spec import ModelSpec
 
 SCHEMA_VERSION = 1
+MAX_BATCH = 2**20  # requests per grid row; far beyond any server's max_num_seqs
 
 
 @dataclass(frozen=True)
@@ -67,15 +68,19 @@ def estimate(
     grid of ``contexts`` x ``batch_sizes`` (contexts default to max_model_len).
 
     Raises:
-        KvplanError: a bad setting, named by its flag.
+        KvplanError: a bad setting, named by its flag: contexts outside [1, MAX_TOKENS], batch
+            sizes outside [1, MAX_BATCH], or a shared prefix longer than a context.
     """
-    if shared_prefix_tokens < 0:
-        raise KvplanError("--shared-prefix-tokens", f"must be >= 0 (got {shared_prefix_tokens})")
-    for flag, values in (("--context", contexts), ("--batch", batch_sizes)):
-        bad = [v for v in values if v < 1]
+    for flag, values, most in (("--context", contexts, MAX_TOKENS), ("--batch", batch_sizes, MAX_BATCH)):
+        bad = [v for v in values if not 1 <= v <= most]
         if bad:
-            raise KvplanError(flag, f"values must be >= 1 (got {bad[0]})")
+            raise KvplanError(flag, f"values must be between 1 and {most:,} (got {bad[0]})")
     capacity = estimate_capacity(spec, **capacity_settings)
+    shortest = min(contexts or (capacity.max_model_len,))
+    if not 0 <= shared_prefix_tokens <= shortest:
+        what = "the shortest --context" if contexts else "the context (max_model_len)"
+        raise KvplanError("--shared-prefix-tokens", f"must be between 0 and {what} {shortest:,} "
+                          f"(got {shared_prefix_tokens})", "the shared prefix is part of every request")
     layers = kv_math.rank_layer_specs(
         spec, capacity_settings.get("kv_cache_dtype", "auto"), capacity.tp, capacity.pp
     )
@@ -84,7 +89,7 @@ def estimate(
     rows = []
     for context in contexts or (max_len,):
         for batch in batch_sizes:
-            prefix = min(shared_prefix_tokens, context)
+            prefix = shared_prefix_tokens  # <= every context (checked above)
             shared = kv_math.shared_prefix_bytes(layers, context, prefix, block_size) if batch > 1 else 0
             needed = batch * kv_math.request_kv_bytes(layers, context) - (batch - 1) * shared
             paged = kv_math.batch_kv_bytes(layers, context, batch, block_size, prefix)

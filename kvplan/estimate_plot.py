@@ -40,20 +40,34 @@ def plot_kv_vs_context(ax, result: KVEstimate) -> None:
     ax.legend()
 
 
+def check_plot_path(path: Path) -> Path:
+    """``path`` if a PNG can be written there: a file name ending in .png in an existing folder.
+
+    Raises:
+        KvplanError: a folder, another (or no) extension, or a missing parent folder.
+    """
+    path = Path(path)
+    if path.is_dir():
+        raise KvplanError("--plot", f"{path} is a folder", "give a file path ending in .png, e.g. kv.png")
+    if path.suffix.lower() != ".png":
+        raise KvplanError("--plot", f"must be a .png file (got {str(path)!r})", "give a file path ending in .png")
+    if not path.parent.is_dir():
+        raise KvplanError("--plot", f"folder {path.parent} does not exist")
+    return path
+
+
 def save_estimate_plot(result: KVEstimate, path: Path) -> None:
     """Write the chart to ``path`` (PNG).
 
     Raises:
-        KvplanError: the folder does not exist or the file cannot be written.
+        KvplanError: a bad path (see :func:`check_plot_path`) or a file that cannot be written.
     """
+    path = check_plot_path(path)
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    path = Path(path)
-    if not path.parent.is_dir():
-        raise KvplanError("--plot", f"folder {path.parent} does not exist")
     fig, ax = plt.subplots(figsize=(8, 5))
     try:
         plot_kv_vs_context(ax, result)

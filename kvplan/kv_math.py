@@ -57,8 +57,8 @@ KV_DTYPES: dict[str, KVDtype] = {
     "int4": KVDtype("int4", 4, group_size=32, group_scale_bytes=2),
 }
 
-# torch / Hugging Face dtype names -> our KV dtype names.
-_TORCH_DTYPE_TO_KV = {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16"}
+# torch / Hugging Face dtype names (config.json's torch_dtype) -> our KV dtype names.
+TORCH_DTYPE_TO_KV = {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16"}
 
 
 def resolve_kv_dtype(kv_cache_dtype: str, model_dtype: str) -> KVDtype:
@@ -70,10 +70,10 @@ def resolve_kv_dtype(kv_cache_dtype: str, model_dtype: str) -> KVDtype:
     """
     name = kv_cache_dtype.lower()
     if name == "auto":
-        name = _TORCH_DTYPE_TO_KV.get(model_dtype, "bf16")
+        name = TORCH_DTYPE_TO_KV.get(model_dtype, "bf16")
         if name == "fp32":
             name = "fp16"
-    name = _TORCH_DTYPE_TO_KV.get(name, name)
+    name = TORCH_DTYPE_TO_KV.get(name, name)
     if name not in KV_DTYPES:
         choices = ", ".join(["auto", *KV_DTYPES])
         raise KvplanError("--kv-cache-dtype", f"unknown dtype {kv_cache_dtype!r}", f"use one of {choices}")

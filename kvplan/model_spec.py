@@ -3,19 +3,23 @@
 A spec comes from a bundled preset (``kvplan/data/models/*.json``: the published config.json of a
 real model, found by short name or Hugging Face id, case-insensitively), from a user's config.json
 (or a folder holding one), or from a GGUF file's metadata. Presets and user files go through the
-same reader, :meth:`ModelSpec.from_hf_config`; GGUF metadata is first mapped onto those keys.
+same reader, :meth:`ModelSpec.from_hf_config`; GGUF metadata is first mapped onto those keys
+(:mod:`kvplan.gguf_spec`). Every number is checked here, at the edge: whole, finite, in range, and
+consistent (KV heads dividing the attention heads, one layer type per layer).
 """
 
 from __future__ import annotations
 
 import difflib
 import json
+import math
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import lru_cache, partial
 from pathlib import Path
 from typing import Any
 
 from kvplan.errors import KvplanError
+from kvplan.kv_math import TORCH_DTYPE_TO_KV
 
 PRESETS_DIR = Path(__file__).parent / "data" / "models"
 
@@ -26,6 +30,12 @@ _UNTIED_BY_DEFAULT = {"llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen
 _PLAIN_MLP = {"falcon", "gpt_bigcode", "gpt2", "gpt_neox", "opt", "phi"}
 # vLLM falls back to 2048 tokens when a config names no maximum length.
 _DEFAULT_MAX_LEN = 2048
+# Upper bounds on config integers. No published model comes near them; they keep byte counts
+# within float range and the per-layer tuples small (the deepest decoders have a few hundred layers).
+_MAX_SIZE = 2**31 - 1
+_MAX_LAYERS = 10_000
+# Model types whose attention is MLA (DeepSeek-V2/V3; deepseek2 is GGUF's architecture name).
+_MLA_MODEL_TYPES = {"deepseek_v2", "deepseek_v3", "deepseek2"}
 # Keys that published configs omit and that transformers 5 fills from the config class defaults
 # (Gemma3TextConfig, FalconConfig); the class applies them when it loads such a config.
 _CLASS_DEFAULTS = {
@@ -62,8 +72,11 @@ class ModelSpec:
     """One model's architecture, in the units a KV estimate needs.
 
     ``layer_kinds[i]`` is ``"full"`` or ``"sliding"`` (attention of layer ``i``); ``dtype`` is the
-    checkpoint's torch dtype name; ``weight_bits`` is set for quantized checkpoints (fp8, AWQ, ...).
-    The KV numbers are required; hidden, vocabulary and MLP sizes only when weights are counted.
+    checkpoint's torch dtype name (float32, float16 or bfloat16); ``weight_bits`` is set for
+    quantized checkpoints (fp8, AWQ, ...). ``derived_max_model_len`` is the longest request vLLM
+    accepts for the model (tokens; see :func:`_derived_max_model_len`), None when the config names
+    no length. The KV numbers are required; hidden, vocabulary and MLP sizes only when weights
+    are counted.
     """
 
     name: str
@@ -87,6 +100,7 @@ class ModelSpec:
     mla: MLADims | None = None
     moe: MoEDims | None = None
     weight_bits: float | None = None
+    derived_max_model_len: int | None = None
 
     @classmethod
     def from_hf_config(cls, config: dict[str, Any], name: str) -> ModelSpec:
@@ -96,52 +110,79 @@ class ModelSpec:
         ``torch_dtype``.
 
         Raises:
-            KvplanError: ``<name>: missing field <key>`` when a needed number is absent.
+            KvplanError: ``<name>: missing field <key>`` when a needed number is absent;
+                ``<name>: field <key> must ...`` when a value is not a whole number in range (NaN,
+                1e308, 8.5), a mapping is not one, layer_types does not list every layer, the KV
+                heads do not divide the attention heads, or the dtype is unknown.
         """
-        text = dict(config.get("text_config") or config)
+        text = dict(_mapping(config, name, "text_config") or config)
         for key in ("torch_dtype", "dtype", "quantization_config"):
             if text.get(key) is None and config.get(key) is not None:
                 text[key] = config[key]
         return _read(text, name)
 
 
-def _read(cfg: dict[str, Any], name: str) -> ModelSpec:
-    cfg = {**_CLASS_DEFAULTS.get(str(cfg.get("model_type", "")).lower(), {}), **cfg}
+def _present(cfg: dict[str, Any], keys: tuple[str, ...]) -> str | None:
+    """The first of ``keys`` that ``cfg`` sets (not null)."""
+    return next((key for key in keys if cfg.get(key) is not None), None)
 
-    def first(*keys: str, default: Any = None, required: bool = False) -> Any:
-        for key in keys:
-            if cfg.get(key) is not None:
-                return cfg[key]
+
+def _count(cfg: dict[str, Any], name: str, *keys: str, default: Any = None, required: bool = False,
+           minimum: int = 1, maximum: int = _MAX_SIZE) -> Any:
+    """The first of ``keys`` set in ``cfg`` as a whole number in [minimum, maximum] (JSON may write
+    it as 32.0), else ``default``."""
+    key = _present(cfg, keys)
+    if key is None:
         if required:
             raise KvplanError(name, f"missing field {keys[0]}", "the config must set it")
         return default
+    value = cfg[key]
+    whole = isinstance(value, int) or (isinstance(value, float) and math.isfinite(value) and value.is_integer())
+    if isinstance(value, bool) or not whole or value < minimum:
+        raise KvplanError(name, f"field {key} must be a whole number >= {minimum} (got {value!r})")
+    if value > maximum:
+        raise KvplanError(name, f"field {key} must be at most {maximum:,} (got {value!r})", "no published model comes near it")
+    return int(value)
 
-    def count(*keys: str, default: Any = None, required: bool = False) -> int | None:
-        """A size field as a whole number >= 1 (the first of ``keys`` present)."""
-        value = first(*keys, default=default, required=required)
-        if value is None:
-            return None
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 1 or value != int(value):
-            key = next((k for k in keys if cfg.get(k) is not None), keys[0])
-            raise KvplanError(name, f"field {key} must be a whole number >= 1 (got {value!r})")
-        return int(value)
 
-    model_type = str(first("model_type", default="")).lower()
-    num_layers = count("num_hidden_layers", "n_layer", "num_layers", "n_layers", required=True)
+def _mapping(cfg: dict[str, Any], name: str, key: str) -> dict[str, Any] | None:
+    value = cfg.get(key)
+    if value is not None and not isinstance(value, dict):
+        raise KvplanError(name, f"field {key} must be a mapping of keys to values (got {str(value)[:40]!r})")
+    return value
+
+
+def _read(cfg: dict[str, Any], name: str) -> ModelSpec:
+    cfg = {**_CLASS_DEFAULTS.get(str(cfg.get("model_type", "")).lower(), {}), **cfg}
+    count = partial(_count, cfg, name)
+
+    model_type = str(cfg.get("model_type") or "").lower()
+    num_layers = count("num_hidden_layers", "n_layer", "num_layers", "n_layers", required=True, maximum=_MAX_LAYERS)
     hidden = count("hidden_size", "n_embd", "d_model", "dim")
-    heads = count("num_attention_heads", "n_head", "num_heads", "n_heads", required=True)
+    heads_keys = ("num_attention_heads", "n_head", "num_heads", "n_heads")
+    heads = count(*heads_keys, required=True)
     if cfg.get("multi_query") and not cfg.get("new_decoder_architecture"):
         kv_heads = 1  # multi-query attention (Falcon-7B, StarCoder); Falcon's own num_kv_heads is ignored then
     else:
-        kv_heads = count("num_key_value_heads", "num_kv_heads", "n_head_kv", "multi_query_group_num", default=heads)
+        kv_keys = ("num_key_value_heads", "num_kv_heads", "n_head_kv", "multi_query_group_num")
+        kv_heads = count(*kv_keys, default=heads)
+        if heads % kv_heads:
+            raise KvplanError(name, f"field {_present(cfg, kv_keys)} ({kv_heads}) must divide {_present(cfg, heads_keys)} "
+                              f"({heads})", "grouped-query attention gives each KV head a whole group of query heads")
     head_dim = count("head_dim", "kv_channels")
+    if cfg.get("kv_lora_rank") is None and model_type in _MLA_MODEL_TYPES:
+        raise KvplanError(name, "missing field kv_lora_rank", f"{model_type} attention (MLA) caches a latent of that size")
     if head_dim is None and cfg.get("kv_lora_rank") is None:
         if hidden is None or hidden % heads:
             raise KvplanError(name, "missing field head_dim", "set head_dim, or a hidden_size that the heads divide")
         head_dim = hidden // heads
     mlp_default = 4 * hidden if hidden is not None and model_type in _PLAIN_MLP else None
     intermediate = count("intermediate_size", "n_inner", "ffn_hidden_size", "ffn_dim", default=mlp_default)
-    dtype = str(first("torch_dtype", "dtype", default="float32")).replace("torch.", "")
+    dtype_key = _present(cfg, ("torch_dtype", "dtype"))
+    dtype = str(cfg[dtype_key]).removeprefix("torch.") if dtype_key else "float32"
+    if dtype not in TORCH_DTYPE_TO_KV:
+        raise KvplanError(name, f"field {dtype_key} must be one of {', '.join(TORCH_DTYPE_TO_KV)} "
+                          f"(got {cfg[dtype_key]!r})", "set the checkpoint's dtype")
     window = count("sliding_window")
     # Qwen2/Qwen3 configs carry a sliding_window that applies only with use_sliding_window
     # (default False in their config classes).
@@ -152,10 +193,12 @@ def _read(cfg: dict[str, Any], name: str) -> ModelSpec:
         mla = MLADims(
             kv_lora_rank=count("kv_lora_rank"),
             qk_rope_head_dim=count("qk_rope_head_dim", required=True),
-            qk_nope_head_dim=int(first("qk_nope_head_dim", default=0)),
+            qk_nope_head_dim=count("qk_nope_head_dim", default=0, minimum=0),
             v_head_dim=count("v_head_dim", required=True),
             q_lora_rank=count("q_lora_rank"),
         )
+    tied = cfg.get("tie_word_embeddings")
+    max_len = count("max_position_embeddings", "n_positions", "seq_length", "max_sequence_length")
     return ModelSpec(
         name=name,
         model_type=model_type,
@@ -164,12 +207,10 @@ def _read(cfg: dict[str, Any], name: str) -> ModelSpec:
         num_kv_heads=kv_heads,
         head_dim=head_dim or 0,  # MLA layers use the latent sizes instead
         dtype=dtype,
-        layer_kinds=_layer_kinds(cfg, model_type, num_layers, window),
+        layer_kinds=_layer_kinds(cfg, name, model_type, num_layers, window),
         sliding_window=window,
-        max_position_embeddings=count(
-            "max_position_embeddings", "n_positions", "seq_length", "max_sequence_length", default=_DEFAULT_MAX_LEN
-        ),
-        tie_word_embeddings=bool(first("tie_word_embeddings", default=model_type not in _UNTIED_BY_DEFAULT)),
+        max_position_embeddings=max_len or _DEFAULT_MAX_LEN,
+        tie_word_embeddings=bool(model_type not in _UNTIED_BY_DEFAULT if tied is None else tied),
         gated_mlp=model_type not in _PLAIN_MLP,
         qkv_bias=bool(cfg.get("attention_bias") or cfg.get("bias") or cfg.get("qkv_bias") or model_type == "qwen2"),
         o_bias=bool(cfg.get("attention_bias") or cfg.get("bias")),
@@ -177,53 +218,83 @@ def _read(cfg: dict[str, Any], name: str) -> ModelSpec:
         vocab_size=count("vocab_size", "padded_vocab_size"),
         intermediate_size=intermediate,
         mla=mla,
-        moe=_moe(cfg, model_type, num_layers),
-        weight_bits=_weight_bits(cfg.get("quantization_config")),
+        moe=_moe(cfg, name, model_type, num_layers),
+        weight_bits=_weight_bits(_mapping(cfg, name, "quantization_config"), name),
+        derived_max_model_len=_derived_max_model_len(cfg, name, model_type, max_len),
     )
 
 
-def _layer_kinds(cfg: dict[str, Any], model_type: str, num_layers: int, window: Any) -> tuple[str, ...]:
+def _derived_max_model_len(cfg: dict[str, Any], name: str, model_type: str, max_len: int | None) -> int | None:
+    """The longest request vLLM accepts (tokens), from its ``_get_and_verify_max_len``: the config's
+    length, times ``rope_scaling.factor`` for rope types other than llama3, longrope and su, with
+    yarn scaling ``original_max_position_embeddings`` instead; Gemma 3's length is already scaled.
+    None when the config names no length (vLLM then assumes 2048)."""
+    rope = _mapping(cfg, name, "rope_scaling") or _mapping(cfg, name, "rope_parameters")  # transformers 5's key
+    if max_len is None or not rope or model_type.startswith("gemma3"):
+        return max_len
+    rope_type = rope.get("rope_type", rope.get("type", "default"))
+    if rope_type in ("default", "llama3", "longrope", "su"):
+        return max_len
+    factor = 1.0 if rope.get("factor") is None else rope["factor"]
+    if isinstance(factor, bool) or not isinstance(factor, (int, float)) or not 0 < factor < _MAX_SIZE:
+        raise KvplanError(name, f"field rope_scaling.factor must be a number > 0 (got {factor!r})")
+    if rope_type == "yarn":
+        max_len = _count(rope, name, "original_max_position_embeddings", default=max_len)
+    return min(int(max_len * factor), _MAX_SIZE)
+
+
+def _layer_kinds(cfg: dict[str, Any], name: str, model_type: str, num_layers: int, window: Any) -> tuple[str, ...]:
     """Attention kind per layer: an explicit ``layer_types`` list, else the model family's pattern."""
+    layer_types = cfg.get("layer_types")
+    if layer_types is not None and not (
+        isinstance(layer_types, list) and len(layer_types) == num_layers and all(isinstance(t, str) for t in layer_types)
+    ):
+        got = f"{len(layer_types)} entries" if isinstance(layer_types, list) else repr(layer_types)[:40]
+        raise KvplanError(name, f"field layer_types must list one type per layer, {num_layers} strings such as "
+                          f"'full_attention' or 'sliding_attention' (got {got})")
     if window is None:
         return ("full",) * num_layers
-    if cfg.get("layer_types"):
-        return tuple("sliding" if str(t).startswith("sliding") else "full" for t in cfg["layer_types"][:num_layers])
-    pattern = cfg.get("sliding_window_pattern") or cfg.get("_sliding_window_pattern")
+    if layer_types:
+        return tuple("sliding" if t.startswith("sliding") else "full" for t in layer_types)
+    count = partial(_count, cfg, name)
+    pattern = count("sliding_window_pattern", "_sliding_window_pattern")
     if pattern is None and model_type.startswith("gemma3"):
         pattern = 6  # Gemma 3: five local layers, then one global (Gemma 3 technical report)
     if pattern is None and model_type == "gemma2":
         pattern = 2  # Gemma 2 alternates local and global layers, local first
     if pattern:
-        return tuple("full" if (i + 1) % int(pattern) == 0 else "sliding" for i in range(num_layers))
-    if cfg.get("use_sliding_window") and cfg.get("max_window_layers") is not None:
+        return tuple("full" if (i + 1) % pattern == 0 else "sliding" for i in range(num_layers))
+    first_window_layer = count("max_window_layers", minimum=0)
+    if cfg.get("use_sliding_window") and first_window_layer is not None:
         # Qwen2/Qwen3: layers from max_window_layers on use the window (transformers' layer_types rule).
-        return tuple("sliding" if i >= cfg["max_window_layers"] else "full" for i in range(num_layers))
+        return tuple("sliding" if i >= first_window_layer else "full" for i in range(num_layers))
     return ("sliding",) * num_layers
 
 
-def _moe(cfg: dict[str, Any], model_type: str, num_layers: int) -> MoEDims | None:
-    num_experts = cfg.get("n_routed_experts") or cfg.get("num_local_experts") or cfg.get("num_experts")
+def _moe(cfg: dict[str, Any], name: str, model_type: str, num_layers: int) -> MoEDims | None:
+    count = partial(_count, cfg, name, minimum=0)
+    num_experts = count("n_routed_experts", "num_local_experts", "num_experts")
     if not num_experts:
         return None
-    if cfg.get("first_k_dense_replace") is not None:  # DeepSeek: dense MLP in the first k layers
-        freq = int(cfg.get("moe_layer_freq") or 1)
-        k = int(cfg["first_k_dense_replace"])
-        moe_layers = tuple(i for i in range(num_layers) if i >= k and i % freq == 0)
+    first_dense = count("first_k_dense_replace")
+    if first_dense is not None:  # DeepSeek: dense MLP in the first k layers
+        freq = count("moe_layer_freq") or 1
+        moe_layers = tuple(i for i in range(num_layers) if i >= first_dense and i % freq == 0)
     else:  # Qwen-MoE: mlp_only_layers and decoder_sparse_step; Mixtral, gpt-oss: every layer
         dense = set(cfg.get("mlp_only_layers") or [])
-        step = int(cfg.get("decoder_sparse_step") or 1)
+        step = count("decoder_sparse_step") or 1
         moe_layers = tuple(i for i in range(num_layers) if i not in dense and (i + 1) % step == 0)
     return MoEDims(
-        num_experts=int(num_experts),
-        expert_intermediate_size=int(cfg.get("moe_intermediate_size") or cfg.get("intermediate_size") or 0),
-        num_shared_experts=int(cfg.get("n_shared_experts") or 0),
-        shared_expert_intermediate_size=int(cfg.get("shared_expert_intermediate_size") or 0),
+        num_experts=num_experts,
+        expert_intermediate_size=count("moe_intermediate_size", "intermediate_size", default=0),
+        num_shared_experts=count("n_shared_experts", default=0),
+        shared_expert_intermediate_size=count("shared_expert_intermediate_size", default=0),
         moe_layers=moe_layers,
         expert_bias=model_type == "gpt_oss",
     )
 
 
-def _weight_bits(quant: dict[str, Any] | None) -> float | None:
+def _weight_bits(quant: dict[str, Any] | None, name: str) -> float | None:
     """Bits per weight of a quantized checkpoint, scales included where the format fixes them."""
     if not quant:
         return None
@@ -233,7 +304,7 @@ def _weight_bits(quant: dict[str, Any] | None) -> float | None:
     if method == "mxfp4":
         return 4.25  # 4-bit values + one 8-bit scale per 32 (OCP microscaling format)
     if quant.get("bits"):
-        return float(quant["bits"])
+        return float(_count(quant, name, "bits", maximum=32))
     if quant.get("load_in_4bit"):
         return 4.0
     if quant.get("load_in_8bit"):
@@ -277,8 +348,12 @@ def load_model_spec(model: str) -> ModelSpec:
     a folder holding config.json (or one .gguf), or a .gguf file.
 
     Raises:
-        KvplanError: unknown name, missing or unreadable file, or a config missing a needed field.
+        KvplanError: an empty or unknown name, a missing or unreadable file, or a config with a
+            missing or bad field.
     """
+    if not model.strip():  # Path("") is the current folder
+        raise KvplanError("--model", "the model name is empty",
+                          "give a preset name such as llama-3.1-8b, a config.json path or folder, or a .gguf file")
     path = Path(model).expanduser()
     if path.is_dir():
         if (path / "config.json").is_file():
@@ -303,54 +378,17 @@ def _from_json(path: Path, fallback_name: str) -> ModelSpec:
         raise KvplanError(str(path), f"not valid JSON ({err})") from None
     if not isinstance(config, dict):
         raise KvplanError(str(path), "not a config.json object")
-    name = str(config.get("_name_or_path") or fallback_name)
+    return _from_file(path, config, str(config.get("_name_or_path") or fallback_name))
+
+
+def _from_gguf(path: Path) -> ModelSpec:
+    from kvplan.gguf_spec import read_gguf_config
+
+    return _from_file(path, *read_gguf_config(path))
+
+
+def _from_file(path: Path, config: dict[str, Any], name: str) -> ModelSpec:
     try:
         return ModelSpec.from_hf_config(config, name)
     except KvplanError as err:  # name the file the user gave, not the model
         raise KvplanError(str(path), err.problem, err.fix) from None
-
-
-def _from_gguf(path: Path) -> ModelSpec:
-    """Map GGUF metadata (``<arch>.block_count``, ``<arch>.attention.head_count_kv``, ...) onto
-    Hugging Face keys. GGUF names no torch dtype: the engine serves it in bfloat16."""
-    import gguf  # numpy-only; kept out of the import path of presets and config.json files
-
-    try:
-        reader = gguf.GGUFReader(str(path))
-    except Exception as err:  # the reader raises ValueError, struct or numpy errors on bad files
-        first_line = (str(err).splitlines() or [type(err).__name__])[0]
-        raise KvplanError(str(path), f"not a readable GGUF file ({first_line})") from None
-
-    def meta(key: str) -> Any:
-        field = reader.fields.get(key)
-        if field is None:
-            return None
-        value = field.contents()
-        return max(value) if isinstance(value, list) and value and isinstance(value[0], int) else value
-
-    arch = meta("general.architecture")
-    if not arch:
-        raise KvplanError(str(path), "missing field general.architecture")
-    tokens = reader.fields.get("tokenizer.ggml.tokens")
-    config = {
-        "model_type": arch,
-        "num_hidden_layers": meta(f"{arch}.block_count"),
-        "hidden_size": meta(f"{arch}.embedding_length"),
-        "num_attention_heads": meta(f"{arch}.attention.head_count"),
-        "num_key_value_heads": meta(f"{arch}.attention.head_count_kv"),
-        "head_dim": meta(f"{arch}.attention.key_length"),
-        "intermediate_size": meta(f"{arch}.feed_forward_length"),
-        "vocab_size": meta(f"{arch}.vocab_size") or (len(tokens.data) if tokens else None),
-        "max_position_embeddings": meta(f"{arch}.context_length"),
-        "sliding_window": meta(f"{arch}.attention.sliding_window"),
-        "kv_lora_rank": meta(f"{arch}.attention.kv_lora_rank"),
-        "qk_rope_head_dim": meta(f"{arch}.rope.dimension_count"),
-        "num_local_experts": meta(f"{arch}.expert_count"),
-        "moe_intermediate_size": meta(f"{arch}.expert_feed_forward_length"),
-        "tie_word_embeddings": not any(t.name == "output.weight" for t in reader.tensors),
-        "torch_dtype": "bfloat16",
-    }
-    for gguf_key, hf_key in (("block_count", "num_hidden_layers"), ("embedding_length", "hidden_size")):
-        if config[hf_key] is None:
-            raise KvplanError(str(path), f"missing field {arch}.{gguf_key}")
-    return ModelSpec.from_hf_config(config, str(meta("general.name") or path.stem))

@@ -6,7 +6,7 @@ import pytest
 
 from kvplan.capacity import count_parameters, estimate_capacity, gpu_table, lookup_gpu, weights_bytes
 from kvplan.errors import KvplanError
-from kvplan.model_spec import load_model_spec
+from kvplan.model_spec import ModelSpec, load_model_spec
 
 GiB = 2**30
 
@@ -120,7 +120,40 @@ def test_bad_settings_are_named():
         (dict(gpu_memory_utilization=1.5), "--gpu-memory-utilization"),
         (dict(kv_memory_gib=-1), "--kv-memory-gib"),
         (dict(gpu_memory_gib=24, overhead_gib=-1), "--overhead-gib"),
+        (dict(gpu_memory_gib=24, weights_gib=-5), "--weights-gib"),  # was a larger budget than no weights at all
+        (dict(gpu_memory_gib=24, weights_gib=math.nan), "--weights-gib"),
+        (dict(gpu_memory_gib=math.inf), "--gpu-memory-gib"),
+        (dict(gpu_memory_gib=2.0**21), "--gpu-memory-gib"),  # 2 PiB: above the 1 PiB bound
+        (dict(kv_memory_gib=math.inf), "--kv-memory-gib"),
+        (dict(gpu="L4", overhead_gib=math.inf), "--overhead-gib"),
+        (dict(block_size=2**30 + 1), "--block-size"),
+        (dict(max_model_len=10**23), "--max-model-len"),
     ]:
-        with pytest.raises(KvplanError, match=flag):
+        with pytest.raises(KvplanError, match=f"^{flag}: must be "):
             estimate_capacity(spec, **kwargs)
     assert math.isclose(estimate_capacity(spec, kv_memory_gib=1).kv_budget_bytes, GiB)
+    # zero weights is a real setting (the budget is then usable memory - overhead)
+    zero = estimate_capacity(spec, gpu_memory_gib=10, weights_gib=0, overhead_gib=0)
+    assert zero.kv_budget_bytes == int(10 * 0.9 * GiB) and zero.weights_bytes == 0
+
+
+def test_max_model_len_is_capped_by_the_model_like_vllm():
+    """vLLM refuses a --max-model-len beyond the model's derived maximum; the default is that maximum."""
+    llama = load_model_spec("llama-3.1-8b")  # max_position_embeddings 131072 (rope llama3: not scaled again)
+    assert estimate_capacity(llama).max_model_len == 131_072
+    assert estimate_capacity(llama, max_model_len=131_072).per_request_bytes == 16 * GiB
+    with pytest.raises(KvplanError, match="^--max-model-len: 131,088 exceeds the model's limit of 131,072 tokens "
+                                          r"\(max_position_embeddings\); give at most 131072$"):
+        estimate_capacity(llama, max_model_len=131_088)
+    yarn = ModelSpec.from_hf_config(
+        {"num_hidden_layers": 28, "num_attention_heads": 28, "num_key_value_heads": 4, "head_dim": 128,
+         "max_position_embeddings": 32_768, "torch_dtype": "bfloat16",
+         "rope_scaling": {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32_768}}, "qwen-yarn")
+    assert estimate_capacity(yarn).max_model_len == 131_072  # 32,768 x 4, as vLLM derives it
+    with pytest.raises(KvplanError, match=r"131,072 tokens \(scaled by its rope_scaling\)"):
+        estimate_capacity(yarn, max_model_len=131_073)
+    # a config naming no length: vLLM assumes 2048 as the default and the user's value is taken
+    unknown = ModelSpec.from_hf_config({"num_hidden_layers": 2, "num_attention_heads": 4, "head_dim": 64}, "bare")
+    assert estimate_capacity(unknown).max_model_len == 2048
+    # 2 layers x (K, V) x 4 KV heads x head_dim 64 x 2 bytes (a float32 checkpoint is served in fp16)
+    assert estimate_capacity(unknown, max_model_len=40_960).per_request_bytes == 40_960 * 2 * 2 * 4 * 64 * 2

