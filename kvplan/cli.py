@@ -97,7 +97,7 @@ def estimate(
     tp: Annotated[int, typer.Option(help="Tensor-parallel size.")] = 1,
     pp: Annotated[int, typer.Option(help="Pipeline-parallel size.")] = 1,
     block_size: Annotated[int, typer.Option(help="Tokens per KV block.")] = 16,
-    max_model_len: Annotated[Optional[int], typer.Option(help="Longest request in tokens (default: the model's max_position_embeddings).")] = None,
+    max_model_len: Annotated[Optional[int], typer.Option(help="Longest request in tokens, at most the model's limit (default: that limit, its max_position_embeddings).")] = None,
     context: Annotated[Optional[str], typer.Option(help="Context lengths for the grid, e.g. 8192,32k,128k (default: max_model_len).")] = None,
     batch: Annotated[str, typer.Option(help="Batch sizes for the grid, e.g. 1,8,32.")] = "1",
     shared_prefix_tokens: Annotated[int, typer.Option(help="Tokens of a prefix every request shares; its full blocks count once per batch.")] = 0,
@@ -106,8 +106,11 @@ def estimate(
 ) -> None:
     """KV bytes per token, per request and per batch, and what fits on a GPU (per GPU rank)."""
     from kvplan.estimate import estimate as run_estimate
+    from kvplan.estimate_plot import check_plot_path
     from kvplan.model_spec import load_model_spec
 
+    if plot is not None:
+        check_plot_path(plot)  # before the work, so a bad path costs nothing
     spec = load_model_spec(model)
     result = run_estimate(
         spec,
@@ -139,6 +142,8 @@ def estimate(
         from kvplan.estimate_view import render_estimate
 
         render_estimate(result, spec)
+    if plot is not None:  # on stderr with --json, so that stdout stays one JSON object
+        typer.echo(f"plot: {plot}", err=json_output)
 
 
 @app.command()
@@ -147,7 +152,7 @@ def loadtest(
     out: Annotated[Optional[Path], typer.Option(help="Report folder (default: reports/<name>-<timestamp>/).")] = None,
     quiet: Annotated[bool, typer.Option(help="No progress bars or tables: print only the report folder.")] = False,
 ) -> None:
-    """Run a workload's buckets and load levels on the bundled engine; write the report folder (Ctrl-C keeps what finished)."""
+    """Run a workload's buckets and load levels on the bundled engine; write the report folder (Ctrl-C keeps what finished, exit 130)."""
     from kvplan.loadtest import run_loadtest
     from kvplan.report import print_summary
     from kvplan.results import load_run
@@ -155,9 +160,16 @@ def loadtest(
 
     console = _console()
     run_dir = run_loadtest(load_workload(workload), out, console=None if quiet else console)
+    results = load_run(run_dir).results
     if not quiet:
-        print_summary(load_run(run_dir).results, console)
+        print_summary(results, console)
     console.print(f"report: {run_dir}", markup=False, highlight=False)
+    if results.get("status") == "interrupted":  # a stopped run exits as SIGINT does, whatever it kept
+        from rich.console import Console
+
+        Console(stderr=True).print(f"interrupted: the report keeps the requests that finished ({run_dir})",
+                                   style="yellow", markup=False, highlight=False, soft_wrap=True)
+        raise typer.Exit(130)
 
 
 @app.command()

@@ -123,7 +123,7 @@ def load_finished_run(run_dir: Path) -> dict[str, Any]:
 
 
 def _describe(err: ValidationError) -> tuple[str, str]:
-    from kvplan.workload import describe_error
+    from kvplan.yaml_input import describe_error
 
     return describe_error(err)
 
@@ -262,16 +262,22 @@ def write_baseline(run_dir: Path, path: Path) -> tuple[Path, int]:
 
     Raises:
         KvplanError: the run is not finished, or ``path`` holds something that is not a
-            baseline (never overwritten).
+            baseline, or the baseline of another workload (never overwritten; a changed version
+            of the same workload is re-recorded).
     """
     run_dir, path = Path(run_dir), Path(path)
     results = load_finished_run(run_dir)
     kept: dict[str, Tolerance] = {}
     if path.exists():
         try:
-            kept = load_baseline(path).tolerances
+            old = load_baseline(path)
         except KvplanError as err:
             raise KvplanError(str(path), f"will not overwrite it: {err.problem}", "choose another --baseline path") from None
+        ours = (results.get("workload") or {}).get("name")
+        if old.workload_name != ours:
+            raise KvplanError(f"{path}: workload", f"will not overwrite the baseline of workload {old.workload_name!r}"
+                              f" with a run of {ours!r}", "choose another --baseline path (or delete that file)")
+        kept = old.tolerances
     tolerances = {}
     for m in METRICS:
         tol = m.tolerance(kept.get(m.name))

@@ -2,9 +2,11 @@
 
 Order of a run (each stage saved before the next starts, so a crash keeps what came before)::
 
-    load workload -> build engine -> sample prompts -> estimate (results.json, status running)
+    load workload -> build engine -> sample prompts -> check every request fits (loadtest_checks)
+      -> run folder -> estimate (results.json, status running)
       -> for bucket, for level: submit + step, append requests.jsonl / steps.jsonl as they happen
-      -> summaries (results.json, status complete | interrupted) -> report (md, csv, png)
+      -> summaries (results.json, status complete | interrupted, report_written false)
+      -> report (md, csv, png; then report_written true)
 
 Closed loop (``concurrency: N``): N requests in flight; a finished one is replaced at once.
 Open loop (``request_rates: r``): Poisson arrivals at r requests/s; each request's arrival_time
@@ -13,9 +15,10 @@ Every level replays the bucket's same requests with its own cache salt, so level
 load and never hit each other's prefix-cache blocks. A ``shared_prefix`` workload runs each level
 twice, variant ``cached`` (one salt per tenant: a group's requests share prefix blocks) then
 ``uncached`` (one salt per request: nothing shared), for TTFT with and without prefix reuse side
-by side (kvplan.prefix_metrics). Ctrl-C stops at once and keeps a valid
-report of the requests that finished. The driver reads nothing of the engine beyond its public
-properties, ``RequestOutput`` and ``StepStats``.
+by side (kvplan.prefix_metrics). Ctrl-C stops at once and keeps a valid report of the requests
+that finished (status interrupted; a level it cut short is marked partial); Ctrl-C while the
+report is written raises ``ReportInterrupted``. The driver reads nothing of the engine beyond its
+public properties, ``RequestOutput`` and ``StepStats``.
 With an fp8 KV cache the engine's scales are calibrated on a few of the run's prompts before the
 first step (recorded in the run metadata), and the fp8 quality check runs after the last level
 (kvplan.fp8_quality; its numbers go into results.json and summary.md).
@@ -32,13 +35,26 @@ from pathlib import Path
 import numpy as np
 
 from kvplan.errors import KvplanError
+from kvplan.loadtest_checks import check_out, check_requests_fit, create_run_dir
 from kvplan.loadtest_estimate import KVPricing, compute_estimate, kv_dtype_name, plan_target
 from kvplan.prefix_metrics import CACHED, UNCACHED, VARIANTS
 from kvplan.prompts import SampledRequest, sample_buckets
 from kvplan.results import RequestRecord, RunWriter, StepRecord, load_run, summarize_run, write_results
 from kvplan.workload import Workload
 
-REPORTS_ROOT = Path("reports")
+# EngineConfig field -> the workload YAML's name for it, where they differ
+_YAML_FIELDS = {"kv_cache_memory_bytes": "kv_cache_memory"}
+
+
+class ReportInterrupted(KvplanError):
+    """Ctrl-C while the summaries or the report were written: the records and results.json are on
+    disk, the views may be missing; ``kvplan report DIR`` writes them. Exit code 130 (SIGINT)."""
+
+    exit_code = 130
+
+    def __init__(self, run_dir: Path):
+        super().__init__(str(run_dir), "interrupted while writing the report; the records are saved",
+                         f"run `kvplan report {run_dir}` to write it")
 
 
 @dataclass(frozen=True)
@@ -111,19 +127,6 @@ def plan_levels(workload: Workload, sampled: dict[str, list[SampledRequest]]) ->
     return levels
 
 
-def new_run_dir(workload: Workload, root: Path = REPORTS_ROOT) -> Path:
-    """``<root>/<name>-<YYYYmmdd-HHMMSS>/``, with a counter if that second is taken."""
-    stamp = dt.datetime.now().strftime("%Y%m%d-%H%M%S")
-    for n in range(1000):
-        path = root / (f"{workload.name}-{stamp}" + (f"-{n}" if n else ""))
-        try:
-            path.mkdir(parents=True)
-            return path
-        except FileExistsError:
-            continue
-    raise KvplanError(str(root), "cannot create a new run folder")
-
-
 def build_engine(workload: Workload):
     """The engine the workload describes; its errors become one line naming the field."""
     from engine.llm_engine import LLMEngine
@@ -134,7 +137,8 @@ def build_engine(workload: Workload):
         message = str(err).splitlines()[0] if str(err) else ""
         field, _, problem = message.partition(": ")
         if problem and field.isidentifier():
-            raise KvplanError(f"{workload.source}: engine.{field}", problem) from None
+            name = _YAML_FIELDS.get(field, field)  # the engine's text may name its own field again
+            raise KvplanError(f"{workload.source}: engine.{name}", problem.replace(field, name)) from None
         if isinstance(err, RuntimeError):  # not a settings problem: keep the traceback
             raise
         raise KvplanError(f"{workload.source}: engine.model", message) from None
@@ -181,7 +185,8 @@ def run_level(engine, level: Level, recorder: _Recorder, seed: int) -> None:
     pending = list(enumerate(level.requests))
     in_flight = 0
     if level.mode == "open":
-        rng = np.random.default_rng([seed, level.bucket_index, int(level.level * 1000)])
+        # min: a rate near float's top would make the seed word inf (rates are finite, > 0)
+        rng = np.random.default_rng([seed, level.bucket_index, int(min(level.level * 1000, 2**63))])
         gaps = rng.exponential(1.0 / level.level, size=len(pending))
         offsets = np.concatenate([[0.0], np.cumsum(gaps[:-1])])
     t0 = time.perf_counter()
@@ -212,30 +217,32 @@ def run_level(engine, level: Level, recorder: _Recorder, seed: int) -> None:
 def run_loadtest(
     workload: Workload, run_dir: Path | None = None, *, engine=None, console=None,
 ) -> Path:
-    """Run ``workload`` and write its report folder; returns the folder.
+    """Run ``workload`` and write its report folder; returns the folder. results.json's status
+    says how it ended: complete, or interrupted (Ctrl-C during the levels or the fp8 check).
 
     engine: an already built engine to reuse (tests); by default one is built from
         ``workload.engine``. console: a rich Console for progress bars and notes (None: silent).
 
     Raises:
-        KvplanError: engine settings the engine refuses, a model that cannot load, prompts that
-            cannot fill a bucket, a plan target kvplan does not know.
+        KvplanError: an ``--out`` that cannot be a new run folder, engine settings the engine
+            refuses, a model that cannot load, prompts that cannot fill a bucket, a sampled
+            request the engine could never run, a plan target kvplan does not know; all before
+            the run folder exists.
+        ReportInterrupted: Ctrl-C after the levels, while the summaries or report were written.
     """
     say = console.print if console is not None else (lambda *a, **k: None)
     started = dt.datetime.now().astimezone().isoformat(timespec="seconds")
     for index in range(len(workload.plan)):  # a bad plan target fails before the model loads
         plan_target(workload, index, {})
-    if run_dir is not None and run_dir.is_dir() and any(run_dir.iterdir()):
-        # appending would mix two runs' records
-        raise KvplanError("--out", f"{run_dir} is not empty", "give a new folder (or remove that one)")
+    check_out(run_dir)
     say(f"[dim]loading {workload.engine.model}...[/dim]")
     engine = engine or build_engine(workload)
-    run_dir = run_dir or new_run_dir(workload)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    if workload.source != "<memory>" and Path(workload.source).is_file():
-        (run_dir / "workload.yaml").write_bytes(Path(workload.source).read_bytes())
     tokenize = None if engine.tokenizer is None else (lambda texts: engine.tokenizer(texts)["input_ids"])
     sampled = sample_buckets(workload, tokenize, engine.hf_config.vocab_size)
+    check_requests_fit(workload, engine, sampled.requests)
+    run_dir = create_run_dir(workload, run_dir)
+    if workload.source != "<memory>" and Path(workload.source).is_file():
+        (run_dir / "workload.yaml").write_bytes(Path(workload.source).read_bytes())
     if "num_conversations" in sampled.dataset_info:
         say(f"[dim]sharegpt: read {sampled.dataset_info['num_conversations']:,} whole conversations[/dim]")
     estimate, pricing = compute_estimate(workload, engine, sampled.requests)
@@ -261,19 +268,27 @@ def run_loadtest(
                 _run_with_progress(engine, level, writer, pricing, workload.seed, console)
         except KeyboardInterrupt:
             status = "interrupted"
-            say("[yellow]interrupted: keeping the requests that finished[/yellow]")
-    data = load_run(run_dir)
-    results.update(summarize_run(results, data.requests, data.steps))
-    if is_fp8 and status == "complete" and workload.fp8_quality.num_prompts:
-        from kvplan.fp8_quality import check_for_run
+            say("[yellow]interrupted: writing the report of the requests that finished[/yellow]")
+    try:
+        if is_fp8 and status == "complete" and workload.fp8_quality.num_prompts:
+            from kvplan.fp8_quality import check_for_run
 
-        say(f"[dim]fp8 quality check on {workload.fp8_quality.num_prompts} prompts...[/dim]")
-        results["fp8_quality"] = check_for_run(engine, workload, sampled.requests)
-    results.update(status=status, finished_at=dt.datetime.now().astimezone().isoformat(timespec="seconds"))
-    write_results(run_dir, results)
-    from kvplan.report import render_report
+            say(f"[dim]fp8 quality check on {workload.fp8_quality.num_prompts} prompts...[/dim]")
+            try:
+                results["fp8_quality"] = check_for_run(engine, workload, sampled.requests)
+            except KeyboardInterrupt:  # every level is whole; the check is not
+                status = "interrupted"
+                say("[yellow]interrupted: no fp8 quality check; writing the report[/yellow]")
+        data = load_run(run_dir)
+        results.update(summarize_run(results, data.requests, data.steps))
+        results.update(status=status, finished_at=dt.datetime.now().astimezone().isoformat(timespec="seconds"),
+                       report_written=False)  # render_report sets it once every view is written
+        write_results(run_dir, results)
+        from kvplan.report import render_report
 
-    render_report(run_dir)
+        render_report(run_dir)
+    except KeyboardInterrupt:
+        raise ReportInterrupted(run_dir) from None
     return run_dir
 
 

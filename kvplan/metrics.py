@@ -136,16 +136,24 @@ class LevelSummary:
     max_paged_error_bytes: int  # max over steps of |measured - paged|; 0 when paging is exact
     prefix_hit_rate: float | None  # hit / queried prompt tokens over the level's steps
     variant: str = ""  # "cached" | "uncached" when a shared_prefix run ran the level twice
+    num_planned: int | None = None  # the bucket's num_requests; None when not known
+
+    @property
+    def partial(self) -> bool:
+        """Fewer requests finished than were planned (the run was stopped during this level)."""
+        return self.num_planned is not None and self.num_requests < self.num_planned
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        return {**asdict(self), "partial": self.partial}
 
 
 def summarize_level(
     bucket: str, mode: str, level: float,
     requests: Sequence[RequestRecord], steps: Sequence[StepRecord], slo: Slo, variant: str = "",
+    num_planned: int | None = None,
 ) -> LevelSummary:
-    """Summarise one level (one variant of it) from its own request and step records."""
+    """Summarise one level (one variant of it) from its own request and step records;
+    ``num_planned``: the requests the level was to run (the bucket's num_requests)."""
     done = [r for r in requests if completed(r)]
     span = (max(r.finish_time for r in requests) - min(r.arrival_time for r in requests)) if requests else 0.0
     rate = (lambda n: n / span) if span > 0 else (lambda n: None)
@@ -188,20 +196,24 @@ def summarize_level(
         max_paged_error_bytes=max((abs(s.measured_bytes - s.paged_bytes) for s in steps), default=0),
         prefix_hit_rate=(sum(s.num_prefix_hit_tokens for s in steps) / queried) if queried else None,
         variant=variant,
+        num_planned=num_planned,
     )
 
 
 def summarize_levels(
     requests: Sequence[RequestRecord], steps: Sequence[StepRecord], slo: Slo,
+    num_planned: dict[str, int] | None = None,
 ) -> list[LevelSummary]:
-    """One summary per (bucket, mode, level, variant), in the order the levels first appear."""
+    """One summary per (bucket, mode, level, variant), in the order the levels first appear.
+    ``num_planned``: bucket name -> its num_requests, the requests each of its levels was to run."""
     key = lambda rec: (rec.bucket, rec.mode, rec.level, rec.variant)  # noqa: E731
     summaries = []
     for k in dict.fromkeys(key(rec) for rec in [*steps, *requests]):
         bucket, mode, level, variant = k
         own_requests = [r for r in requests if key(r) == k]
         own_steps = [s for s in steps if key(s) == k]
-        summaries.append(summarize_level(bucket, mode, level, own_requests, own_steps, slo, variant))
+        summaries.append(summarize_level(bucket, mode, level, own_requests, own_steps, slo, variant,
+                                         (num_planned or {}).get(bucket)))
     return summaries
 
 
@@ -211,14 +223,19 @@ def measured_knee(levels: Sequence[LevelSummary]) -> int | None:
     return min(hit) if hit else None
 
 
+def clean(s: LevelSummary) -> bool:
+    """No preemption, and every request the level was to run completed: a level where requests
+    failed, could not fit or were never run (a stopped run) proves nothing about capacity."""
+    planned = s.num_planned if s.num_planned is not None else s.num_requests
+    return s.num_preemptions == 0 and 0 < planned == s.num_completed
+
+
 def max_clean_concurrency(levels: Sequence[LevelSummary]) -> int | None:
-    """The highest closed-loop level below the knee that ran with no preemption (None: none)."""
+    """The highest closed-loop level below the knee that ran clean (see ``clean``; None: none)."""
     knee = measured_knee(levels)
-    clean = [
-        int(s.level) for s in levels
-        if s.mode == "closed" and s.num_preemptions == 0 and (knee is None or s.level < knee)
-    ]
-    return max(clean) if clean else None
+    clean_levels = [int(s.level) for s in levels
+                    if s.mode == "closed" and clean(s) and (knee is None or s.level < knee)]
+    return max(clean_levels) if clean_levels else None
 
 
 def p95_request_tokens(total_tokens: Sequence[int]) -> int:

@@ -191,9 +191,13 @@ def _select(
     return chosen
 
 
-def _jsonl_candidates(path: Path) -> list[_Candidate]:
+def _jsonl_candidates(path: Path, vocab_size: int) -> list[_Candidate]:
     candidates = []
-    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as err:
+        raise KvplanError(str(path), f"cannot read the JSONL file ({err})") from None
+    for number, line in enumerate(text.splitlines(), start=1):
         if not line.strip():
             continue
         where = f"{path}: line {number}"
@@ -210,6 +214,10 @@ def _jsonl_candidates(path: Path) -> list[_Candidate]:
             prompt = tuple(ids)
         else:
             raise KvplanError(where, "needs prompt (text) or prompt_token_ids (non-negative ints)")
+        if isinstance(prompt, tuple) and (top := max(prompt)) >= vocab_size:
+            # the engine would refuse it mid-run, after the levels before it were measured
+            raise KvplanError(f"{where}: prompt_token_ids", f"id {top} is outside the model's vocabulary"
+                              f" [0, {vocab_size})", "give token ids of the engine's model")
         if out is not None and (not isinstance(out, int) or isinstance(out, bool) or out < 1):
             raise KvplanError(f"{where}: output_tokens", f"must be an integer >= 1 (got {out!r})")
         candidates.append(_Candidate(f"jsonl:{number}", prompt, out))
@@ -220,11 +228,12 @@ def sample_buckets(workload: Workload, tokenize: Tokenize | None, vocab_size: in
     """Draw every bucket's requests for ``workload``, deterministic for ``workload.seed``.
 
     tokenize: the engine's tokenizer as a batched function (None for a model without one).
-    vocab_size: random prompts draw token ids uniformly from [0, vocab_size).
+    vocab_size: random prompts draw token ids uniformly from [0, vocab_size); JSONL token ids
+        must lie there.
 
     Raises:
-        KvplanError: too few prompts fit a bucket's ranges, a bad JSONL line, or text prompts
-            with no tokenizer.
+        KvplanError: too few prompts fit a bucket's ranges, a bad JSONL line (one with a token id
+            outside the vocabulary included), or text prompts with no tokenizer.
     """
     kind = workload.dataset.kind
     records: list[dict] = []
@@ -244,7 +253,7 @@ def sample_buckets(workload: Workload, tokenize: Tokenize | None, vocab_size: in
         what = "ShareGPT"
     else:
         path = workload.dataset_path
-        candidates = _jsonl_candidates(path)
+        candidates = _jsonl_candidates(path, vocab_size)
         info, what = {"kind": kind, "path": str(path), "num_lines": len(candidates)}, "JSONL"
     requests = _select(list(workload.buckets), candidates, tokenize, rng, workload.source, what)
     return _prefixed(workload, SampledBuckets(requests, info), tokenize, vocab_size, records)

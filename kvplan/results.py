@@ -12,20 +12,27 @@ Run folder (``reports/<name>-<timestamp>/``)::
 
 A run killed mid-write leaves at most one torn last line per JSONL file; ``load_run`` drops it.
 Summary files are written to a temporary file in the same folder, then ``os.replace``d, so a
-reader never sees half a ``results.json``.
+reader never sees half a ``results.json``. ``load_run`` checks every record and the sections of
+results.json the views read, so a damaged file is one line naming it (and the line), and
+``check_records`` refuses records that are missing or fewer than results.json counts, so that
+``kvplan report`` never replaces measured views with empty ones.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import tempfile
+import secrets
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
+from pydantic import BaseModel, ConfigDict, TypeAdapter, ValidationError
+
 from kvplan import metrics
 from kvplan.errors import KvplanError
+from kvplan.workload import Slo
+from kvplan.yaml_input import describe_error
 
 SCHEMA_VERSION = 1
 RESULTS_FILE, REQUESTS_FILE, STEPS_FILE = "results.json", "requests.jsonl", "steps.jsonl"
@@ -100,15 +107,6 @@ class StepRecord:
     kv_resident_request_ids: tuple[str, ...] = ()
 
 
-def _from_dict(cls, row: dict[str, Any]):
-    names = {f.name for f in fields(cls)}
-    values = {k: v for k, v in row.items() if k in names}
-    for key in ("token_times", "kv_resident_tokens", "kv_resident_request_ids"):
-        if key in values:
-            values[key] = tuple(values[key])
-    return cls(**values)
-
-
 def request_row(rec: RequestRecord) -> dict[str, Any]:
     """The requests.csv row: scalars plus derived latencies in ms (empty when undefined)."""
     row = {k: v for k, v in asdict(rec).items() if k != "token_times"}
@@ -157,8 +155,11 @@ class RunWriter:
 
 
 def write_atomic(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` through a temporary file and ``os.replace`` (atomic on POSIX)."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    """Write ``text`` to ``path`` through a temporary file and ``os.replace`` (atomic on POSIX).
+    The file gets the mode of any new file (0666 less the umask), as the JSONL and PNGs do;
+    ``tempfile.mkstemp`` would leave it 0600."""
+    tmp = path.parent / f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as handle:
             handle.write(text)
@@ -187,19 +188,56 @@ def write_tables(run_dir: Path, requests: list[RequestRecord], steps: list[StepR
         write_atomic(run_dir / name, frame.to_csv(index=False))
 
 
-def _read_jsonl(path: Path) -> list[dict[str, Any]]:
+def _read_jsonl(path: Path, adapter: TypeAdapter) -> list:
+    """The records of one JSONL file, each checked against its dataclass (unknown keys ignored);
+    [] when there is no file (``check_records`` says whether that is allowed)."""
     if not path.exists():
         return []
-    rows = []
-    lines = path.read_text(encoding="utf-8").splitlines()
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError) as err:
+        raise KvplanError(str(path), f"cannot read the records ({err})") from None
+    records = []
     for number, line in enumerate(lines, start=1):
         try:
-            rows.append(json.loads(line))
-        except json.JSONDecodeError:
-            if number == len(lines):  # torn last line of a killed run
-                break
-            raise KvplanError(f"{path}: line {number}", "not valid JSON") from None
-    return rows
+            records.append(adapter.validate_json(line, strict=True))
+        except ValidationError as err:
+            if err.errors()[0]["type"] == "json_invalid":
+                if number == len(lines):  # torn last line of a killed run
+                    break
+                raise KvplanError(f"{path}: line {number}", "not valid JSON") from None
+            if err.errors()[0]["type"] in ("dataclass_type", "dataclass_exact_type"):
+                raise KvplanError(f"{path}: line {number}", "must be a JSON object (a record)") from None
+            field, problem = describe_error(err)
+            raise KvplanError(f"{path}: line {number}: {field}", problem) from None
+    return records
+
+
+class _ConfigSection(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    slo: Slo | None = None
+    buckets: list[dict[str, Any]] = []
+
+
+class _WorkloadSection(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    name: str = "?"
+    config: _ConfigSection = _ConfigSection()
+
+
+class _ResultsShape(BaseModel):
+    """The sections of results.json the views and the gate read, with the types they assume;
+    other keys are left alone. Only checked: ``load_run`` returns the dict as it was."""
+
+    model_config = ConfigDict(extra="allow")
+    schema_version: int
+    status: str = "running"
+    workload: _WorkloadSection = _WorkloadSection()
+    run: dict[str, Any] = {}
+    estimate: dict[str, Any] = {}
+    levels: list[metrics.LevelSummary] = []
+    buckets: list[dict[str, Any]] = []
+    kv: dict[str, Any] = {}
 
 
 @dataclass(frozen=True)
@@ -226,12 +264,47 @@ def load_run(run_dir: str | Path) -> RunData:
         results = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, json.JSONDecodeError) as err:
         raise KvplanError(str(path), f"cannot read results ({err})") from None
-    version = results.get("schema_version") if isinstance(results, dict) else None
+    if not isinstance(results, dict):
+        kind = "null" if results is None else type(results).__name__
+        raise KvplanError(str(path), f"must hold a JSON object (got {kind})",
+                          "pass a folder written by kvplan loadtest")
+    version = results.get("schema_version")
     if version != SCHEMA_VERSION:
         raise KvplanError(f"{path}: schema_version", f"expected {SCHEMA_VERSION} (got {version!r})")
-    requests = [_from_dict(RequestRecord, r) for r in _read_jsonl(run_dir / REQUESTS_FILE)]
-    steps = [_from_dict(StepRecord, s) for s in _read_jsonl(run_dir / STEPS_FILE)]
+    try:
+        _ResultsShape.model_validate(results)
+    except ValidationError as err:
+        field, problem = describe_error(err)
+        raise KvplanError(f"{path}: {field}", problem) from None
+    requests = _read_jsonl(run_dir / REQUESTS_FILE, _REQUEST_ADAPTER)
+    steps = _read_jsonl(run_dir / STEPS_FILE, _STEP_ADAPTER)
     return RunData(run_dir, results, requests, steps)
+
+
+def check_records(data: RunData) -> None:
+    """Refuse records that cannot be the run's: a JSONL file missing, fewer or more records than
+    results.json counts (``kv.num_steps``, ``kv.num_requests``), or finished requests with no
+    step. A view rebuilt from them would replace the measured one with an empty one.
+
+    Raises:
+        KvplanError: naming the file; nothing has been written.
+    """
+    fix = "restore it from the run (kvplan report rebuilds every view from the records; nothing was written)"
+    counted = data.results.get("kv") or {}
+    for name, records, key, what in ((STEPS_FILE, data.steps, "num_steps", "steps"),
+                                     (REQUESTS_FILE, data.requests, "num_requests", "requests")):
+        path = data.run_dir / name
+        if not path.is_file():
+            raise KvplanError(str(path), "missing", fix)
+        if key in counted and counted[key] != len(records):
+            raise KvplanError(str(path), f"holds {len(records)} {what}, results.json counts {counted[key]}"
+                              f" (kv.{key})", fix)
+    if data.requests and not data.steps:
+        raise KvplanError(str(data.run_dir / STEPS_FILE), f"holds no steps, requests.jsonl {len(data.requests)}"
+                          " finished requests", fix)
+
+
+_REQUEST_ADAPTER, _STEP_ADAPTER = TypeAdapter(RequestRecord), TypeAdapter(StepRecord)
 
 
 def summarize_run(results: dict[str, Any], requests: list[RequestRecord], steps: list[StepRecord]) -> dict[str, Any]:
@@ -241,10 +314,11 @@ def summarize_run(results: dict[str, Any], requests: list[RequestRecord], steps:
     steps where no block could be shared: all but a shared_prefix run's cached variant) and, for
     a shared_prefix run, ``prefix_caching`` (kvplan.prefix_metrics.compare_variants)."""
     from kvplan import prefix_metrics
-    from kvplan.workload import Slo
 
-    slo = Slo(**(results.get("workload", {}).get("config", {}).get("slo") or {}))
-    levels = metrics.summarize_levels(requests, steps, slo)
+    config = results.get("workload", {}).get("config", {})
+    slo = Slo(**(config.get("slo") or {}))
+    planned = {b.get("name"): b.get("num_requests") for b in config.get("buckets", [])}
+    levels = metrics.summarize_levels(requests, steps, slo, planned)
     estimates = {b["name"]: b for b in results.get("estimate", {}).get("buckets", [])}
     names = list(dict.fromkeys([*estimates, *(s.bucket for s in levels)]))
     buckets = []

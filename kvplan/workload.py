@@ -27,10 +27,12 @@ Minimal example::
 from __future__ import annotations
 
 import hashlib
+import math
+import re
+from decimal import Decimal, InvalidOperation
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-import yaml
 from pydantic import BaseModel, ByteSize, ConfigDict, Field, PrivateAttr, ValidationError
 from pydantic import field_validator, model_validator
 
@@ -39,9 +41,17 @@ from engine.config import TINY_RANDOM_MODEL, EngineConfig
 from kvplan.errors import KvplanError
 from kvplan.gate_metrics import GateSettings
 from kvplan.shared_prefix import SharedPrefix, check_shared_prefix
+from kvplan.yaml_input import describe_error, read_yaml
 
 Count = Annotated[int, Field(ge=1)]
-Name = Annotated[str, Field(pattern=r"^[A-Za-z0-9_.-]+$")]  # names become file names
+# Names become file and folder names (<name>-<timestamp>/, latency_<bucket>.png): 200 characters
+# leave room for the suffixes under the usual 255-byte limit of a file name.
+Name = Annotated[str, Field(pattern=r"^[A-Za-z0-9_.-]+$", max_length=200)]
+Seed = Annotated[int, Field(ge=0, le=2**32 - 1)]  # numpy's SeedSequence and torch take these
+Rate = Annotated[float, Field(gt=0, allow_inf_nan=False)]  # requests/s
+MAX_LEVEL_S = 24 * 3600  # an open-loop level whose arrivals alone take longer is a typo, not a test
+MAX_BYTES = 2**63 - 1  # torch sizes are int64
+_SIZE = re.compile(r"\s*([0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)\s*([A-Za-z]*)\s*")
 DATASETS = ("sharegpt", "random", "jsonl")
 DISTRIBUTIONS = ("fixed", "uniform", "normal", "lognormal")
 
@@ -71,11 +81,28 @@ class EngineSettings(_Strict):
     enable_prefix_caching: bool = True
     attention_backend: Literal[ATTENTION_BACKENDS] = "auto"
 
+    @field_validator("kv_cache_memory", mode="before")
+    @classmethod
+    def _plain_number(cls, value: Any) -> Any:
+        """``1e3MiB`` -> ``1000MiB``: pydantic's ByteSize reads no exponent (it would call the
+        ``e3`` an unknown unit); a number beyond float range is out of range, not a bad unit."""
+        match = _SIZE.fullmatch(value) if isinstance(value, str) else None
+        if match is None or "e" not in match[1].lower():
+            return value
+        if not math.isfinite(float(match[1])):
+            raise ValueError(f"the number is out of range (got {value!r}); give a size such as 48MiB or 1.5GiB")
+        try:
+            return f"{Decimal(match[1]):f}{match[2]}"
+        except InvalidOperation:  # the regex admits only decimal numbers; kept for safety
+            return value
+
     @field_validator("kv_cache_memory")
     @classmethod
     def _positive_memory(cls, value: ByteSize | None) -> ByteSize | None:
         if value is not None and value <= 0:
             raise ValueError("must be > 0 bytes")
+        if value is not None and value > MAX_BYTES:
+            raise ValueError(f"is out of range: at most 2**63 - 1 bytes (8 EiB) (got {int(value):.3g} bytes)")
         return value
 
     @model_validator(mode="after")
@@ -168,7 +195,7 @@ class Bucket(_Strict):
     input_tokens: Lengths
     output_tokens: Lengths
     concurrency: list[Count] = []
-    request_rates: list[Annotated[float, Field(gt=0)]] = []
+    request_rates: list[Rate] = []
     num_requests: Count
 
     @model_validator(mode="after")
@@ -223,7 +250,7 @@ class Workload(_Strict):
     """A whole load test. ``source`` and ``sha256`` describe the file it was read from."""
 
     name: Name
-    seed: int = 0
+    seed: Seed = 0
     engine: EngineSettings = EngineSettings()
     dataset: Dataset
     slo: Slo = Slo()
@@ -251,57 +278,12 @@ class Workload(_Strict):
         return (Path(self.source).parent / self.dataset.path).resolve()
 
 
-_MESSAGES = {
-    "missing": "required field missing",
-    "extra_forbidden": "unknown field; check the spelling or remove it",
-    "int_type": "must be an integer",
-    "float_type": "must be a number",
-    "string_type": "must be a string",
-    "bool_type": "must be true or false",
-    "list_type": "must be a list",
-    "model_type": "must be a mapping",
-    "dict_type": "must be a mapping",
-    "too_short": "must not be empty",
-    "string_pattern_mismatch": "may hold only letters, digits, '_', '-' and '.'",
-    "byte_size": "must be a size such as 48MiB, 1.5GiB or 512MB",
-    "byte_size_unit": "unknown unit; use B, KB, MB, GB, KiB, MiB or GiB (e.g. 48MiB)",
-}
-
-
-def _yaml_path(loc: tuple[str | int, ...]) -> str:
-    path = ""
-    for part in loc:
-        path += f"[{part}]" if isinstance(part, int) else (f".{part}" if path else str(part))
-    return path
-
-
-def describe_error(err: ValidationError) -> tuple[str, str]:
-    """The first pydantic error as (YAML path, problem), e.g. ("buckets[1].concurrency[0]",
-    "must be >= 1 (got 0)"). Further errors are counted, not listed: one line per failure."""
-    first = err.errors()[0]
-    kind, ctx, value = first["type"], first.get("ctx") or {}, first.get("input")
-    if kind == "greater_than_equal":
-        problem = f"must be >= {ctx['ge']}"
-    elif kind == "greater_than":
-        problem = f"must be > {ctx['gt']}"
-    elif kind == "less_than_equal":
-        problem = f"must be <= {ctx['le']:g}"
-    elif kind == "literal_error":
-        problem = f"must be one of {ctx['expected'].replace(' or ', ', ')}"
-    elif kind == "value_error":
-        problem = str(ctx.get("error", first["msg"]))
-    else:
-        problem = _MESSAGES.get(kind, first["msg"][:1].lower() + first["msg"][1:])
-    if kind not in ("missing", "value_error") and not isinstance(value, (dict, list)):
-        problem += f" (got {value!r})"
-    if err.error_count() > 1:
-        problem += f" [+{err.error_count() - 1} more]"
-    return _yaml_path(first["loc"]), problem
-
-
 def _check_semantics(workload: Workload) -> None:
     """Cross-section rules pydantic cannot place on a single field."""
     path = workload.dataset_path
+    if path is not None and path.is_dir():
+        raise KvplanError(f"{workload.source}: dataset.path", f"is a folder, not a JSONL file: {path}",
+                          "give the path of the .jsonl file")
     if path is not None and not path.is_file():
         raise KvplanError(f"{workload.source}: dataset.path", f"file not found: {path}")
     if workload.dataset.kind == "sharegpt" and workload.engine.model == TINY_RANDOM_MODEL:
@@ -329,6 +311,15 @@ def _check_semantics(workload: Workload) -> None:
                 f"shortest request ({bucket.input_tokens.min} + {bucket.output_tokens.min} tokens)"
                 f" exceeds engine.max_model_len {max_len}",
             )
+        for j, rate in enumerate(bucket.request_rates):
+            if bucket.num_requests / rate > MAX_LEVEL_S:
+                raise KvplanError(
+                    f"{workload.source}: buckets[{i}].request_rates[{j}]",
+                    f"{bucket.num_requests} requests at {rate:g} req/s take about"
+                    f" {bucket.num_requests / rate:.3g} s to arrive (num_requests / rate), over the"
+                    f" {MAX_LEVEL_S // 3600} h a level may last",
+                    f"give a rate >= {bucket.num_requests / MAX_LEVEL_S:.3g} req/s",
+                )
     check_shared_prefix(workload)
 
 
@@ -358,12 +349,4 @@ def load_workload(path: str | Path) -> Workload:
         raw = Path(path).read_bytes()
     except OSError as err:
         raise KvplanError(source, f"cannot read workload file ({err.strerror or err})") from None
-    try:
-        data = yaml.safe_load(raw)
-    except yaml.YAMLError as err:
-        mark = getattr(err, "problem_mark", None)
-        at = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
-        problem = getattr(err, "problem", None) or str(err).splitlines()[0]
-        raise KvplanError(source, f"malformed YAML: {at}{problem}") from None
-    return parse_workload(data, source, hashlib.sha256(raw).hexdigest())
-
+    return parse_workload(read_yaml(raw, source), source, hashlib.sha256(raw).hexdigest())

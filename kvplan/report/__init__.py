@@ -2,7 +2,10 @@
 
 ``render_report`` is what both ``kvplan loadtest`` (at the end) and ``kvplan report DIR`` call,
 so re-rendering never re-runs anything. If results.json has no summaries (the run was killed
-before it could write them), they are rebuilt from the JSONL records and saved first.
+before it could write them), they are rebuilt from the JSONL records and saved first. Records
+that are missing or fewer than results.json counts stop it before it writes anything
+(kvplan.results.check_records); when every view is written, results.json gets
+``report_written: true``.
 """
 
 from __future__ import annotations
@@ -11,7 +14,14 @@ import re
 from pathlib import Path
 from typing import Any
 
-from kvplan.results import RunData, load_run, summarize_run, write_results, write_tables
+from kvplan.results import (
+    RunData,
+    check_records,
+    load_run,
+    summarize_run,
+    write_results,
+    write_tables,
+)
 
 
 def _save(fig, path: Path) -> None:
@@ -93,20 +103,24 @@ def render_report(run_dir: str | Path) -> RunData:
     """(Re)write summary.md, requests.csv, steps.csv and the PNGs of ``run_dir``.
 
     Raises:
-        KvplanError: the folder holds no readable results.json of this schema version.
+        KvplanError: the folder holds no readable results.json of this schema version, a record
+            file is damaged or missing, or holds fewer records than results.json counts (nothing
+            is written then).
     """
     from kvplan.report.summary import summary_markdown
     from kvplan.results import write_atomic
 
     data = load_run(run_dir)
+    check_records(data)
     if "levels" not in data.results:
         results = {**data.results, **summarize_run(data.results, data.requests, data.steps)}
-        results.pop("schema_version", None)
         write_results(data.run_dir, results)
         data = load_run(run_dir)
     write_tables(data.run_dir, data.requests, data.steps)
     charts = render_charts(data)
     write_atomic(data.run_dir / "summary.md", summary_markdown(data.results, charts))
+    if not data.results.get("report_written"):
+        write_results(data.run_dir, {**data.results, "report_written": True})
     return data
 
 

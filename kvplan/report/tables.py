@@ -2,7 +2,8 @@
 
 Every table reads only the saved result dict, so ``kvplan report DIR`` and the end of a load
 test print the same numbers. Missing values (a level with no completed request, an undefined
-TPOT) show as an empty cell, never as 0.
+TPOT) show as an empty cell, never as 0. A level the run was stopped in is marked ``partial``
+and counts its completed requests against the planned ones (the bucket's num_requests).
 """
 
 from __future__ import annotations
@@ -25,8 +26,17 @@ def _stat(level: dict[str, Any], metric: str, key: str) -> float | None:
 
 
 def _level_name(level: dict[str, Any]) -> str:
+    """``c=4``, ``2/s``; ``c=4 cached`` in a shared_prefix run; ``c=8 partial`` for a level the
+    run was stopped in."""
     name = f"c={int(level['level'])}" if level["mode"] == "closed" else f"{level['level']:g}/s"
-    return f"{name} {level.get('variant', '')}".rstrip()  # shared_prefix runs: "c=4 cached"
+    name = f"{name} {level.get('variant', '')}".rstrip()
+    return f"{name} partial" if level.get("partial") else name
+
+
+def _done(level: dict[str, Any]) -> str:
+    """Completed / planned requests (planned: the bucket's num_requests; older results: run)."""
+    planned = level.get("num_planned")
+    return f"{level['num_completed']}/{planned if planned is not None else level['num_requests']}"
 
 
 def estimate_table(results: dict[str, Any]) -> pd.DataFrame:
@@ -61,7 +71,7 @@ def latency_table(results: dict[str, Any]) -> pd.DataFrame:
     """TTFT, TPOT, ITL and E2E percentiles (ms) per bucket and level."""
     rows = []
     for lv in results.get("levels", []):
-        row = {"bucket": lv["bucket"], "level": _level_name(lv), "done/total": f"{lv['num_completed']}/{lv['num_requests']}"}
+        row = {"bucket": lv["bucket"], "level": _level_name(lv), "done/planned": _done(lv)}
         for metric, keys in (("ttft_ms", ("p50", "p95", "p99")), ("tpot_ms", ("p50", "p95", "p99")),
                              ("itl_ms", ("p50", "p99")), ("e2e_ms", ("p50", "p99"))):
             for key in keys:
@@ -123,7 +133,7 @@ def console_table(results: dict[str, Any]) -> pd.DataFrame:
     """One narrow row per level for an 80-column terminal; summary.md has the full tables."""
     rows = [
         {
-            "bucket": lv["bucket"], "level": _level_name(lv), "done": f"{lv['num_completed']}/{lv['num_requests']}",
+            "bucket": lv["bucket"], "level": _level_name(lv), "done": _done(lv),
             "TTFT p50": _stat(lv, "ttft_ms", "p50"), "TTFT p99": _stat(lv, "ttft_ms", "p99"),
             "TPOT p50": _stat(lv, "tpot_ms", "p50"), "TPOT p99": _stat(lv, "tpot_ms", "p99"),
             "out tok/s": lv["output_tokens_per_s"], "goodput": lv["goodput_rps"],

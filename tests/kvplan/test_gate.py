@@ -140,6 +140,13 @@ def test_a_baseline_from_another_workload_exits_2_with_one_line(runs, tmp_path):
     assert (code, out) == (2, "")
     assert err == (f"error: {smoke_baseline}: workload: recorded for workload 'smoke', the run is of 'ci'; "
                    "pass this workload's baseline, or record one with --update-baseline\n")
+    # Recording over it is refused the same way: it would silently become ci's baseline.
+    recorded = smoke_baseline.read_text()
+    code, out, err = run_cli("gate", str(runs[0]), "--baseline", str(smoke_baseline), "--update-baseline")
+    assert (code, out) == (2, "")
+    assert err == (f"error: {smoke_baseline}: workload: will not overwrite the baseline of workload 'smoke' with a"
+                   " run of 'ci'; choose another --baseline path (or delete that file)\n")
+    assert smoke_baseline.read_text() == recorded
 
 
 def test_a_baseline_of_other_traffic_under_the_same_name_exits_2(runs, baseline, tmp_path):

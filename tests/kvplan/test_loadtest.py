@@ -108,7 +108,12 @@ def test_an_interrupted_run_keeps_a_report_that_kvplan_report_renders(tmp_path):
     # at once, which finish at step 108. Ctrl-C comes in the 110th call: 109 steps were recorded.
     assert len(data.steps) == 109
     assert len(data.requests) == 12
-    assert [(lv["level"], lv["num_completed"]) for lv in data.results["levels"]] == [(1.0, 8), (4.0, 4)]
+    # c=4 finished 4 of its 8 planned requests: partial, and so not a level "without preemption".
+    assert [(lv["level"], lv["num_completed"], lv["num_planned"], lv["partial"]) for lv in data.results["levels"]] == [
+        (1.0, 8, 8, False), (4.0, 4, 8, True)]
+    assert data.results["buckets"][0]["max_clean_concurrency"] == 1
+    summary = (run_dir / "summary.md").read_text()
+    assert "| short | c=1 | 8/8 |" in summary and "| short | c=4 partial | 4/8 |" in summary
 
     (run_dir / "summary.md").unlink()
     code, out, err = run_cli("report", str(run_dir))
@@ -152,3 +157,99 @@ def test_loadtest_refuses_a_non_empty_out_folder(tmp_path):
     assert code == 2
     assert err.strip() == f"error: --out: {tmp_path} is not empty; give a new folder (or remove that one)"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["results.json"]
+
+
+def stop_at_step(monkeypatch, count: int) -> None:
+    """Make every engine's ``count``-th step() raise KeyboardInterrupt, as Ctrl-C would."""
+    from engine.llm_engine import LLMEngine
+
+    real_step, calls = LLMEngine.step, []
+
+    def step(self):
+        calls.append(1)
+        if len(calls) == count:
+            raise KeyboardInterrupt
+        return real_step(self)
+
+    monkeypatch.setattr(LLMEngine, "step", step)
+
+
+def test_kvplan_loadtest_interrupted_exits_130_and_says_what_it_kept(tmp_path, monkeypatch):
+    stop_at_step(monkeypatch, 30)  # c=1: requests 0 and 1 took steps 1-24; request 2 was running
+    run_dir = tmp_path / "run"
+    code, out, err = run_cli("loadtest", str(SMOKE), "--out", str(run_dir))
+    assert code == 130
+    assert err == f"interrupted: the report keeps the requests that finished ({run_dir})\n"
+    assert out.rstrip().endswith(f"report: {run_dir}")
+    assert "2/8" in out and "c=1 partial" in out  # the console table: done / planned
+    results = load_run(run_dir).results
+    assert (results["status"], results["report_written"]) == ("interrupted", True)
+
+
+def test_ctrl_c_while_the_report_is_written_says_to_run_kvplan_report(tmp_path, monkeypatch):
+    import kvplan.report
+
+    def interrupted(data):
+        raise KeyboardInterrupt
+
+    path = tmp_path / "w.yaml"  # one level of 4 requests, to be quick
+    path.write_text(SMOKE.read_text().replace("concurrency: [1, 4, 8]", "concurrency: [4]")
+                    .replace("request_rates: [200]", "").replace("num_requests: 8", "num_requests: 4"))
+    monkeypatch.setattr(kvplan.report, "render_charts", interrupted)
+    run_dir = tmp_path / "run"
+    code, out, err = run_cli("loadtest", str(path), "--out", str(run_dir), "--quiet")
+    assert (code, out) == (130, "")
+    assert err == (f"error: {run_dir}: interrupted while writing the report; the records are saved; "
+                   f"run `kvplan report {run_dir}` to write it\n")
+    results = load_run(run_dir).results
+    assert (results["status"], results["report_written"]) == ("complete", False)
+    assert not (run_dir / "summary.md").exists()
+    monkeypatch.undo()
+    code, _, err = run_cli("report", str(run_dir))
+    assert (code, err) == (0, "")
+    assert load_run(run_dir).results["report_written"] is True and (run_dir / "summary.md").exists()
+
+
+def test_an_out_path_that_cannot_be_a_new_folder_is_one_line(tmp_path):
+    afile = tmp_path / "afile"
+    afile.write_text("x")
+    long = tmp_path / ("n" * 300)
+    cases = [
+        (afile, f"{afile} is a file, not a folder; give a new folder path"),
+        (afile / "sub", f"{afile} is a file, so {afile / 'sub'} cannot be a folder; give a new folder path"),
+        (long, "over 255 bytes; give a shorter path"),
+        # found only when the folder is made, after the engine is built: nothing is left behind
+        (Path("/proc/kvplan-test"), "cannot create folder /proc/kvplan-test (No such file or directory);"
+                                    " give a writable folder path"),
+        (Path("/sys/kernel/kvplan-test"), "cannot create folder /sys/kernel/kvplan-test"),
+    ]
+    for out, message in cases:
+        code, _, err = run_cli("loadtest", str(SMOKE), "--out", str(out), "--quiet")
+        assert code == 2 and len(err.splitlines()) == 1, err
+        assert err.startswith("error: --out: ") and message in err, err
+    assert afile.read_text() == "x" and sorted(p.name for p in tmp_path.iterdir()) == ["afile"]
+
+
+def test_a_run_folder_that_cannot_be_made_under_the_default_root_is_one_line(tmp_path):
+    from kvplan.errors import KvplanError
+    from kvplan.loadtest_checks import create_run_dir
+
+    root = tmp_path / "reports"
+    root.write_text("")  # a file where the reports folder should be
+    with pytest.raises(KvplanError, match=r"reports: cannot create folder .*/reports/smoke-\d{8}-\d{6} "
+                                          r"\(Not a directory\); pass --out"):
+        create_run_dir(load_workload(SMOKE), None, root)
+
+
+def test_an_engine_error_names_the_yaml_field_not_the_engine_config_field(monkeypatch):
+    import engine.llm_engine
+    from kvplan.errors import KvplanError
+
+    def refuse(config):
+        raise ValueError("kv_cache_memory_bytes: 1 TiB cannot be allocated on cpu; lower kv_cache_memory_bytes")
+
+    monkeypatch.setattr(engine.llm_engine, "LLMEngine", refuse)
+    with pytest.raises(KvplanError) as caught:
+        build_engine(load_workload(SMOKE))
+    assert str(caught.value) == (f"{SMOKE}: engine.kv_cache_memory: 1 TiB cannot be allocated on cpu;"
+                                 " lower kv_cache_memory")

@@ -107,15 +107,27 @@ def test_kv_and_queue_from_steps():
     assert s.requests_per_s is None and s.ttft_ms is None and s.slo_attainment is None
 
 
-def test_knee_is_the_lowest_level_that_preempted():
-    def level(n, preemptions, mode="closed"):
-        return metrics.summarize_level("b", mode, float(n), [], [step(0, 1, preemptions=preemptions)], Slo())
+def level(n, preemptions, mode="closed", requests=(R1,), planned=None):
+    return metrics.summarize_level("b", mode, float(n), list(requests), [step(0, 1, preemptions=preemptions)],
+                                   Slo(), num_planned=planned)
 
+
+def test_knee_is_the_lowest_level_that_preempted():
     levels = [level(1, 0), level(4, 0), level(16, 5), level(8, 2), level(2.0, 9, mode="open")]
     assert metrics.measured_knee(levels) == 8
     assert metrics.max_clean_concurrency(levels) == 4
     assert metrics.measured_knee(levels[:2]) is None
     assert metrics.max_clean_concurrency(levels[:2]) == 4
+
+
+def test_a_level_where_requests_did_not_all_complete_is_not_clean():
+    # c=6: its only request could not fit (no preemption, nothing completed); c=5 was stopped
+    # after 1 of 3 planned requests; c=3 completed 1 of 1 planned.
+    levels = [level(3, 0, planned=1), level(5, 0, planned=3), level(6, 0, requests=(R3,))]
+    assert [(s.num_completed, s.partial) for s in levels] == [(1, False), (1, True), (0, False)]
+    assert metrics.max_clean_concurrency(levels) == 3
+    assert metrics.max_clean_concurrency(levels[1:]) is None
+    assert levels[1].to_dict()["partial"] is True and levels[1].to_dict()["num_planned"] == 3
 
 
 def test_summaries_group_by_level_in_order():

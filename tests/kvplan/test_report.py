@@ -2,10 +2,12 @@
 
 import json
 
+import pytest
 from matplotlib.figure import Figure
 
+from kvplan.errors import KvplanError
 from kvplan.report import plots, render_report, tables
-from kvplan.results import RequestRecord, RunWriter, StepRecord, load_run, write_results
+from kvplan.results import RequestRecord, RunWriter, StepRecord, load_run, summarize_run, write_results
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 CHARTS = ["kv_over_time.png", "latency_b.png", "throughput_goodput.png", "kv_estimate_vs_measured.png"]
@@ -70,7 +72,9 @@ def test_report_rebuilds_summaries_of_an_unfinished_run(tmp_path):
 
 
 def test_report_of_a_run_with_no_records_says_no_data(tmp_path):
+    # Stopped before its first step finished: both record files exist, empty.
     write_results(tmp_path, {**results_head(), "status": "interrupted"})
+    RunWriter(tmp_path).close()
     render_report(tmp_path)
     summary = (tmp_path / "summary.md").read_text()
     assert "interrupted" in summary and "No engine step was recorded." in summary
@@ -112,3 +116,67 @@ def test_markdown_table_leaves_undefined_values_empty():
 
     frame = pd.DataFrame([{"a": "x", "b": None, "c": 1234.5, "d": 0.12345}])
     assert tables.to_markdown(frame) == "| a | b | c | d |\n|---|---|---|---|\n| x |  | 1,234.5 | 0.123 |\n"
+
+
+def snapshot(run_dir):
+    return {p.name: (p.read_bytes(), p.stat().st_mtime_ns) for p in sorted(run_dir.iterdir())}
+
+
+def finished_run(run_dir):
+    """A run as kvplan loadtest leaves it: records, summaries (kv counts 6 steps, 3 requests), views."""
+    run_dir.mkdir()
+    write_run(run_dir)
+    render_report(run_dir)
+    return run_dir
+
+
+def test_report_refuses_missing_records_and_writes_nothing(tmp_path):
+    from tests.kvplan.cli_runner import run_cli
+
+    run_dir = finished_run(tmp_path / "run")
+    (run_dir / "steps.jsonl").unlink()
+    (run_dir / "requests.jsonl").unlink()
+    before = snapshot(run_dir)
+    code, out, err = run_cli("report", str(run_dir))
+    assert (code, out) == (2, "")
+    assert err == (f"error: {run_dir / 'steps.jsonl'}: missing; restore it from the run (kvplan report rebuilds"
+                   " every view from the records; nothing was written)\n")
+    assert snapshot(run_dir) == before  # the CSVs, PNGs and summary.md keep the measured run
+
+
+def test_report_refuses_fewer_records_than_results_json_counts(tmp_path):
+    from tests.kvplan.cli_runner import run_cli
+
+    run_dir = finished_run(tmp_path / "run")
+    (run_dir / "steps.jsonl").write_text("")
+    before = snapshot(run_dir)
+    code, _, err = run_cli("report", str(run_dir))
+    assert code == 2
+    assert err.startswith(f"error: {run_dir / 'steps.jsonl'}: holds 0 steps, results.json counts 6 (kv.num_steps);")
+    assert snapshot(run_dir) == before
+
+
+def test_report_of_a_killed_run_refuses_requests_without_steps(tmp_path):
+    write_run(tmp_path)  # no summaries: a killed run; rebuilt from the records alone
+    (tmp_path / "steps.jsonl").write_text("")
+    before = snapshot(tmp_path)
+    with pytest.raises(KvplanError, match=r"steps.jsonl: holds no steps, requests.jsonl 3 finished requests;"):
+        render_report(tmp_path)
+    assert snapshot(tmp_path) == before
+
+
+@pytest.mark.parametrize("damage, message", [
+    (lambda d: d.update(workload="x"), "results.json: workload: must be a mapping (got 'x')"),
+    (lambda d: d["levels"][0].update(ttft_ms="abc"), "results.json: levels[0].ttft_ms: "),
+])
+def test_report_on_a_damaged_results_json_is_one_line(tmp_path, damage, message):
+    from tests.kvplan.cli_runner import run_cli
+
+    run_dir = tmp_path
+    write_run(run_dir)
+    data = load_run(run_dir)
+    results = {**data.results, **summarize_run(data.results, data.requests, data.steps)}
+    damage(results)
+    (run_dir / "results.json").write_text(json.dumps(results))
+    code, _, err = run_cli("report", str(run_dir))
+    assert code == 2 and len(err.splitlines()) == 1 and err.startswith(f"error: {run_dir}/{message}"), err

@@ -101,3 +101,82 @@ def test_summarize_run_pairs_each_bucket_estimate_with_its_knee():
     assert out["kv"] == {"num_steps": 2, "max_paged_error_bytes": 1024, "num_requests": 2}
     # TTFT 250 ms meets the 300 ms SLO: goodput = requests/s = 1 request / 1.0 s span.
     assert out["levels"][0]["goodput_rps"] == pytest.approx(1.0)
+
+
+def test_summary_files_get_the_umask_mode_like_the_jsonl(tmp_path):
+    import os
+
+    for umask, mode in ((0o022, 0o644), (0o002, 0o664)):
+        old = os.umask(umask)
+        try:
+            write_results(tmp_path, {"status": "running"})
+            write_tables(tmp_path, [request()], [step(0)])
+            write_atomic(tmp_path / "summary.md", "# t\n")
+            with RunWriter(tmp_path):
+                pass
+        finally:
+            os.umask(old)
+        for name in ("results.json", "requests.csv", "steps.csv", "summary.md", "requests.jsonl"):
+            assert (tmp_path / name).stat().st_mode & 0o777 == mode, name
+        (tmp_path / "requests.jsonl").unlink()
+        (tmp_path / "steps.jsonl").unlink()
+
+
+@pytest.mark.parametrize("line, message", [
+    ("null", "steps.jsonl: line 2: must be a JSON object (a record)"),
+    ("[]", "steps.jsonl: line 2: must be a JSON object (a record)"),
+    ('{"step_index": 1}', "steps.jsonl: line 2: bucket: required field missing [+21 more]"),
+])
+def test_a_record_that_is_not_a_step_is_one_line_naming_file_and_line(tmp_path, line, message):
+    write_results(tmp_path, {"status": "running"})
+    with RunWriter(tmp_path) as writer:
+        writer.write_step(step(0))
+    with open(tmp_path / "steps.jsonl", "a") as handle:
+        handle.write(line + "\n")
+    with open(tmp_path / "steps.jsonl", "a") as handle:  # a good last line: line 2 is no torn tail
+        handle.write(json.dumps(step(2).__dict__) + "\n")
+    with pytest.raises(KvplanError) as caught:
+        load_run(tmp_path)
+    assert str(caught.value) == f"{tmp_path}/{message}"
+
+
+def test_a_field_of_the_wrong_type_is_named(tmp_path):
+    write_results(tmp_path, {"status": "running"})
+    row = {**json.loads(json.dumps(step(0).__dict__)), "num_used_blocks": "abc"}
+    (tmp_path / "steps.jsonl").write_text(json.dumps(row) + "\n" + json.dumps(step(1).__dict__) + "\n")
+    with pytest.raises(KvplanError) as caught:
+        load_run(tmp_path)
+    assert str(caught.value) == f"{tmp_path}/steps.jsonl: line 1: num_used_blocks: must be an integer (got 'abc')"
+
+
+@pytest.mark.parametrize("results, message", [
+    ({"workload": "x"}, "workload: must be a mapping (got 'x')"),
+    ({"workload": {"name": "t", "config": {"slo": {"ttft_ms": "fast"}}}},
+     "workload.config.slo.ttft_ms: must be a number (got 'fast')"),
+    ({"levels": [{"bucket": "b"}]}, "levels[0].mode: required field missing [+"),
+    ({"kv": []}, "kv: must be a mapping"),
+])
+def test_results_sections_of_the_wrong_shape_are_one_line(tmp_path, results, message):
+    write_results(tmp_path, {"status": "complete", **results})
+    with pytest.raises(KvplanError) as caught:
+        load_run(tmp_path)
+    assert str(caught.value).startswith(f"{tmp_path}/results.json: {message}")
+
+
+def test_results_json_that_is_not_an_object_is_one_line(tmp_path):
+    (tmp_path / "results.json").write_text("[]")
+    with pytest.raises(KvplanError, match=r"results.json: must hold a JSON object \(got list\)"):
+        load_run(tmp_path)
+
+
+def test_a_level_cut_short_counts_against_the_buckets_planned_requests():
+    from kvplan.report import tables
+
+    # A killed open-loop run: 1 of the bucket's 8 requests at 200 req/s finished.
+    results = {"workload": {"config": {"buckets": [{"name": "b", "num_requests": 8}]}}}
+    done = RequestRecord(**{**request().__dict__, "mode": "open", "level": 200.0})
+    out = summarize_run(results, [done], [StepRecord(**{**step(0).__dict__, "mode": "open", "level": 200.0})])
+    (level,) = out["levels"]
+    assert (level["num_requests"], level["num_planned"], level["partial"]) == (1, 8, True)
+    row = tables.console_table(out).iloc[0]
+    assert (row["level"], row["done"]) == ("200/s partial", "1/8")

@@ -33,6 +33,32 @@ BAD_CASES = {
     "duplicate_bucket.yaml": "buckets[1].name: duplicate name 'short'",
     "normal_without_std.yaml": "buckets[0].input_tokens: dist normal needs std (tokens)",
     "zero_rate.yaml": "buckets[0].request_rates[1]: must be > 0",
+    "duplicate_key.yaml": "line 10: duplicate key 'name' (first at line 2); keep one of them",
+    "negative_seed.yaml": "seed: must be >= 0 (got -1)",
+    "huge_seed.yaml": "seed: must be <= 4294967295 (got 1180591620717411303424)",
+    "infinite_rate.yaml": "buckets[0].request_rates[1]: must be a finite number (got inf)",
+    # 4 / 1e-9 s; the lowest rate that arrives within 24 h: 4 / 86,400 s = 4.63e-05 req/s.
+    "tiny_rate.yaml": "buckets[0].request_rates[0]: 4 requests at 1e-09 req/s take about 4e+09 s to arrive"
+                      " (num_requests / rate), over the 24 h a level may last; give a rate >= 4.63e-05 req/s",
+    "out_of_range_memory.yaml": "engine.kv_cache_memory: the number is out of range (got '1e400GiB')",
+    "jsonl_is_a_folder.yaml": f"dataset.path: is a folder, not a JSONL file: {BAD}; give the path of the .jsonl file",
+    "long_name.yaml": "name: must be at most 200 characters (names become file names) (got 201 characters)",
+}
+
+# Refused by `kvplan loadtest` once the engine is built and prompts are sampled (the YAML is
+# valid): file -> where the line starts (after "error: ") and what it says.
+RUN_CASES = {
+    "input_over_pool.yaml": ("input_over_pool.yaml", "buckets[0].input_tokens: the longest request (200 + 12 tokens)"
+                             " needs 53 blocks of 4 tokens, the KV pool has 48; lower it or grow engine.num_blocks"),
+    "output_over_pool.yaml": ("output_over_pool.yaml", "buckets[0].output_tokens: the longest request (12 + 300"
+                              " tokens) needs 78 blocks of 4 tokens, the KV pool has 48; lower it or grow"
+                              " engine.kv_cache_memory"),
+    "prefix_over_pool.yaml": ("prefix_over_pool.yaml", "shared_prefix.num_tokens: the longest request (prefix 200 +"
+                              " 12 + 12 tokens) needs 56 blocks of 4 tokens, the KV pool has 48"),
+    "over_max_model_len.yaml": ("over_max_model_len.yaml", "buckets[0].input_tokens: the longest request (20 + 12 ="
+                                " 32 tokens) exceeds engine.max_model_len 25; lower it or raise engine.max_model_len"),
+    "jsonl_ids_outside_vocab.yaml": ("ids_outside_vocab.jsonl", "line 2: prompt_token_ids: id 512 is outside the"
+                                     " model's vocabulary [0, 512)"),
 }
 
 
@@ -47,14 +73,28 @@ def test_bad_workload_is_one_line_naming_the_field(name):
     assert "\n" not in message
 
 
-@pytest.mark.parametrize("name", sorted(BAD_CASES))
+@pytest.mark.parametrize("name", sorted(BAD_CASES) + sorted(RUN_CASES))
 def test_kvplan_loadtest_on_a_bad_workload_exits_2_with_one_line(name, tmp_path):
-    path = BAD / name
-    code, out, err = run_cli("loadtest", str(path), "--out", str(tmp_path / "run"))
+    file, expected = RUN_CASES.get(name, (name, BAD_CASES.get(name)))
+    code, out, err = run_cli("loadtest", str(BAD / name), "--out", str(tmp_path / "run"), "--quiet")
     assert code == 2 and out == ""
     lines = err.splitlines()
-    assert len(lines) == 1 and lines[0].startswith(f"error: {path}: ") and BAD_CASES[name] in lines[0]
+    assert len(lines) == 1 and lines[0].startswith(f"error: {BAD / file}: ") and expected in lines[0], err
     assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("name", sorted(RUN_CASES))
+def test_a_workload_refused_only_at_run_time_is_valid_yaml(name):
+    assert load_workload(BAD / name).name == "bad"
+
+
+def test_a_size_with_an_exponent_is_read_as_a_number():
+    def memory(text):
+        return parse_workload({**SMALL, "engine": {"kv_cache_memory": text}}).engine.kv_cache_memory
+
+    assert memory("1e3MiB") == 1000 * 2**20 and memory("1.5e1KiB") == 15 * 1024
+    with pytest.raises(KvplanError, match=r"engine\.kv_cache_memory: is out of range: at most 2\*\*63 - 1 bytes"):
+        memory("1e10GiB")  # 1.07e19 bytes; torch sizes are int64
 
 
 def test_the_installed_command_prints_no_traceback():
@@ -78,6 +118,10 @@ def test_shipped_workloads_load(name):
     assert workload.name == name.removesuffix(".yaml")
     assert len(workload.sha256) == 64
     assert all(b.concurrency or b.request_rates for b in workload.buckets)
+
+
+SMALL = {"name": "w", "dataset": "random",
+         "buckets": [{"name": "a", "input_tokens": 8, "output_tokens": 4, "concurrency": [1], "num_requests": 1}]}
 
 
 def test_shorthands_and_units():
