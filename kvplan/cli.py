@@ -31,7 +31,7 @@ def main() -> None:
     traceback: a KvplanError, or a usage error typer raises (unknown option, a value of the wrong
     type). A command's ``typer.Exit(code)`` becomes the exit code; Ctrl-C outside a load test, 130."""
     try:
-        code = app(standalone_mode=False)
+        code = app(standalone_mode=False, prog_name="kvplan")
     except KvplanError as err:
         _error_line(str(err))
         sys.exit(err.exit_code)
