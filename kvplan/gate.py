@@ -25,6 +25,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
 
 from kvplan.errors import KvplanError
+from kvplan.yaml_input import read_yaml
 from kvplan.gate_metrics import (
     METRICS, METRICS_BY_NAME, RUN_SCOPE, CheckKey, Tolerance, check_metric_names, read_values,
 )
@@ -139,9 +140,10 @@ def load_baseline(path: Path) -> Baseline:
     if not path.is_file():
         raise KvplanError(str(path), "no such baseline file", _RECORD)
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, yaml.YAMLError) as err:
+        raw_bytes = path.read_bytes()
+    except OSError as err:
         raise KvplanError(str(path), f"cannot read baseline ({str(err).splitlines()[0]})") from None
+    data = read_yaml(raw_bytes, str(path))  # malformed YAML or a duplicate key: one line
     if not isinstance(data, dict) or "kvplan_gate_baseline" not in data:
         raise KvplanError(str(path), "not a kvplan gate baseline (no kvplan_gate_baseline key)", _RECORD)
     try:

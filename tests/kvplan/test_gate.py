@@ -278,3 +278,11 @@ def test_a_check_missing_from_the_run_fails():
     baseline = Baseline(Path("b.yaml"), "w", {}, {}, {}, {CheckKey("num_preemptions", "b", "c=9"): 0})
     (check,) = compare(baseline, {}, {})
     assert (check.passed, check.missing) == (False, True)
+
+
+def test_a_baseline_with_a_duplicate_key_is_refused_in_one_line(tmp_path):
+    text = (ROOT / "baselines" / "ci.yaml").read_text()
+    bad = tmp_path / "dup.yaml"
+    bad.write_text(text.replace("kvplan_gate_baseline: 1\n", "kvplan_gate_baseline: 1\nkvplan_gate_baseline: 1\n", 1))
+    with pytest.raises(KvplanError, match=r"dup\.yaml: line \d+: duplicate key 'kvplan_gate_baseline'"):
+        load_baseline(bad)
