@@ -132,6 +132,8 @@ def weights_bytes(spec: ModelSpec, weight_dtype: str = "auto") -> int:
 @dataclass(frozen=True)
 class Capacity:
     """KV capacity of one GPU rank. Bytes are integers; ``None`` where no budget was given.
+    ``gpu`` and ``gpu_memory_bytes`` are set whenever a GPU is given, ``overhead_bytes`` only when
+    the budget is computed from it (not given as ``kv_memory_gib``).
 
     ``kv_capacity_tokens`` counts every layer as holding every token; for models with
     sliding-window layers it is therefore a lower bound, while ``max_concurrency`` and
@@ -173,30 +175,36 @@ def estimate_capacity(
     max_model_len: int | None = None,
     gpu: str | None = None,
     gpu_memory_gib: float | None = None,
-    gpu_memory_utilization: float = DEFAULT_GPU_MEMORY_UTILIZATION,
+    gpu_memory_utilization: float | None = None,
     weights_gib: float | None = None,
     weight_dtype: str = "auto",
-    overhead_gib: float = DEFAULT_OVERHEAD_GIB,
+    overhead_gib: float | None = None,
     kv_memory_gib: float | None = None,
 ) -> Capacity:
     """Blocks, tokens and concurrent ``max_model_len`` requests that fit on one GPU rank.
 
     The budget is ``kv_memory_gib`` when given, else GPU memory (``gpu`` from the bundled table or
     ``gpu_memory_gib``) x utilization - weights / (tp x pp) - overhead; with neither, only the
-    per-token and per-request sizes are filled in. ``max_model_len`` defaults to the model's
-    limit (``derived_max_model_len``; ``max_position_embeddings`` when the config names none).
+    per-token and per-request sizes are filled in. Utilization and overhead default (None) to
+    vLLM's 0.9 and DEFAULT_OVERHEAD_GIB. ``max_model_len`` defaults to the model's limit
+    (``derived_max_model_len``; ``max_position_embeddings`` when the config names none).
 
     Raises:
         KvplanError: a bad setting, named by its flag: a GiB value that is not finite or out of
             range, a block size or max_model_len out of [1, MAX_TOKENS], a max_model_len beyond
-            the model's own limit (vLLM refuses it too); or a budget at or below zero (by how many
-            GiB the weights and overhead exceed the usable GPU memory).
+            the model's own limit (vLLM refuses it too); settings that contradict or go unused
+            (see :func:`_check_budget_settings`); a ``kv_memory_gib`` above the GPU's memory; a
+            budget at or below zero (by how many GiB the weights and overhead exceed the usable
+            GPU memory), or one that holds not one block.
     """
     _check(1 <= block_size <= MAX_TOKENS, "--block-size", f"must be between 1 and {MAX_TOKENS:,} tokens (got {block_size})")
-    _check(0 < gpu_memory_utilization <= 1, "--gpu-memory-utilization", f"must be in (0, 1] (got {gpu_memory_utilization})")
+    if gpu_memory_utilization is not None:
+        _check(0 < gpu_memory_utilization <= 1, "--gpu-memory-utilization", f"must be in (0, 1] (got {gpu_memory_utilization})")
     for flag, gib, zero_ok in (("--gpu-memory-gib", gpu_memory_gib, False), ("--kv-memory-gib", kv_memory_gib, False),
                                ("--weights-gib", weights_gib, True), ("--overhead-gib", overhead_gib, True)):
         _check_gib(flag, gib, zero_ok)
+    _check_budget_settings(gpu, gpu_memory_gib, kv_memory_gib, {
+        "--weights-gib": weights_gib, "--overhead-gib": overhead_gib, "--gpu-memory-utilization": gpu_memory_utilization})
     max_model_len = _max_model_len(spec, max_model_len)
     stages = kv_math.stage_layer_specs(spec, kv_cache_dtype, tp, pp)
     layers = max(stages, key=kv_math.layers_bytes_per_token)
@@ -230,6 +238,10 @@ def estimate_capacity(
     if budget is None:
         return Capacity(**capacity)
     num_blocks = budget // capacity["bytes_per_block"]
+    if num_blocks == 0:  # vLLM stops too: "No available memory for the cache blocks"
+        raise KvplanError("KV budget", f"{_size(budget)} holds not one block of {block_size:,} tokens "
+                          f"({_size(capacity['bytes_per_block'])} at {per_token:,} bytes per token)",
+                          "give a smaller --block-size (vLLM's default is 16) or a larger budget")
     return Capacity(
         **capacity,
         kv_budget_bytes=budget,
@@ -243,6 +255,28 @@ def estimate_capacity(
 def _check(ok: bool, where: str, problem: str, fix: str | None = None) -> None:
     if not ok:
         raise KvplanError(where, problem, fix)
+
+
+def _check_budget_settings(gpu, gpu_memory_gib, kv_memory_gib, budget_flags: dict[str, float | None]) -> None:
+    """Reject settings that contradict or that the budget would ignore (``budget_flags``: flag ->
+    value, None when not given): --gpu with --gpu-memory-gib; weights, overhead or utilization
+    with --kv-memory-gib, which is the pool itself; overhead or utilization with no GPU at all."""
+    if gpu is not None and gpu_memory_gib is not None:
+        raise KvplanError("--gpu-memory-gib", f"given with --gpu {gpu}; it stands instead of --gpu", "drop one of the two")
+    given = [flag for flag, value in budget_flags.items() if value is not None]
+    if kv_memory_gib is not None and given:
+        it, has, them = ("it", "has", "it") if len(given) == 1 else ("they", "have", "them")
+        raise KvplanError(", ".join(given), f"--kv-memory-gib gives the KV pool directly, so {it} {has} no effect",
+                          f"drop {them} or drop --kv-memory-gib")
+    given = [flag for flag in given if flag != "--weights-gib"]  # weights are shown even without a GPU
+    if kv_memory_gib is None and gpu is None and gpu_memory_gib is None and given:
+        raise KvplanError(", ".join(given), "no effect without a GPU to budget",
+                          "give --gpu or --gpu-memory-gib, or drop " + ("it" if len(given) == 1 else "them"))
+
+
+def _size(num_bytes: int) -> str:
+    """``17.83 GiB``, or exact bytes below 0.01 GiB, where two decimals of GiB would read 0.00."""
+    return f"{num_bytes / GiB:,.2f} GiB" if num_bytes >= GiB / 100 else f"{num_bytes:,} bytes"
 
 
 def _check_gib(flag: str, gib: float | None, zero_ok: bool) -> None:
@@ -271,15 +305,22 @@ def _max_model_len(spec: ModelSpec, max_model_len: int | None) -> int:
 
 
 def _budget(capacity: dict, gpu, gpu_memory_gib, utilization, overhead_gib, kv_memory_gib) -> int | None:
-    if kv_memory_gib is not None:
-        return int(kv_memory_gib * GiB)
-    if gpu_memory_gib is None and gpu is None:
-        return None
-    if gpu_memory_gib is not None:
-        total_gib = gpu_memory_gib
-    else:
+    """KV budget in bytes (None with neither a GPU nor ``kv_memory_gib``); fills in the GPU fields."""
+    total_gib = gpu_memory_gib
+    if gpu is not None:
         capacity["gpu"], total_gib = lookup_gpu(gpu)
-    capacity["gpu_memory_bytes"] = int(total_gib * GiB)
+    if total_gib is not None:
+        capacity["gpu_memory_bytes"] = int(total_gib * GiB)
+    if kv_memory_gib is not None:
+        if total_gib is not None and kv_memory_gib > total_gib:
+            memory = f"the {capacity['gpu']}'s" if gpu is not None else "--gpu-memory-gib"
+            raise KvplanError("--kv-memory-gib", f"a KV pool of {kv_memory_gib:g} GiB exceeds {memory} {total_gib:g} GiB "
+                              "of memory", "give the pool vLLM reports for this GPU, or the GPU it ran on")
+        return int(kv_memory_gib * GiB)
+    if total_gib is None:
+        return None
+    utilization = DEFAULT_GPU_MEMORY_UTILIZATION if utilization is None else utilization
+    overhead_gib = DEFAULT_OVERHEAD_GIB if overhead_gib is None else overhead_gib
     capacity["overhead_bytes"] = int(overhead_gib * GiB)
     usable = int(total_gib * utilization * GiB)
     budget = usable - capacity["weights_bytes"] - capacity["overhead_bytes"]

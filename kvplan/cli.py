@@ -39,9 +39,7 @@ def main() -> None:
         if type(err).__name__ == "NoArgsIsHelpError":  # plain `kvplan`: the help is the answer
             err.show()
         else:
-            ctx = getattr(err, "ctx", None)
-            command = ctx.command_path if ctx is not None else "kvplan"
-            _error_line(f"{err.format_message().rstrip('.')}; see `{command} --help`")
+            _error_line(f"{err.format_message().rstrip('.')}; see `{_command_path(err)} --help`")
         sys.exit(getattr(err, "exit_code", 2))
     except typer.Abort:
         sys.exit(130)
@@ -51,6 +49,17 @@ def main() -> None:
 @app.callback()
 def _root() -> None:
     """KV-cache capacity planning for LLM serving: estimate, measure, report, gate."""
+
+
+def _command_path(err: typer.TyperException) -> str:
+    """``kvplan estimate`` for a usage error in that command. Some parse errors (an option
+    missing its value) carry no context: then the first word of argv that names a command."""
+    ctx = getattr(err, "ctx", None)
+    if ctx is not None:
+        return ctx.command_path
+    names = {c.name or c.callback.__name__ for c in app.registered_commands}
+    word = next((a for a in sys.argv[1:] if not a.startswith("-")), "")
+    return f"kvplan {word}" if word in names else "kvplan"
 
 
 def _error_line(message: str) -> None:
@@ -69,17 +78,24 @@ def _console():
 
 
 def _int_list(text: str | None, flag: str) -> tuple[int, ...]:
-    """``"8192,32k,128K"`` -> (8192, 32768, 131072); a ``k`` suffix means x1024 tokens."""
-    if not text:
+    """``"8192,32k,1M"`` -> (8192, 32768, 1048576): a ``k`` suffix means x1024 tokens, ``m``
+    x1024**2, either case; None (option not given) -> ().
+
+    Raises:
+        KvplanError: an empty list, or an entry that is not a whole number (quoted as typed).
+    """
+    if text is None:
         return ()
+    example = "1,8,32" if flag == "--batch" else "8192,32k,128k"
+    if not text.strip():
+        raise KvplanError(flag, "the list is empty", f"give numbers like {example}, or leave the option out")
     values = []
-    for part in text.split(","):
-        part = part.strip().lower()
-        scale = 1024 if part.endswith("k") else 1
+    for part in (part.strip() for part in text.split(",")):
+        scale = {"k": 2**10, "m": 2**20}.get(part[-1:].lower(), 1)
         try:
-            values.append(int(part.removesuffix("k")) * scale)
+            values.append(int(part[:-1] if scale > 1 else part) * scale)
         except ValueError:
-            raise KvplanError(flag, f"{part!r} is not a whole number", "give numbers like 8192,32k,128k") from None
+            raise KvplanError(flag, f"{part!r} is not a whole number", f"give numbers like {example}") from None
     return tuple(values)
 
 
@@ -88,17 +104,17 @@ def estimate(
     model: Annotated[str, typer.Option(help="Preset name or Hugging Face id (case-insensitive), config.json path or folder, or .gguf file.")],
     gpu: Annotated[Optional[str], typer.Option(help="GPU from the bundled table: A10G, L4, L40S, A100-40GB, A100-80GB, H100-80GB, H200, B200, MI300X, RTX-3090, RTX-4090.")] = None,
     gpu_memory_gib: Annotated[Optional[float], typer.Option(help="GPU memory in GiB, instead of --gpu.")] = None,
-    gpu_memory_utilization: Annotated[float, typer.Option(help="Fraction of GPU memory the server may use (vLLM's default).")] = DEFAULT_GPU_MEMORY_UTILIZATION,
-    kv_memory_gib: Annotated[Optional[float], typer.Option(help="KV pool size in GiB per GPU, as vLLM prints it; skips the budget arithmetic.")] = None,
+    gpu_memory_utilization: Annotated[Optional[float], typer.Option(help=f"Fraction of GPU memory the server may use (default {DEFAULT_GPU_MEMORY_UTILIZATION}, vLLM's).")] = None,
+    kv_memory_gib: Annotated[Optional[float], typer.Option(help="KV pool size in GiB per GPU, as vLLM prints it, instead of the budget arithmetic (then no --weights-gib, --overhead-gib or --gpu-memory-utilization).")] = None,
     weights_gib: Annotated[Optional[float], typer.Option(help="Weight memory per GPU in GiB, instead of parameters counted from the config.")] = None,
     weight_dtype: Annotated[str, typer.Option(help="Weight dtype: auto (checkpoint dtype or quantization), fp32, fp16, bf16, fp8, int8, int4.")] = "auto",
-    overhead_gib: Annotated[float, typer.Option(help="Non-KV reserve per GPU in GiB: activation peak, CUDA context, graphs (vLLM logs show 1-3 GiB).")] = DEFAULT_OVERHEAD_GIB,
+    overhead_gib: Annotated[Optional[float], typer.Option(help=f"Non-KV reserve per GPU in GiB: activation peak, CUDA context, graphs (default {DEFAULT_OVERHEAD_GIB}; vLLM logs show 1-3 GiB).")] = None,
     kv_cache_dtype: Annotated[str, typer.Option(help="KV dtype: auto (model dtype), fp32, fp16, bf16, fp8, int8, int4.")] = "auto",
     tp: Annotated[int, typer.Option(help="Tensor-parallel size.")] = 1,
     pp: Annotated[int, typer.Option(help="Pipeline-parallel size.")] = 1,
     block_size: Annotated[int, typer.Option(help="Tokens per KV block.")] = 16,
     max_model_len: Annotated[Optional[int], typer.Option(help="Longest request in tokens, at most the model's limit (default: that limit, its max_position_embeddings).")] = None,
-    context: Annotated[Optional[str], typer.Option(help="Context lengths for the grid, e.g. 8192,32k,128k (default: max_model_len).")] = None,
+    context: Annotated[Optional[str], typer.Option(help="Context lengths for the grid, e.g. 8192,32k,1m (k = 1024 tokens; default: max_model_len).")] = None,
     batch: Annotated[str, typer.Option(help="Batch sizes for the grid, e.g. 1,8,32.")] = "1",
     shared_prefix_tokens: Annotated[int, typer.Option(help="Tokens of a prefix every request shares; its full blocks count once per batch.")] = 0,
     json_output: Annotated[bool, typer.Option("--json", help="Print one JSON object instead of tables.")] = False,
@@ -107,7 +123,7 @@ def estimate(
     """KV bytes per token, per request and per batch, and what fits on a GPU (per GPU rank)."""
     from kvplan.estimate import estimate as run_estimate
     from kvplan.estimate_plot import check_plot_path
-    from kvplan.model_spec import load_model_spec
+    from kvplan.model_source import load_model_spec
 
     if plot is not None:
         check_plot_path(plot)  # before the work, so a bad path costs nothing
@@ -115,7 +131,7 @@ def estimate(
     result = run_estimate(
         spec,
         contexts=_int_list(context, "--context"),
-        batch_sizes=_int_list(batch, "--batch") or (1,),
+        batch_sizes=_int_list(batch, "--batch"),
         shared_prefix_tokens=shared_prefix_tokens,
         kv_cache_dtype=kv_cache_dtype,
         tp=tp,
@@ -141,7 +157,7 @@ def estimate(
     else:
         from kvplan.estimate_view import render_estimate
 
-        render_estimate(result, spec)
+        render_estimate(result, spec, _console())
     if plot is not None:  # on stderr with --json, so that stdout stays one JSON object
         typer.echo(f"plot: {plot}", err=json_output)
 

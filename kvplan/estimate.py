@@ -7,6 +7,9 @@ Grid row for ``batch_size`` requests of ``context_tokens`` tokens each, on one G
     paged_bytes       whole blocks of block_size tokens per layer (the last block partly empty)
     contiguous_bytes  a max_model_len reservation per request, as a non-paged cache makes
     *_waste_bytes     paged_bytes or contiguous_bytes minus kv_bytes
+    fits              False when a context exceeds max_model_len (a server refuses such a request,
+                      whatever the memory) or paged_bytes exceed the KV pool; True when they fit;
+                      None with no KV budget to compare (no --gpu, --gpu-memory-gib, --kv-memory-gib)
 """
 
 from __future__ import annotations
@@ -34,7 +37,7 @@ class GridRow:
     contiguous_bytes: int
     contiguous_waste_bytes: int
     exceeds_max_model_len: bool
-    fits: bool | None  # paged_bytes within the KV budget; None without a budget
+    fits: bool | None  # see the module docstring: False also when over max_model_len
 
 
 @dataclass(frozen=True)
@@ -86,6 +89,7 @@ def estimate(
     )
     block_size, max_len = capacity.block_size, capacity.max_model_len
     reservation = kv_math.request_kv_bytes(layers, max_len)
+    pool = None if capacity.kv_budget_bytes is None else capacity.num_blocks * capacity.bytes_per_block
     rows = []
     for context in contexts or (max_len,):
         for batch in batch_sizes:
@@ -94,7 +98,6 @@ def estimate(
             needed = batch * kv_math.request_kv_bytes(layers, context) - (batch - 1) * shared
             paged = kv_math.batch_kv_bytes(layers, context, batch, block_size, prefix)
             contiguous = batch * max(reservation, kv_math.request_kv_bytes(layers, context))
-            budget = capacity.kv_budget_bytes
             rows.append(
                 GridRow(
                     context_tokens=context,
@@ -105,7 +108,7 @@ def estimate(
                     contiguous_bytes=contiguous,
                     contiguous_waste_bytes=contiguous - needed,
                     exceeds_max_model_len=context > max_len,
-                    fits=None if budget is None else paged <= capacity.num_blocks * capacity.bytes_per_block,
+                    fits=False if context > max_len else (None if pool is None else paged <= pool),
                 )
             )
     return KVEstimate(capacity, shared_prefix_tokens, reservation, tuple(rows), layers)

@@ -51,6 +51,7 @@ def render_estimate(result: KVEstimate, spec: ModelSpec, console: Console | None
         gpu = Table(title=f"Capacity per GPU{f' ({cap.gpu})' if cap.gpu else ''}", show_header=False, title_justify="left")
         if cap.gpu_memory_bytes is not None:
             gpu.add_row("GPU memory", f"{_gib(cap.gpu_memory_bytes)} GiB")
+        if cap.overhead_bytes is not None:  # the budget was computed, not given as --kv-memory-gib
             gpu.add_row("weights + overhead", f"{_gib(cap.weights_bytes)} + {_gib(cap.overhead_bytes)} GiB")
         gpu.add_row("KV budget", f"{_gib(cap.kv_budget_bytes)} GiB")
         gpu.add_row("blocks", f"{cap.num_blocks:,}")
@@ -69,7 +70,10 @@ def render_estimate(result: KVEstimate, spec: ModelSpec, console: Console | None
     for header in ("context", "batch", "needed", "paged", "waste", "contig.", "waste", "fits"):
         grid.add_column(header, justify="right")
     for row in result.grid:
-        fits = "-" if row.fits is None else ("yes" if row.fits else "[red]no[/red]")
+        if row.exceeds_max_model_len:
+            fits = "[red]no: over max_model_len[/red]"
+        else:
+            fits = "-" if row.fits is None else ("yes" if row.fits else "[red]no[/red]")
         grid.add_row(
             f"{row.context_tokens:,}{'*' if row.exceeds_max_model_len else ''}",
             str(row.batch_size),
@@ -82,6 +86,7 @@ def render_estimate(result: KVEstimate, spec: ModelSpec, console: Console | None
         )
     console.print(grid)
     if any(row.exceeds_max_model_len for row in result.grid):
-        console.print(f"* longer than max_model_len {cap.max_model_len:,}: a contiguous cache cannot hold it")
+        console.print(f"* longer than max_model_len {cap.max_model_len:,}: a server refuses such a request; "
+                      "the sizes show what it would need")
     if result.shared_prefix_tokens:
         console.print(f"shared prefix: {result.shared_prefix_tokens:,} tokens, full blocks stored once per batch")

@@ -17,6 +17,7 @@ workload, an unknown metric, an unfinished run) is a KvplanError (exit 2).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -219,6 +220,8 @@ def compare(baseline: Baseline, current: dict[CheckKey, float | None],
         metric = METRICS_BY_NAME[key.metric]
         tol = metric.tolerance(overrides.get(key.metric) or baseline.tolerances.get(key.metric))
         limit = tol.limit(metric.rank(base, tol.worse))
+        if metric.held_if_clean and _baseline_preempted(baseline, key):
+            limit = math.inf if tol.worse == "higher" else -math.inf
         cur = current.get(key)
         missing = key not in current
         passed = not missing and tol.holds(metric.rank(cur, tol.worse), limit)
@@ -226,27 +229,46 @@ def compare(baseline: Baseline, current: dict[CheckKey, float | None],
     return tuple(checks)
 
 
+def _baseline_preempted(baseline: Baseline, key: CheckKey) -> bool:
+    """Whether the baseline's level of ``key`` preempted (its KV use was bound by the pool)."""
+    return bool(baseline.values.get(CheckKey("num_preemptions", key.bucket, key.level)))
+
+
+def _workload_tolerances(results: dict[str, Any], run_dir: Path) -> dict[str, Tolerance]:
+    """The run's workload ``gate:`` tolerances. Raises KvplanError naming a bad entry."""
+    section = ((results.get("workload") or {}).get("config") or {}).get("gate") or {}
+    try:
+        tolerances = {name: Tolerance.model_validate(t) for name, t in (section.get("tolerances") or {}).items()}
+        check_metric_names(tolerances)
+    except (ValidationError, ValueError) as err:
+        problem = _describe(err)[1] if isinstance(err, ValidationError) else str(err)
+        raise KvplanError(f"{run_dir}/results.json: workload.config.gate", problem) from None
+    return tolerances
+
+
 def run_gate(run_dir: Path, baseline_path: Path) -> GateResult:
     """Compare a finished run with a baseline. Raises KvplanError on bad input (see module)."""
     run_dir = Path(run_dir)
     results = load_finished_run(run_dir)
     baseline = load_baseline(baseline_path)
+    if not baseline.values:
+        raise KvplanError(f"{baseline_path}: values", "empty: a baseline that checks nothing cannot pass a run", _RECORD)
     notes = check_same_workload(baseline, results, run_dir)  # a list: more notes follow
-    gate_section = (results["workload"]["config"].get("gate") or {}).get("tolerances") or {}
-    try:
-        overrides = {name: Tolerance.model_validate(t) for name, t in gate_section.items()}
-        check_metric_names(overrides)
-    except (ValidationError, ValueError) as err:
-        problem = _describe(err)[1] if isinstance(err, ValidationError) else str(err)
-        raise KvplanError(f"{run_dir}/results.json: workload.config.gate", problem) from None
+    overrides = _workload_tolerances(results, run_dir)
     current = _current_values(results, run_dir)
     new = [k for k in current if k not in baseline.values]
     if new:
         notes.append(f"{len(new)} checks of this run are not in the baseline (e.g. {new[0].metric} at "
                      f"{new[0].scope_label}); re-record it to gate them")
     if overrides:
-        notes.append(f"tolerances from the workload's gate: section: {', '.join(overrides)}")
-    return GateResult(run_dir, baseline, compare(baseline, current, overrides), tuple(notes))
+        notes.append(f"tolerances from the workload's gate: section (they win over the baseline file's): "
+                     f"{', '.join(overrides)}")
+    checks = compare(baseline, current, overrides)
+    unheld = [c for c in checks if math.isinf(c.limit) and METRICS_BY_NAME[c.key.metric].held_if_clean]
+    if unheld:
+        notes.append(f"{unheld[0].key.metric} not held at {len(unheld)} level(s) where the baseline preempted "
+                     f"(e.g. {unheld[0].key.scope_label}): the peak there was the pool's size, not the demand")
+    return GateResult(run_dir, baseline, checks, tuple(notes))
 
 
 # ---- writing --------------------------------------------------------------------------------
@@ -259,8 +281,9 @@ def _rounded(value: float | None) -> float | int | None:
 def write_baseline(run_dir: Path, path: Path) -> tuple[Path, int]:
     """Write a finished run's values as the baseline at ``path``; returns (path, values written).
 
-    An existing baseline keeps its tolerances; otherwise the catalog defaults are written out in
-    full, so they can be edited there.
+    Every metric's tolerance in force is written out in full, so it can be edited there: the
+    run's workload ``gate:`` section where it sets one (that section keeps winning), else an
+    existing baseline's, else the catalog default.
 
     Raises:
         KvplanError: the run is not finished, or ``path`` holds something that is not a
@@ -280,9 +303,10 @@ def write_baseline(run_dir: Path, path: Path) -> tuple[Path, int]:
             raise KvplanError(f"{path}: workload", f"will not overwrite the baseline of workload {old.workload_name!r}"
                               f" with a run of {ours!r}", "choose another --baseline path (or delete that file)")
         kept = old.tolerances
+    overrides = _workload_tolerances(results, run_dir)
     tolerances = {}
     for m in METRICS:
-        tol = m.tolerance(kept.get(m.name))
+        tol = m.tolerance(overrides.get(m.name) or kept.get(m.name))
         tolerances[m.name] = {"worse": tol.worse, "abs": tol.abs, "rel": tol.rel}
     values: dict[str, dict[str, Any]] = {}
     for key, value in _current_values(results, run_dir).items():
@@ -297,6 +321,12 @@ def write_baseline(run_dir: Path, path: Path) -> tuple[Path, int]:
         "tolerances": tolerances,
         "values": values,
     }
-    path.parent.mkdir(parents=True, exist_ok=True)
-    write_atomic(path, _HEADER + yaml.safe_dump(doc, sort_keys=False, default_flow_style=None, width=110))
+    header = _HEADER + (f"# from the workload's gate: section (edit them there): {', '.join(overrides)}\n"
+                        if overrides else "")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise KvplanError(f"--baseline {path}", f"cannot make its folder ({err.strerror or err})",
+                          "choose another --baseline path") from None
+    write_atomic(path, header + yaml.safe_dump(doc, sort_keys=False, default_flow_style=None, width=110))
     return path, sum(len(v) for v in values.values())

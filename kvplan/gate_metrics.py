@@ -71,6 +71,9 @@ class Metric:
     default: Tolerance
     unit: str
     none_is_best: bool = False
+    # held only where the baseline level ran without preemption: at a pool-bound level the
+    # peak is the pool's size, not the demand, so a larger pool legitimately raises it
+    held_if_clean: bool = False
 
     def tolerance(self, override: Tolerance | None = None) -> Tolerance:
         """``override`` (a whole tolerance) or the default, with ``worse`` filled in."""
@@ -93,7 +96,7 @@ METRICS: tuple[Metric, ...] = (
     # lowest closed-loop concurrency with preemptions (None: none preempted), highest clean one below
     Metric("measured_knee", "bucket", "measured_knee", "lower", _EXACT, "requests", none_is_best=True),
     Metric("max_clean_concurrency", "bucket", "max_clean_concurrency", "lower", _EXACT, "requests"),
-    Metric("peak_used_blocks", "level", "peak_used_blocks", "higher", _EXACT, "blocks"),
+    Metric("peak_used_blocks", "level", "peak_used_blocks", "higher", _EXACT, "blocks", held_if_clean=True),
     Metric("num_preemptions", "level", "num_preemptions", "higher", _EXACT, "preemptions"),
     # KV OOM: refused as longer than max_model_len or the whole cache; memory errors: torch OOM
     Metric("num_kv_oom", "level", "num_cannot_fit", "higher", _EXACT, "requests"),

@@ -40,10 +40,11 @@ def verdict(check: Check) -> str:
 def describe_failure(check: Check) -> str:
     """One line: what moved, how far it may move, and the limit it crossed."""
     unit = METRICS_BY_NAME[check.key.metric].unit
-    current = "not in this run" if check.missing else format_value(check.current)
-    return (f"{check.key.metric} [{check.key.scope_label}]: baseline {format_value(check.baseline)}, "
-            f"current {current} {unit}, limit {format_limit(check)} (tolerance {check.tolerance.describe()}, "
-            f"worse: {check.tolerance.worse})")
+    head = f"{check.key.metric} [{check.key.scope_label}]: baseline {format_value(check.baseline)}"
+    if check.missing:
+        return f"{head} {unit}, but this run has no such {'level' if check.key.level else 'bucket'}"
+    return (f"{head}, current {format_value(check.current)} {unit}, limit {format_limit(check)} "
+            f"(tolerance {check.tolerance.describe()}, worse: {check.tolerance.worse})")
 
 
 def render_gate(result: GateResult, console) -> None:

@@ -13,6 +13,20 @@ from typing import Any
 
 from kvplan.errors import KvplanError
 
+GGUF_MAGIC = b"GGUF"  # the first 4 bytes of every GGUF file (gguf-py's GGUF_MAGIC, little-endian)
+
+
+def is_gguf(path: Path) -> bool:
+    """A name ending in .gguf (any case), or a file starting with GGUF's magic whatever its name.
+    An unreadable file is not GGUF here; the JSON reader then names the read error."""
+    if path.suffix.lower() == ".gguf":
+        return True
+    try:
+        with path.open("rb") as file:
+            return file.read(4) == GGUF_MAGIC
+    except OSError:
+        return False
+
 
 def read_gguf_config(path: Path) -> tuple[dict[str, Any], str]:
     """(Hugging Face style config dict, model name) of a GGUF file.

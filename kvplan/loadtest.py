@@ -65,7 +65,7 @@ class Level:
     bucket: str
     bucket_index: int
     mode: str
-    level: float
+    level: int | float  # int N (closed) or requests/s (open)
     requests: tuple[SampledRequest, ...]
     variant: str = ""
 
@@ -123,7 +123,8 @@ def plan_levels(workload: Workload, sampled: dict[str, list[SampledRequest]]) ->
     for i, bucket in enumerate(workload.buckets):
         reqs = tuple(sampled[bucket.name])
         for mode, values in (("closed", bucket.concurrency), ("open", bucket.request_rates)):
-            levels += [Level(bucket.name, i, mode, float(x), reqs, v) for x in sorted(values) for v in variants]
+            levels += [Level(bucket.name, i, mode, x if mode == "closed" else float(x), reqs, v)
+                       for x in sorted(values) for v in variants]
     return levels
 
 

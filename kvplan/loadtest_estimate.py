@@ -113,7 +113,7 @@ def plan_target(workload: Workload, index: int, p95: dict[str, int]) -> dict:
             budget on that GPU: named ``<workload>: plan[i].<field>``.
     """
     from kvplan.capacity import estimate_capacity
-    from kvplan.model_spec import load_model_spec
+    from kvplan.model_source import load_model_spec
 
     target = workload.plan[index]
     try:
@@ -125,8 +125,15 @@ def plan_target(workload: Workload, index: int, p95: dict[str, int]) -> dict:
         }
     except KvplanError as err:
         field = _PLAN_FLAGS.get(err.where, "")
+        fix = err.fix  # the CLI's fixes name flags; a plan entry has only its four fields
+        if err.where == "--gpu":
+            from kvplan.capacity import gpu_table
+
+            fix = f"use one of {', '.join(sorted(gpu_table()))}"
+        elif err.where == "KV budget":
+            fix = "use a larger gpu or a higher tp in this plan entry"
         raise KvplanError(f"{workload.source}: plan[{index}]{'.' + field if field else ''}",
-                          err.problem, err.fix) from None
+                          err.problem, fix) from None
     first = next(iter(sized.values()))
     return {
         "model": target.model, "gpu": target.gpu, "tp": target.tp, "kv_dtype": first.kv_cache_dtype,

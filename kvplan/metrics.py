@@ -102,7 +102,7 @@ class LevelSummary:
 
     bucket: str
     mode: str
-    level: float
+    level: int | float
     num_requests: int
     num_completed: int
     num_failed: int  # produced no token
@@ -148,7 +148,7 @@ class LevelSummary:
 
 
 def summarize_level(
-    bucket: str, mode: str, level: float,
+    bucket: str, mode: str, level: int | float,
     requests: Sequence[RequestRecord], steps: Sequence[StepRecord], slo: Slo, variant: str = "",
     num_planned: int | None = None,
 ) -> LevelSummary:

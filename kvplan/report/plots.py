@@ -184,4 +184,6 @@ def plot_peak_kv_per_level(ax: Axes, levels: Sequence[dict]) -> None:
     ax.set_xticks([j + 0.4 - width / 2 for j in range(len(levels))], names, fontsize=7)
     ax.set_yscale("log")
     ax.set_ylabel("peak KV (MiB, log)")
-    ax.legend(fontsize=8)
+    low, high = ax.get_ylim()
+    ax.set_ylim(low, high * 10)  # a band above the tallest bar for the legend, which never covers one
+    ax.legend(fontsize=8, loc="upper center", ncol=len(keys), frameon=False)

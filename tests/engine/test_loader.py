@@ -61,6 +61,15 @@ def test_refuses_other_architectures_and_sliding_windows(tmp_path):
         load_model(str(tmp_path / "missing"), torch.float32)
 
 
+def test_a_folder_with_a_config_but_no_weights_is_one_line(tmp_path):
+    folder = write_config(tmp_path / "no-weights", tiny_hf_model(0).config)
+    with pytest.raises(ModelLoadError) as caught:
+        load_model(folder, torch.float32)
+    message = str(caught.value)
+    assert message.startswith(f"model: cannot load {folder} (") and "\n" not in message
+    assert message.endswith("; put the model's weights (model.safetensors or pytorch_model.bin) next to its config.json")
+
+
 def test_mistral_and_qwen2_without_sliding_window_are_accepted():
     from transformers import MistralConfig, Qwen2Config
 

@@ -6,7 +6,8 @@ import pytest
 
 from kvplan.capacity import count_parameters, estimate_capacity, gpu_table, lookup_gpu, weights_bytes
 from kvplan.errors import KvplanError
-from kvplan.model_spec import ModelSpec, load_model_spec
+from kvplan.model_source import load_model_spec
+from kvplan.model_spec import ModelSpec
 
 GiB = 2**30
 
@@ -157,3 +158,50 @@ def test_max_model_len_is_capped_by_the_model_like_vllm():
     assert estimate_capacity(unknown).max_model_len == 2048
     # 2 layers x (K, V) x 4 KV heads x head_dim 64 x 2 bytes (a float32 checkpoint is served in fp16)
     assert estimate_capacity(unknown, max_model_len=40_960).per_request_bytes == 40_960 * 2 * 2 * 4 * 64 * 2
+
+
+def test_kv_pool_is_checked_against_the_gpu_it_runs_on():
+    """--kv-memory-gib with a GPU: the pool must fit in the GPU's memory; the GPU is named in full."""
+    spec = load_model_spec("smollm2-135m")
+    with pytest.raises(KvplanError, match=r"^--kv-memory-gib: a KV pool of 100 GiB exceeds the L4's 22.03 GiB of memory"):
+        estimate_capacity(spec, gpu="L4", kv_memory_gib=100)
+    with pytest.raises(KvplanError, match=r"^--kv-memory-gib: a KV pool of 40.5 GiB exceeds --gpu-memory-gib 40 GiB"):
+        estimate_capacity(spec, gpu_memory_gib=40, kv_memory_gib=40.5)
+    cap = estimate_capacity(spec, gpu="l4", kv_memory_gib=10)
+    assert (cap.gpu, cap.gpu_memory_bytes, cap.kv_budget_bytes) == ("L4", int(22.03 * GiB), 10 * GiB)
+    assert cap.overhead_bytes is None  # no budget arithmetic: the pool was given
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        (dict(kv_memory_gib=10, weights_gib=1),
+         "--weights-gib: --kv-memory-gib gives the KV pool directly, so it has no effect; drop it or drop --kv-memory-gib"),
+        (dict(gpu="L4", kv_memory_gib=10, weights_gib=1, overhead_gib=3),
+         "--weights-gib, --overhead-gib: --kv-memory-gib gives the KV pool directly, so they have no effect; "
+         "drop them or drop --kv-memory-gib"),
+        (dict(kv_memory_gib=10, gpu_memory_utilization=0.9),  # given, even at the default value
+         "--gpu-memory-utilization: --kv-memory-gib gives the KV pool directly"),
+        (dict(gpu="H100-80GB", gpu_memory_gib=40),
+         "--gpu-memory-gib: given with --gpu H100-80GB; it stands instead of --gpu; drop one of the two"),
+        (dict(overhead_gib=1, gpu_memory_utilization=0.8),
+         "--overhead-gib, --gpu-memory-utilization: no effect without a GPU to budget; "
+         "give --gpu or --gpu-memory-gib, or drop them"),
+    ],
+)
+def test_settings_that_contradict_or_go_unused_are_refused(kwargs, message):
+    with pytest.raises(KvplanError) as err:
+        estimate_capacity(load_model_spec("smollm2-135m"), **kwargs)
+    assert str(err.value).startswith(message)
+
+
+def test_a_budget_must_hold_one_block():
+    spec = load_model_spec("smollm2-135m")  # 23,040 bytes per token
+    # L4: 22.03 GiB x 0.9 - 0.25 GiB weights - 2 GiB = 17.58 GiB; one block: 1e6 x 23,040 bytes = 21.46 GiB
+    with pytest.raises(KvplanError, match=r"^KV budget: 17.58 GiB holds not one block of 1,000,000 tokens \(21.46 GiB "
+                                          r"at 23,040 bytes per token\); give a smaller --block-size"):
+        estimate_capacity(spec, gpu="L4", block_size=1_000_000)
+    with pytest.raises(KvplanError, match=r"^KV budget: 368,639 bytes holds not one block of 16 tokens \(368,640 bytes"):
+        estimate_capacity(spec, kv_memory_gib=368_639 / GiB)
+    one = estimate_capacity(spec, kv_memory_gib=368_640 / GiB)  # exactly one block of 16 tokens
+    assert (one.num_blocks, one.kv_capacity_tokens, one.max_model_len_fit) == (1, 16, 16)

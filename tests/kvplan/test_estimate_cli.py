@@ -150,6 +150,87 @@ def test_bad_input_is_one_red_line(monkeypatch, capsys, args, message):
     assert err.startswith(message) and err.count("\n") == 1 and "Traceback" not in err
 
 
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        # a pool larger than the card was accepted and reported as 100 GiB of KV on an L4
+        (["--gpu", "L4", "--kv-memory-gib", "100"],
+         "--kv-memory-gib: a KV pool of 100 GiB exceeds the L4's 22.03 GiB of memory; "
+         "give the pool vLLM reports for this GPU, or the GPU it ran on"),
+        (["--gpu-memory-gib", "16", "--kv-memory-gib", "20"],
+         "--kv-memory-gib: a KV pool of 20 GiB exceeds --gpu-memory-gib 16 GiB of memory; "
+         "give the pool vLLM reports for this GPU, or the GPU it ran on"),
+        # silently ignored before: the pool is given, so there is no budget arithmetic to change
+        (["--kv-memory-gib", "10", "--weights-gib", "1", "--overhead-gib", "3"],
+         "--weights-gib, --overhead-gib: --kv-memory-gib gives the KV pool directly, so they have no effect; "
+         "drop them or drop --kv-memory-gib"),
+        (["--kv-memory-gib", "10", "--gpu-memory-utilization", "0.95"],
+         "--gpu-memory-utilization: --kv-memory-gib gives the KV pool directly, so it has no effect; "
+         "drop it or drop --kv-memory-gib"),
+        (["--overhead-gib", "3"],
+         "--overhead-gib: no effect without a GPU to budget; give --gpu or --gpu-memory-gib, or drop it"),
+        # the table was titled H100-80GB while 40 GiB were used
+        (["--gpu", "H100-80GB", "--gpu-memory-gib", "40"],
+         "--gpu-memory-gib: given with --gpu H100-80GB; it stands instead of --gpu; drop one of the two"),
+        # 0 blocks and "largest max_model_len that fits 0 tokens" before
+        (["--gpu", "L4", "--block-size", "1000000"],
+         "KV budget: 17.58 GiB holds not one block of 1,000,000 tokens (21.46 GiB at 23,040 bytes per token); "
+         "give a smaller --block-size (vLLM's default is 16) or a larger budget"),
+        # empty lists were taken as the defaults; a bad entry was quoted lower-cased
+        (["--batch", ""], "--batch: the list is empty; give numbers like 1,8,32, or leave the option out"),
+        (["--context", " "], "--context: the list is empty; give numbers like 8192,32k,128k, or leave the option out"),
+        (["--context", "8K,1G"], "--context: '1G' is not a whole number; give numbers like 8192,32k,128k"),
+    ],
+    ids=["kv-pool-over-gpu", "kv-pool-over-gpu-memory-gib", "weights-overhead-with-kv-pool", "utilization-with-kv-pool",
+         "overhead-without-gpu", "gpu-and-gpu-memory-gib", "block-over-budget", "empty-batch", "empty-context",
+         "bad-suffix-as-typed"],
+)
+def test_settings_that_cannot_hold_are_one_exact_line(monkeypatch, capsys, args, message):
+    code, out, err = run(monkeypatch, capsys, "estimate", "--model", "smollm2-135m", *args)
+    assert (code, out, err) == (2, "", f"error: {message}\n")
+
+
+def test_kv_pool_on_a_named_gpu(monkeypatch, capsys):
+    result = run_json(monkeypatch, capsys, "--model", "smollm2-135m", "--gpu", "l4", "--kv-memory-gib", "10",
+                      "--max-model-len", "8192")
+    assert (result["gpu"], result["gpu_memory_bytes"], result["overhead_bytes"]) == ("L4", int(22.03 * GiB), None)
+    assert result["kv_budget_bytes"] == 10 * GiB and result["num_blocks"] == 10 * GiB // 368_640 == 29_127
+    code, out, err = run(monkeypatch, capsys, "estimate", "--model", "smollm2-135m", "--gpu", "l4", "--kv-memory-gib", "10")
+    assert code == 0 and "Capacity per GPU (L4)" in out and "22.030 GiB" in out
+    assert "weights + overhead" not in out  # neither went into the given pool
+
+
+def test_context_k_and_m_suffixes_either_case(monkeypatch, capsys):
+    result = run_json(monkeypatch, capsys, "--model", "llama-3.1-8b", "--context", "1M, 2k,3K,1m")
+    assert [row["context_tokens"] for row in result["grid"]] == [1_048_576, 2048, 3072, 1_048_576]
+
+
+def test_grid_rows_over_max_model_len_do_not_fit(monkeypatch, capsys):
+    """qwen3-32b allows 40,960 tokens: a 131,072-token request cannot be served, whatever the memory
+    (it showed fits: yes with no contiguous waste before)."""
+    args = ("--model", "qwen3-32b", "--context", "8192,32768,131072")
+    grid = run_json(monkeypatch, capsys, *args, "--gpu", "H100-80GB")["grid"]
+    assert [(row["fits"], row["exceeds_max_model_len"]) for row in grid] == [(True, False), (True, False), (False, True)]
+    grid = run_json(monkeypatch, capsys, *args)["grid"]  # no GPU: unknown, except where no memory helps
+    assert [row["fits"] for row in grid] == [None, None, False]
+    code, out, err = run(monkeypatch, capsys, "estimate", *args, "--gpu", "H100-80GB")
+    lines = {line.split()[1]: line for line in out.splitlines() if line.startswith("│ ")}
+    assert code == 0 and lines["8,192"].rstrip(" │").endswith("yes")
+    assert lines["131,072*"].rstrip(" │").endswith("no: over max_model_len")
+    assert "* longer than max_model_len 40,960: a server refuses such a request" in out
+
+
+def test_current_folder_gets_its_name(monkeypatch, capsys, tmp_path):
+    folder = tmp_path / "my-model"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps({"model_type": "llama", "num_hidden_layers": 2, "num_attention_heads": 4,
+                                                    "head_dim": 64, "torch_dtype": "bfloat16"}))
+    monkeypatch.chdir(folder)
+    assert run_json(monkeypatch, capsys, "--model", ".")["model"] == "my-model"  # was ""
+    code, out, err = run(monkeypatch, capsys, "estimate", "--model", ".")
+    assert code == 0 and out.startswith("my-model: KV per token")
+
+
 def test_config_missing_field_and_unreadable_file(monkeypatch, capsys, tmp_path):
     config = tmp_path / "config.json"
     config.write_text(json.dumps({"num_hidden_layers": 4, "num_attention_heads": 4}))  # no head_dim, no hidden_size

@@ -56,7 +56,8 @@ def test_agreement_counts_only_up_to_the_first_divergence():
 def test_bytes_per_block_halve_in_the_engine_and_in_kvplans_estimate():
     from engine.kv_cache import KVCache
     from kvplan.kv_math import bytes_per_token
-    from kvplan.model_spec import ModelSpec, load_model_spec
+    from kvplan.model_source import load_model_spec
+    from kvplan.model_spec import ModelSpec
 
     for kv_dtype, engine_dtype, per_block in (("bf16", "bfloat16", 1024), ("fp8", "fp8", 512)):
         engine = tiny_engine(dtype="bfloat16", kv_cache_dtype=engine_dtype)

