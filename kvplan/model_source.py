@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from kvplan.errors import KvplanError
-from kvplan.gguf_spec import is_gguf
+from kvplan.gguf_spec import is_gguf, read_gguf_config
 from kvplan.model_spec import ModelSpec
 
 PRESETS_DIR = Path(__file__).parent / "data" / "models"
@@ -113,8 +113,6 @@ def _from_json(path: Path) -> ModelSpec:
 
 
 def _from_gguf(path: Path) -> ModelSpec:
-    from kvplan.gguf_spec import read_gguf_config
-
     return _from_file(path, *read_gguf_config(path))
 
 
