@@ -162,7 +162,10 @@ class LLMEngine:
         vocab = self.hf_config.vocab_size
         if prompt_token_ids and not all(0 <= t < vocab for t in prompt_token_ids):
             raise ValueError(f"prompt_token_ids: every id must be in [0, {vocab}) for {self.model_name}")
-        request_id = str(next(self._ids)) if request_id is None else request_id
+        if request_id is None:  # the next counter value that no caller has taken
+            request_id = str(next(self._ids))
+            while self.scheduler.knows(request_id):
+                request_id = str(next(self._ids))
         now = time.perf_counter()
         request = Request(request_id, tuple(prompt_token_ids), sampling_params,
                           now if arrival_time is None else arrival_time, cache_salt)
@@ -176,7 +179,10 @@ class LLMEngine:
         self.scheduler.finish_requests([request_id], FinishReason.ABORT, time.perf_counter())
 
     def has_unfinished(self) -> bool:
-        return self.scheduler.has_unfinished()
+        """True while a request waits or runs, or has finished (aborted, cannot_fit) with its
+        output not yet returned by ``step()``: ``while engine.has_unfinished(): engine.step()``
+        collects every output."""
+        return self.scheduler.has_unfinished() or self.scheduler.has_untaken_finished()
 
     # ---- one step ----------------------------------------------------------------------
     def step(self) -> tuple[list[RequestOutput], StepStats]:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import enum
 import math
+import numbers
 from dataclasses import dataclass, field
 
 from engine.config import SEED_LIMIT
@@ -37,12 +38,16 @@ class RequestStatus(enum.Enum):
     FINISHED = "finished"
 
 
+GREEDY_BELOW = 1e-5  # temperatures below this sample greedily (vLLM's _SAMPLING_EPS)
+
+
 @dataclass(frozen=True)
 class SamplingParams:
     """How to pick each output token.
 
-    temperature 0 means greedy (argmax). With temperature > 0, logits are divided by it, then
-    top-p (nucleus) keeps the smallest set of tokens whose probability reaches ``top_p``.
+    temperature 0 means greedy (argmax), and so does any temperature below ``GREEDY_BELOW`` (1e-5,
+    vLLM's sampling epsilon: dividing logits by less overflows fp32). Otherwise logits are divided
+    by it, then top-p (nucleus) keeps the smallest set of tokens whose probability reaches ``top_p``.
     ``seed`` makes one request's draws reproducible whatever else shares its batch.
 
     ``num_prompt_logits`` N > 0 asks for the logits at the last N prompt positions (scoring and
@@ -52,7 +57,8 @@ class SamplingParams:
     request skips the prefix-cache lookup, so every prompt position is computed through the cache.
 
     Raises:
-        ValueError: naming the field, for max_tokens < 1, a temperature that is not a finite
+        ValueError: naming the field, for max_tokens, seed or num_prompt_logits that is not an
+            int, max_tokens < 1, a temperature that is not a finite
             number >= 0, top_p outside (0, 1] (NaN included), a seed outside [0, 2**64) (the range
             of a torch generator's seed), num_prompt_logits < 0.
     """
@@ -65,6 +71,11 @@ class SamplingParams:
     num_prompt_logits: int = 0
 
     def __post_init__(self) -> None:
+        for name in ("max_tokens", "seed", "num_prompt_logits"):
+            value = getattr(self, name)
+            if not (isinstance(value, numbers.Integral) and not isinstance(value, bool)) and not (
+                    name == "seed" and value is None):
+                raise ValueError(f"{name}: must be an int (got {value!r})")
         if self.max_tokens < 1:
             raise ValueError(f"max_tokens: must be >= 1 (got {self.max_tokens})")
         if not (math.isfinite(self.temperature) and self.temperature >= 0):
@@ -78,7 +89,7 @@ class SamplingParams:
 
     @property
     def greedy(self) -> bool:
-        return self.temperature == 0.0
+        return self.temperature < GREEDY_BELOW
 
 
 @dataclass(eq=False)

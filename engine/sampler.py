@@ -1,6 +1,6 @@
 """Sampler: logits of the sampled rows -> one token id per request.
 
-- greedy (temperature 0): argmax, the first index on ties (as ``torch.argmax`` and transformers'
+- greedy (temperature 0, or below 1e-5 as in vLLM): argmax, the first index on ties (as ``torch.argmax`` and transformers'
   greedy search).
 - temperature T > 0: softmax(logits / T), then top-p (nucleus sampling, Holtzman et al., "The
   Curious Case of Neural Text Degeneration", ICLR 2020): keep the most probable tokens until their

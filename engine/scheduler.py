@@ -68,6 +68,14 @@ class Scheduler:
     def has_unfinished(self) -> bool:
         return bool(self.waiting or self.running)
 
+    def has_untaken_finished(self) -> bool:
+        """Requests finished (aborted, rejected) whose outputs ``take_finished`` has not yet returned."""
+        return bool(self._finished)
+
+    def knows(self, request_id: str) -> bool:
+        """Whether ``request_id`` is in use: waiting, running, or finished and not yet taken."""
+        return request_id in self._requests
+
     def kv_residents(self) -> tuple[tuple[str, ...], tuple[int, ...]]:
         """The requests holding blocks (running ones), in admission order, and the tokens each
         has with K/V in the cache: (request ids, num_computed_tokens)."""

@@ -3,7 +3,7 @@
 Order of a run (each stage saved before the next starts, so a crash keeps what came before)::
 
     load workload -> build engine -> sample prompts -> check every request fits (loadtest_checks)
-      -> run folder -> estimate (results.json, status running)
+      -> fp8 scales (calibration) -> estimate -> run folder with results.json (status running)
       -> for bucket, for level: submit + step, append requests.jsonl / steps.jsonl as they happen
       -> summaries (results.json, status complete | interrupted, report_written false)
       -> report (md, csv, png; then report_written true)
@@ -241,26 +241,26 @@ def run_loadtest(
     tokenize = None if engine.tokenizer is None else (lambda texts: engine.tokenizer(texts)["input_ids"])
     sampled = sample_buckets(workload, tokenize, engine.hf_config.vocab_size)
     check_requests_fit(workload, engine, sampled.requests)
-    run_dir = create_run_dir(workload, run_dir)
-    if workload.source != "<memory>" and Path(workload.source).is_file():
-        (run_dir / "workload.yaml").write_bytes(Path(workload.source).read_bytes())
     if "num_conversations" in sampled.dataset_info:
         say(f"[dim]sharegpt: read {sampled.dataset_info['num_conversations']:,} whole conversations[/dim]")
-    estimate, pricing = compute_estimate(workload, engine, sampled.requests)
     results = {
         "status": "running", "started_at": started, "finished_at": None,
         "workload": {"name": workload.name, "source": workload.source, "sha256": workload.sha256,
                      "config": workload.model_dump(mode="json")},
         "run": {**run_metadata(engine, workload.engine.to_engine_config(workload.seed)),
                 "dataset": sampled.dataset_info},
-        "estimate": estimate,
     }
     is_fp8 = kv_dtype_name(engine.kv_cache_dtype) == "fp8"
     if is_fp8:  # scales from a few of the run's own prompts, set before the first step
         from kvplan.fp8_quality import calibrate_for_run
 
         results["run"]["kv_scales"] = calibrate_for_run(engine, workload, sampled.requests)
+    results["estimate"], pricing = compute_estimate(workload, engine, sampled.requests)
+    # The folder appears only now, and with results.json at once: Ctrl-C before this leaves none.
+    run_dir = create_run_dir(workload, run_dir)
     write_results(run_dir, results)
+    if workload.source != "<memory>" and Path(workload.source).is_file():
+        (run_dir / "workload.yaml").write_bytes(Path(workload.source).read_bytes())
 
     status = "complete"
     with RunWriter(run_dir) as writer:

@@ -207,6 +207,11 @@ class Bucket(_Strict):
             values = getattr(self, field)
             if len(set(values)) != len(values):
                 raise ValueError(f"{field} has duplicate levels: {values}")
+        labels = [f"{rate:g}" for rate in self.request_rates]  # how reports and cache salts name a level
+        if len(set(labels)) != len(labels):
+            same = next(label for label in labels if labels.count(label) > 1)
+            raise ValueError(f"request_rates has levels that read alike as {same} req/s ({self.request_rates});"
+                             " make them differ within 6 significant digits")
         return self
 
     @property

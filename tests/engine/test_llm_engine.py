@@ -107,6 +107,26 @@ def test_abort_frees_blocks_and_reports_abort():
     assert not engine.has_unfinished()
 
 
+def test_has_unfinished_until_every_output_is_returned():
+    engine = tiny_engine(num_blocks=8)
+    too_long = engine.add_request(random_prompts((30,))[0], SamplingParams(max_tokens=10))  # cannot fit
+    waiting = engine.add_request(random_prompts((5,))[0], SamplingParams(max_tokens=3))
+    engine.abort(waiting)
+    seen = []
+    while engine.has_unfinished():  # both finished already, but their outputs are still to come
+        seen += [(o.request_id, o.finish_reason) for o in engine.step()[0]]
+    assert seen == [(too_long, FinishReason.CANNOT_FIT), (waiting, FinishReason.ABORT)]
+
+
+def test_engine_chosen_ids_skip_the_ids_callers_chose():
+    engine = tiny_engine()
+    prompt = random_prompts((5,))[0]
+    assert engine.add_request(prompt, SamplingParams(), request_id="1") == "1"
+    assert [engine.add_request(prompt, SamplingParams()) for _ in range(2)] == ["0", "2"]
+    with pytest.raises(ValueError, match="request_id: '1' is already in use"):
+        engine.add_request(prompt, SamplingParams(), request_id="1")
+
+
 def test_cannot_fit_finishes_at_once_with_the_numbers():
     engine = tiny_engine(num_blocks=8)  # 8 blocks x 4 = 32 tokens; max_model_len = min(256, 32)
     assert engine.max_model_len == 32

@@ -105,3 +105,22 @@ def test_the_largest_seed_runs():
     params = SamplingParams(max_tokens=3, temperature=1.0, seed=2**64 - 1, ignore_eos=True)
     first, again = engine.generate(random_prompts((5, 5)), params)
     assert len(first.output_token_ids) == 3 and first.output_token_ids == again.output_token_ids
+
+
+@pytest.mark.parametrize("field, value", [("max_tokens", 2.5), ("max_tokens", math.nan), ("max_tokens", True),
+                                          ("seed", 1.5), ("num_prompt_logits", 1.0)])
+def test_counts_and_seeds_must_be_ints(field, value):
+    # 2.5 used to run 3 tokens, nan never stopped, a float seed broke every later step.
+    with pytest.raises(ValueError, match=rf"^{field}: must be an int \(got {value!r}\)"):
+        SamplingParams(**{field: value})
+
+
+def test_a_temperature_below_vllms_epsilon_is_greedy_and_never_stalls_the_engine():
+    # logits / 1e-45 overflows fp32 to inf and softmax to nan: every step used to raise.
+    assert SamplingParams(temperature=1e-45).greedy and SamplingParams(temperature=9.9e-6).greedy
+    assert not SamplingParams(temperature=1e-5).greedy
+    prompts = random_prompts((5, 7))
+    tiny = SamplingParams(max_tokens=6, temperature=1e-45, ignore_eos=True)
+    greedy = SamplingParams(max_tokens=6, ignore_eos=True)
+    got = [o.output_token_ids for o in tiny_engine().generate(prompts, tiny)]
+    assert got == [o.output_token_ids for o in tiny_engine().generate(prompts, greedy)]

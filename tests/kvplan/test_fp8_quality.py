@@ -175,3 +175,18 @@ def test_a_check_that_cannot_run_fails_before_the_load_test(tmp_path):
     with pytest.raises(KvplanError, match=r"fp8_quality\.num_tokens: must be < max_model_len 256 \(got 300\)"):
         run_loadtest(workload, tmp_path / "run")
     assert not (tmp_path / "run" / "steps.jsonl").exists()
+
+
+def test_ctrl_c_during_calibration_leaves_no_run_folder(tmp_path, monkeypatch):
+    # The folder used to appear before calibration, holding only workload.yaml: `kvplan report`
+    # could not read it and the same --out was refused as not empty.
+    import kvplan.fp8_quality
+    from kvplan.loadtest import run_loadtest
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(kvplan.fp8_quality, "calibrate_for_run", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        run_loadtest(parse_workload(FP8_WORKLOAD), tmp_path / "run")
+    assert not (tmp_path / "run").exists()

@@ -37,6 +37,9 @@ BAD_CASES = {
     "duplicate_bucket.yaml": "buckets[1].name: duplicate name 'short'",
     "normal_without_std.yaml": "buckets[0].input_tokens: dist normal needs std (tokens)",
     "zero_rate.yaml": "buckets[0].request_rates[1]: must be > 0",
+    # 1000 and 1000.0001 shared one level key, so one cache salt: the second level hit the first's blocks.
+    "rates_alike.yaml": "buckets[0]: request_rates has levels that read alike as 1000 req/s ([1000.0, 1000.0001]);"
+                        " make them differ within 6 significant digits",
     "duplicate_key.yaml": "line 10: duplicate key 'name' (first at line 2); keep one of them",
     "negative_seed.yaml": "seed: must be >= 0 (got -1)",
     "huge_seed.yaml": "seed: must be <= 4294967295 (got 1180591620717411303424)",
