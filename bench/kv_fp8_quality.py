@@ -23,7 +23,7 @@ import torch
 
 from engine.config import DEFAULT_MODEL, EngineConfig
 from engine.models.loader import load_model
-from kvplan.fp8_quality import run_fp8_quality, sharegpt_quality_prompts
+from kvplan.load.fp8_check import run_fp8_quality, sharegpt_quality_prompts
 
 
 def main() -> None:

@@ -9,10 +9,21 @@ TINY_RANDOM_MODEL = "tiny-random-llama"  # 2 layers, GQA, random weights: for fa
 
 DTYPES = ("auto", "bfloat16", "float16", "float32")
 KV_CACHE_DTYPES = ("auto", "bfloat16", "float16", "float32", "fp8")
+# short names accepted for the same dtypes (kvplan's vocabulary: bf16, fp16, fp32)
+DTYPE_ALIASES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
 ATTENTION_BACKENDS = ("auto", "torch", "triton")
 DEVICES = ("auto", "cpu", "cuda")
 DEFAULT_KV_CACHE_MEMORY_BYTES = 256 * 2**20
 SEED_LIMIT = 2**64  # torch.Generator.manual_seed takes [0, 2**64) as an unsigned 64-bit seed
+
+
+class SettingError(ValueError):
+    """An engine setting that cannot work: ``field`` names the EngineConfig field, ``problem``
+    what is wrong with it. ``str(err)`` is ``"<field>: <problem>"``."""
+
+    def __init__(self, field: str, problem: str):
+        self.field, self.problem = field, problem
+        super().__init__(f"{field}: {problem}")
 
 
 @dataclass(frozen=True)
@@ -23,6 +34,7 @@ class EngineConfig:
         a local Hugging Face folder of a Llama-family model, or ``tiny-random-llama``.
     dtype: weights and activations; ``auto`` = bfloat16 (the fast dtype on this CPU and on CUDA).
     kv_cache_dtype: ``auto`` = the model dtype; ``fp8`` = float8 e4m3 with per-tensor scales.
+        Both take the short names bf16, fp16, fp32 too (stored as torch's names).
     KV pool: ``num_blocks`` blocks, or as many whole blocks as fit in ``kv_cache_memory_bytes``
         (default 256 MiB when neither is given). Each block holds ``block_size`` tokens of every layer.
     max_num_seqs: requests running at once. max_num_batched_tokens: token budget of one step
@@ -33,7 +45,7 @@ class EngineConfig:
     seed: in [0, 2**64); draws tiny-random-llama's weights and the seeds of unseeded requests.
 
     Raises:
-        ValueError: ``<field>: <problem> (got <value>)`` for any out-of-range setting.
+        SettingError: ``<field>: <problem> (got <value>)`` for any out-of-range setting.
     """
 
     model: str = DEFAULT_MODEL
@@ -53,7 +65,10 @@ class EngineConfig:
     def __post_init__(self) -> None:
         def check(ok: bool, field: str, problem: str) -> None:
             if not ok:
-                raise ValueError(f"{field}: {problem} (got {getattr(self, field)!r})")
+                raise SettingError(field, f"{problem} (got {getattr(self, field)!r})")
+
+        for name in ("dtype", "kv_cache_dtype"):  # frozen: the one place a field is rewritten
+            object.__setattr__(self, name, DTYPE_ALIASES.get(getattr(self, name), getattr(self, name)))
 
         check(self.dtype in DTYPES, "dtype", f"must be one of {', '.join(DTYPES)}")
         check(self.device in DEVICES, "device", f"must be one of {', '.join(DEVICES)}")

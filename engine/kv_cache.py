@@ -21,6 +21,8 @@ from dataclasses import dataclass
 
 import torch
 
+from engine.config import SettingError
+
 
 @dataclass(frozen=True)
 class LayerKV:
@@ -76,10 +78,8 @@ class KVCache:
         if num_blocks is None:
             num_blocks = memory_bytes // per_block
             if num_blocks < 1:
-                raise ValueError(
-                    f"kv_cache_memory_bytes: must hold at least one block of {per_block} bytes "
-                    f"(got {memory_bytes})"
-                )
+                raise SettingError("kv_cache_memory_bytes",
+                                   f"must hold at least one block of {per_block} bytes (got {memory_bytes})")
         shape = (num_blocks, block_size, num_kv_heads, head_dim)
         self.block_size = block_size
         self.dtype = dtype
@@ -89,10 +89,9 @@ class KVCache:
         except (torch.OutOfMemoryError, RuntimeError) as e:
             if not is_oom_error(e):
                 raise
-            raise ValueError(
-                f"{size_field}: a KV cache of {num_blocks:,} blocks x {per_block:,} bytes = "
-                f"{num_blocks * per_block:,} bytes cannot be allocated on {device}; lower {size_field}"
-            ) from None
+            raise SettingError(size_field, f"a KV cache of {num_blocks:,} blocks x {per_block:,} bytes = "
+                               f"{num_blocks * per_block:,} bytes cannot be allocated on {device}; lower {size_field}"
+                               ) from None
         self.set_scales([1.0] * num_layers, [1.0] * num_layers)
 
     @property

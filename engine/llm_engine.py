@@ -18,7 +18,7 @@ import torch
 
 from engine.attention import get_attention_backend, resolve_backend_name
 from engine.calibration import KVScales, measure_kv_scales
-from engine.config import DEFAULT_KV_CACHE_MEMORY_BYTES, EngineConfig
+from engine.config import DEFAULT_KV_CACHE_MEMORY_BYTES, EngineConfig, SettingError
 from engine.kv_cache import KVCache, is_oom_error
 from engine.model_runner import ModelRunner, PromptLogits
 from engine.models.llama import Transformer, config_head_dim
@@ -45,20 +45,20 @@ def resolve_device(name: str) -> torch.device:
     if name == "cuda" and not has_cuda:
         why = (f"torch {torch.__version__} is built without CUDA" if torch.version.cuda is None
                else "torch sees no CUDA GPU")
-        raise ValueError(f"device: cuda is not available here ({why}); use device auto or cpu")
+        raise SettingError("device", f"cuda is not available here ({why}); use device auto or cpu")
     return torch.device(name)
 
 
 class LLMEngine:
     """A paged-KV engine with continuous batching over one model.
 
-    Raises (at construction):
-        ModelLoadError (a ValueError): the model cannot be loaded (see ``engine.models.loader``).
-        ValueError: ``device`` cuda where torch sees no GPU, ``max_model_len`` or ``block_size``
+    Raises (at construction), each an ``engine.config.SettingError`` (a ValueError) carrying the
+    EngineConfig field, its message ``<field>: <problem>``:
+        ModelLoadError: the model cannot be loaded (see ``engine.models.loader``).
+        SettingError: ``device`` cuda where torch sees no GPU, ``max_model_len`` or ``block_size``
             above the model's max_position_embeddings, a KV budget below one block, or a KV pool
             the device cannot allocate (see ``KVCache``).
-        RuntimeError: ``triton`` on CPU without TRITON_INTERPRET=1.
-        Each message starts with the EngineConfig field: ``<field>: <problem>``.
+        InterpreterRequired (also a RuntimeError): ``triton`` on CPU without TRITON_INTERPRET=1.
     """
 
     def __init__(self, config: EngineConfig):
@@ -81,15 +81,11 @@ class LLMEngine:
         cfg = self._hf_config
         max_pos = cfg.max_position_embeddings
         if config.max_model_len is not None and config.max_model_len > max_pos:
-            raise ValueError(
-                f"max_model_len: must be <= the model's max_position_embeddings {max_pos} "
-                f"(got {config.max_model_len})"
-            )
+            raise SettingError("max_model_len", f"must be <= the model's max_position_embeddings {max_pos} "
+                               f"(got {config.max_model_len})")
         if config.block_size > max_pos:  # no sequence could ever fill one block
-            raise ValueError(
-                f"block_size: must be <= the model's max_position_embeddings {max_pos} "
-                f"(got {config.block_size})"
-            )
+            raise SettingError("block_size", f"must be <= the model's max_position_embeddings {max_pos} "
+                               f"(got {config.block_size})")
         self.kv_cache = KVCache(
             cfg.num_hidden_layers, cfg.num_key_value_heads, config_head_dim(cfg), config.block_size,
             self._kv_cache_dtype, self._device, num_blocks=config.num_blocks,

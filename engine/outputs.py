@@ -63,10 +63,6 @@ class SchedulerOutput:
     num_prefix_hit_tokens: int = 0  # of those, found cached
 
     @property
-    def num_scheduled_tokens(self) -> int:
-        return self.num_prefill_tokens + self.num_decode_tokens
-
-    @property
     def is_empty(self) -> bool:
         return not self.scheduled
 
@@ -100,15 +96,6 @@ class StepStats:
     num_prefix_queried_tokens: int = 0
     num_prefix_hit_tokens: int = 0
 
-    @property
-    def duration_s(self) -> float:
-        return self.end_time - self.start_time
-
-    @property
-    def kv_cache_usage(self) -> float:
-        """Used blocks / total blocks (vLLM's KV cache usage), in [0, 1]."""
-        return self.num_used_blocks / self.num_total_blocks if self.num_total_blocks else 0.0
-
 
 @dataclass(frozen=True)
 class RequestOutput:
@@ -134,10 +121,6 @@ class RequestOutput:
     num_preemptions: int
     num_cached_tokens: int
     prompt_logits: torch.Tensor | None = field(default=None, compare=False, repr=False)
-
-    @property
-    def first_token_time(self) -> float | None:
-        return self.token_times[0] if self.token_times else None
 
     @classmethod
     def from_request(cls, request: Request, text: str | None,

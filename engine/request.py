@@ -29,8 +29,6 @@ class FinishReason:
     OOM = "oom"  # torch raised a memory error in the step that ran it
     CANNOT_FIT = "cannot_fit"  # over max_model_len, or needs more blocks than the whole cache
 
-    ALL = (STOP, LENGTH, ABORT, OOM, CANNOT_FIT)
-
 
 class RequestStatus(enum.Enum):
     WAITING = "waiting"

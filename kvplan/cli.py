@@ -4,7 +4,8 @@ Each command parses its options, calls one library function and renders the resu
 (torch, transformers, pandas, matplotlib) stay inside the command bodies that need them, so
 `kvplan --help` and `kvplan estimate` start fast. To add a command: one more ``@app.command()``
 function here. Bad input raises :class:`kvplan.errors.KvplanError`; :func:`main` prints it as one
-red line on stderr and exits 2.
+red line on stderr and exits 2. Library errors name an option by its field (``kv_cache_dtype``);
+only here does it become the flag the user typed (``--kv-cache-dtype``).
 """
 
 from __future__ import annotations
@@ -15,8 +16,8 @@ from typing import Annotated, Optional
 
 import typer
 
-from kvplan.capacity import DEFAULT_GPU_MEMORY_UTILIZATION, DEFAULT_OVERHEAD_GIB
 from kvplan.errors import KvplanError
+from kvplan.plan.capacity import DEFAULT_BLOCK_SIZE, DEFAULT_GPU_MEMORY_UTILIZATION, DEFAULT_OVERHEAD_GIB
 
 app = typer.Typer(
     no_args_is_help=True,
@@ -33,7 +34,7 @@ def main() -> None:
     try:
         code = app(standalone_mode=False, prog_name="kvplan")
     except KvplanError as err:
-        _error_line(str(err))
+        _error_line(err.render(_flag))
         sys.exit(err.exit_code)
     except typer.TyperException as err:  # typer's public base of its usage errors
         if type(err).__name__ == "NoArgsIsHelpError":  # plain `kvplan`: the help is the answer
@@ -60,6 +61,18 @@ def _command_path(err: typer.TyperException) -> str:
     names = {c.name or c.callback.__name__ for c in app.registered_commands}
     word = next((a for a in sys.argv[1:] if not a.startswith("-")), "")
     return f"kvplan {word}" if word in names else "kvplan"
+
+
+def _flag(field: str) -> str | None:
+    """``kv_cache_dtype`` -> ``--kv-cache-dtype`` when some command has that option (else None)."""
+    import typer.main
+
+    group = typer.main.get_command(app)
+    for command in getattr(group, "commands", {}).values():
+        for param in command.params:
+            if param.name == field and param.opts and param.opts[0].startswith("--"):
+                return param.opts[0]
+    return None
 
 
 def _error_line(message: str) -> None:
@@ -112,7 +125,7 @@ def estimate(
     kv_cache_dtype: Annotated[str, typer.Option(help="KV dtype: auto (model dtype), fp32, fp16, bf16, fp8, int8, int4.")] = "auto",
     tp: Annotated[int, typer.Option(help="Tensor-parallel size.")] = 1,
     pp: Annotated[int, typer.Option(help="Pipeline-parallel size.")] = 1,
-    block_size: Annotated[int, typer.Option(help="Tokens per KV block.")] = 16,
+    block_size: Annotated[int, typer.Option(help="Tokens per KV block.")] = DEFAULT_BLOCK_SIZE,
     max_model_len: Annotated[Optional[int], typer.Option(help="Longest request in tokens, at most the model's limit (default: that limit, its max_position_embeddings).")] = None,
     context: Annotated[Optional[str], typer.Option(help="Context lengths for the grid, e.g. 8192,32k,1m (k = 1024 tokens; default: max_model_len).")] = None,
     batch: Annotated[str, typer.Option(help="Batch sizes for the grid, e.g. 1,8,32.")] = "1",
@@ -121,9 +134,9 @@ def estimate(
     plot: Annotated[Optional[Path], typer.Option(help="Write a PNG of KV GiB against context per batch size, with the KV budget.")] = None,
 ) -> None:
     """KV bytes per token, per request and per batch, and what fits on a GPU (per GPU rank)."""
-    from kvplan.estimate import estimate as run_estimate
-    from kvplan.estimate_plot import check_plot_path
-    from kvplan.model_source import load_model_spec
+    from kvplan.plan.estimate import estimate as run_estimate
+    from kvplan.plan.estimate_plot import check_plot_path
+    from kvplan.plan.model_source import load_model_spec
 
     if plot is not None:
         check_plot_path(plot)  # before the work, so a bad path costs nothing
@@ -147,7 +160,7 @@ def estimate(
         kv_memory_gib=kv_memory_gib,
     )
     if plot is not None:
-        from kvplan.estimate_plot import save_estimate_plot
+        from kvplan.plan.estimate_plot import save_estimate_plot
 
         save_estimate_plot(result, plot)
     if json_output:
@@ -155,7 +168,7 @@ def estimate(
 
         print(json.dumps(result.to_dict(), indent=2))
     else:
-        from kvplan.estimate_view import render_estimate
+        from kvplan.plan.estimate_view import render_estimate
 
         render_estimate(result, spec, _console())
     if plot is not None:  # on stderr with --json, so that stdout stays one JSON object
@@ -169,18 +182,20 @@ def loadtest(
     quiet: Annotated[bool, typer.Option(help="No progress bars or tables: print only the report folder.")] = False,
 ) -> None:
     """Run a workload's buckets and load levels on the bundled engine; write the report folder (Ctrl-C keeps what finished, exit 130)."""
-    from kvplan.loadtest import run_loadtest
-    from kvplan.report import print_summary
-    from kvplan.results import load_run
-    from kvplan.workload import load_workload
+    from kvplan.load.loadtest import run_loadtest
+    from kvplan.load.workload_file import load_workload
+    from kvplan.results.report.render import print_summary
+    from kvplan.results.run_result import read_result
 
     console = _console()
-    run_dir = run_loadtest(load_workload(workload), out, console=None if quiet else console)
-    results = load_run(run_dir).results
+    spec = load_workload(workload)
+    _warn(spec.warnings, spec.source)
+    run_dir = run_loadtest(spec, out, console=None if quiet else console)
+    result = read_result(run_dir)
     if not quiet:
-        print_summary(results, console)
+        print_summary(result, console)
     console.print(f"report: {run_dir}", markup=False, highlight=False)
-    if results.get("status") == "interrupted":  # a stopped run exits as SIGINT does, whatever it kept
+    if result.status == "interrupted":  # a stopped run exits as SIGINT does, whatever it kept
         from rich.console import Console
 
         Console(stderr=True).print(f"interrupted: the report keeps the requests that finished ({run_dir})",
@@ -188,40 +203,69 @@ def loadtest(
         raise typer.Exit(130)
 
 
+def _warn(lines, source: str) -> None:
+    from rich.console import Console
+
+    for line in lines:
+        Console(stderr=True).print(f"warning: {source}: {line}", style="yellow", markup=False, highlight=False,
+                                   soft_wrap=True)
+
+
 @app.command()
 def report(
-    run_dir: Annotated[Path, typer.Argument(help="A report folder written by kvplan loadtest.")],
+    run_dir: Annotated[Path, typer.Argument(help="A run folder written by kvplan loadtest.")],
+    json_output: Annotated[bool, typer.Option("--json", help="Print one JSON object per run (the shape in the README) instead of tables.")] = False,
 ) -> None:
     """Re-render summary.md, the CSV tables and the charts of a saved run, without re-running it."""
-    from kvplan.report import print_summary, render_report
+    from kvplan.results.report.render import print_summary, render_report
 
+    data = render_report(run_dir)
+    if json_output:
+        import json
+
+        from kvplan.results.summary_json import summary_json
+
+        print(json.dumps(summary_json(data.result), indent=2))
+        return
     console = _console()
-    print_summary(render_report(run_dir).results, console)
+    print_summary(data.result, console)
     console.print(f"report: {run_dir}", markup=False, highlight=False)
 
 
 @app.command()
 def gate(
-    run_dir: Annotated[Path, typer.Argument(help="A report folder written by kvplan loadtest.")],
+    run_dir: Annotated[Path, typer.Argument(help="A run folder written by kvplan loadtest.")],
     baseline: Annotated[Path, typer.Option(help="Baseline YAML, e.g. baselines/ci.yaml.")],
     update_baseline: Annotated[bool, typer.Option(help="Write this run as the new baseline (keeping the file's tolerances) instead of comparing.")] = False,
     junit: Annotated[Optional[Path], typer.Option(help="Also write JUnit XML here: one test case per check.")] = None,
 ) -> None:
     """Compare a run with a baseline, metric by metric: exit 0 when every check holds, 1 on any regression, 2 on bad input."""
-    from kvplan.gate import run_gate, write_baseline
+    from kvplan.gate.gate import record_baseline, run_gate
 
     console = _console()
     if update_baseline:
         if junit is not None:
-            raise KvplanError("--junit", "there are no checks to write with --update-baseline", "drop one of the two")
-        path, count = write_baseline(run_dir, baseline)
+            raise KvplanError("junit", "there are no checks to write with `update_baseline`", "drop one of the two")
+        path, count = record_baseline(run_dir, baseline)
         console.print(f"baseline written: {path} ({count} values from {run_dir})", markup=False, highlight=False,
                       soft_wrap=True)
         return
-    from kvplan.gate_view import render_gate, write_junit
+    from kvplan.gate.view import render_gate, write_junit
 
     result = run_gate(run_dir, baseline)
     if junit is not None:
         write_junit(result, junit)
     render_gate(result, console)
     raise typer.Exit(result.exit_code)
+
+
+@app.command()
+def schema(
+    which: Annotated[str, typer.Argument(help="workload (the workload YAML) or results (a run folder's results.json).")],
+) -> None:
+    """Print the JSON Schema (draft 2020-12) of the workload YAML or of results.json, for editors and CI validators."""
+    import json
+
+    from kvplan.schemas import json_schema
+
+    print(json.dumps(json_schema(which), indent=2))

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from engine.attention import AttentionMetadata
+from engine.attention.metadata import AttentionMetadata
 
 FP8_DTYPE = torch.float8_e4m3fn
 FP8_MAX = 448.0  # largest finite float8_e4m3fn value (OCP FP8 spec, E4M3)

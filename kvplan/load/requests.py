@@ -1,0 +1,37 @@
+"""The requests a load test sends: sampled once per bucket, replayed at every load level."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+Tokenize = Callable[[list[str]], list[list[int]]]  # texts -> token ids, batched
+
+
+@dataclass(frozen=True)
+class SampledRequest:
+    """One request of a bucket: prompt token ids and the output length (``max_tokens``, tokens)."""
+
+    prompt_token_ids: tuple[int, ...]
+    max_tokens: int
+    source: str  # "sharegpt:<record index>", "jsonl:<line>", "random"
+    num_prefix_tokens: int = 0  # leading prompt tokens that are a shared prefix
+    prefix_group: int | None = None  # which shared prefix (0 .. num_prefixes - 1); None: none
+    tenant: int | None = None  # 0 .. num_tenants - 1 in a shared_prefix workload
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.prompt_token_ids)
+
+    @property
+    def num_tokens(self) -> int:
+        """Prompt + output: the tokens of KV this request holds when it finishes."""
+        return len(self.prompt_token_ids) + self.max_tokens
+
+
+@dataclass(frozen=True)
+class SampledBuckets:
+    """Per bucket name, its requests; plus what the dataset read, for the run's metadata."""
+
+    requests: dict[str, list[SampledRequest]]
+    dataset_info: dict[str, object]

@@ -1,0 +1,128 @@
+"""A workload file read: YAML -> the schema (kvplan.load.workload) -> the rules that span sections.
+
+Every problem is one KvplanError naming the file and the YAML path it concerns, e.g.
+``workloads/chat.yaml: buckets[1].concurrency[2]: 64 in flight needs at least 64 requests, ...``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+from typing import Any
+
+from pydantic import ValidationError
+
+from engine.config import TINY_RANDOM_MODEL
+from kvplan.errors import KvplanError, validation_error
+from kvplan.load.workload import MAX_LEVEL_S, Workload
+from kvplan.yaml_input import read_yaml
+
+
+def _deprecations(data: dict[str, Any]) -> tuple[str, ...]:
+    plan = data.get("plan")
+    return tuple(f"plan[{i}].kv_dtype: deprecated name; write kv_cache_dtype"
+                 for i, target in enumerate(plan if isinstance(plan, list) else [])
+                 if isinstance(target, dict) and "kv_dtype" in target)
+
+
+def parse_workload(data: Any, source: str = "<memory>", sha256: str = "") -> Workload:
+    """Validate an already-parsed YAML document. Raises KvplanError naming ``source`` and the field."""
+    if not isinstance(data, dict):
+        kind = "empty" if data is None else type(data).__name__
+        raise KvplanError("", f"must be a YAML mapping (got {kind})", "see workloads/smoke.yaml", source=source)
+    try:
+        workload = Workload.model_validate(data)
+    except ValidationError as err:
+        raise validation_error(err, source) from None
+    workload._source, workload._sha256, workload._warnings = source, sha256, _deprecations(data)
+    check_workload(workload)
+    return workload
+
+
+def load_workload(path: str | Path) -> Workload:
+    """Read and validate a workload YAML file.
+
+    Raises:
+        KvplanError: unreadable file, malformed YAML, or any invalid field (one line, exit 2).
+    """
+    source = str(path)
+    try:
+        raw = Path(path).read_bytes()
+    except OSError as err:
+        raise KvplanError("", f"cannot read workload file ({err.strerror or err})", source=source) from None
+    return parse_workload(read_yaml(raw, source), source, hashlib.sha256(raw).hexdigest())
+
+
+
+
+def check_workload(workload: Workload) -> None:
+    """Every cross-section rule (see the module docstring). Raises KvplanError."""
+    _check_dataset(workload)
+    _check_buckets(workload)
+    _check_shared_prefix(workload)
+
+
+def _error(workload: Workload, field: str, problem: str, fix: str | None = None) -> KvplanError:
+    return KvplanError(field, problem, fix, source=workload.source)
+
+
+def _check_dataset(workload: Workload) -> None:
+    path = workload.dataset_path
+    if path is not None and path.is_dir():
+        raise _error(workload, "dataset.path", f"is a folder, not a JSONL file: {path}", "give the path of the .jsonl file")
+    if path is not None and not path.is_file():
+        raise _error(workload, "dataset.path", f"file not found: {path}")
+    if workload.dataset.kind == "sharegpt" and workload.engine.model == TINY_RANDOM_MODEL:
+        raise _error(workload, "dataset", f"sharegpt needs a tokenizer and {TINY_RANDOM_MODEL} has none",
+                     "use dataset: random with this model")
+
+
+def _check_buckets(workload: Workload) -> None:
+    names = [b.name for b in workload.buckets]
+    max_len = workload.engine.max_model_len
+    for i, bucket in enumerate(workload.buckets):
+        at = f"buckets[{i}]"
+        if bucket.name in names[:i]:
+            raise _error(workload, f"{at}.name", f"duplicate name {bucket.name!r}")
+        for side in ("input_tokens", "output_tokens"):
+            if workload.dataset.kind != "random" and getattr(bucket, side).dist in ("normal", "lognormal"):
+                raise _error(workload, f"{at}.{side}.dist",
+                             f"applies to dataset random only (dataset is {workload.dataset.kind})",
+                             "drop dist; the range filters the real lengths")
+        if max_len is not None and bucket.input_tokens.min + bucket.output_tokens.min > max_len:
+            raise _error(workload, at, f"shortest request ({bucket.input_tokens.min} + {bucket.output_tokens.min}"
+                         f" tokens) exceeds engine.max_model_len {max_len}")
+        for j, level in enumerate(bucket.concurrency):
+            if level > bucket.num_requests:
+                raise _error(workload, f"{at}.concurrency[{j}]",
+                             f"{level} in flight needs at least {level} requests, the bucket has num_requests"
+                             f" {bucket.num_requests} (its measured knee would claim a level never reached)",
+                             f"raise num_requests to >= {level} or drop the level")
+        for j, rate in enumerate(bucket.request_rates):
+            if bucket.num_requests / rate > MAX_LEVEL_S:
+                raise _error(workload, f"{at}.request_rates[{j}]",
+                             f"{bucket.num_requests} requests at {rate:g} req/s take about"
+                             f" {bucket.num_requests / rate:.3g} s to arrive (num_requests / rate), over the"
+                             f" {MAX_LEVEL_S // 3600} h a level may last",
+                             f"give a rate >= {bucket.num_requests / MAX_LEVEL_S:.3g} req/s")
+
+
+def _check_shared_prefix(workload: Workload) -> None:
+    """Prefix caching on, a prefix of at least one block (only full blocks are shared), and every
+    bucket's shortest request with the prefix within engine.max_model_len."""
+    prefix, engine = workload.shared_prefix, workload.engine
+    if prefix is None:
+        return
+    if not engine.enable_prefix_caching:
+        raise _error(workload, "engine.enable_prefix_caching", "shared_prefix needs prefix caching on (got false)",
+                     "set engine.enable_prefix_caching: true")
+    if prefix.num_tokens < engine.block_size:
+        raise _error(workload, "shared_prefix.num_tokens", f"must be >= engine.block_size {engine.block_size}:"
+                     f" only full blocks are shared (got {prefix.num_tokens})")
+    for i, bucket in enumerate(workload.buckets):
+        shortest = prefix.num_tokens + bucket.input_tokens.min + bucket.output_tokens.min
+        if engine.max_model_len is not None and shortest > engine.max_model_len:
+            raise _error(workload, f"buckets[{i}]",
+                         f"shortest request with the shared prefix ({prefix.num_tokens} + {bucket.input_tokens.min}"
+                         f" + {bucket.output_tokens.min} = {shortest} tokens) exceeds engine.max_model_len"
+                         f" {engine.max_model_len}")

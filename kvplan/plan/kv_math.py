@@ -1,0 +1,217 @@
+"""Pure KV-cache formulas: per-layer KV specs, bytes per token and per block, tp/pp splits.
+
+Sources of the formulas: vLLM's KV cache interface (one frozen spec per layer kind with a page
+size: full attention, sliding window, MLA) and the derivation written at the top of
+``../shared/cases/vllm_kv_logs.yaml``::
+
+    full attention  bytes/token/layer = 2 (K and V) x max(1, kv_heads // tp) x head_dim x element bytes
+    MLA             bytes/token/layer = (kv_lora_rank + qk_rope_head_dim) x element bytes   (no 2, not / tp)
+    sliding window  as full attention, but a layer holds only the last `sliding_window` tokens
+
+A block holds ``block_size`` tokens of one layer; the engine's pool counts a block as
+``block_size`` tokens of every layer, so ``bytes_per_block = bytes_per_token x block_size``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Union
+
+from kvplan.errors import KvplanError
+from kvplan.plan import dtypes
+from kvplan.plan.dtypes import KVDtype
+from kvplan.plan.model_spec import ModelSpec
+
+
+@dataclass(frozen=True)
+class FullAttentionSpec:
+    """A layer that keeps K and V of every token: ``[num_tokens, num_kv_heads, head_dim]`` each."""
+
+    num_kv_heads: int
+    head_dim: int
+    dtype: KVDtype
+
+    @property
+    def bytes_per_token(self) -> int:
+        return 2 * self.dtype.row_bytes(self.num_kv_heads * self.head_dim)
+
+    def tokens_held(self, num_tokens: int) -> int:
+        return num_tokens
+
+    def blocks_held(self, num_tokens: int, block_size: int) -> range:
+        """Block indices this layer still holds for a sequence of ``num_tokens`` tokens."""
+        return range(0, math.ceil(num_tokens / block_size))
+
+
+@dataclass(frozen=True)
+class SlidingWindowSpec(FullAttentionSpec):
+    """A local-attention layer: only the last ``sliding_window`` tokens are kept.
+
+    Blocks wholly before the window are freed (vLLM v1's sliding-window manager does the same),
+    so the blocks held are those that the window ``[num_tokens - window, num_tokens)`` touches.
+    """
+
+    sliding_window: int = 0
+
+    def tokens_held(self, num_tokens: int) -> int:
+        return min(num_tokens, self.sliding_window)
+
+    def blocks_held(self, num_tokens: int, block_size: int) -> range:
+        first = max(0, num_tokens - self.sliding_window) // block_size
+        return range(first, math.ceil(num_tokens / block_size))
+
+
+@dataclass(frozen=True)
+class MLASpec:
+    """Multi-head latent attention (DeepSeek-V2/V3): one compressed latent per token,
+    ``[num_tokens, kv_lora_rank + qk_rope_head_dim]``, shared by all heads, so no factor 2 and
+    replicated (not split) across tensor-parallel ranks."""
+
+    kv_lora_rank: int
+    qk_rope_head_dim: int
+    dtype: KVDtype
+
+    @property
+    def bytes_per_token(self) -> int:
+        return self.dtype.row_bytes(self.kv_lora_rank + self.qk_rope_head_dim)
+
+    def tokens_held(self, num_tokens: int) -> int:
+        return num_tokens
+
+    def blocks_held(self, num_tokens: int, block_size: int) -> range:
+        return range(0, math.ceil(num_tokens / block_size))
+
+
+LayerKVSpec = Union[FullAttentionSpec, SlidingWindowSpec, MLASpec]
+
+
+def kv_dtype_of(spec: ModelSpec, kv_cache_dtype: str = "auto") -> KVDtype:
+    """The KV dtype ``kv_cache_dtype`` means for ``spec`` served by vLLM: ``auto`` is the dtype
+    the checkpoint is served in (:func:`kvplan.plan.dtypes.serving_dtype`).
+
+    Raises:
+        KvplanError: an unknown ``kv_cache_dtype``.
+    """
+    return dtypes.resolve(kv_cache_dtype, dtypes.serving_dtype(spec.dtype))
+
+
+def kv_heads_per_rank(num_kv_heads: int, num_attention_heads: int, tp: int) -> int:
+    """KV heads one tensor-parallel rank stores: ``max(1, kv_heads // tp)``; heads are replicated
+    when tp exceeds them (vLLM's rule).
+
+    Raises:
+        KvplanError: tp < 1, tp does not divide the attention heads, or tp and the KV heads
+            divide neither way (vLLM refuses both).
+    """
+    if tp < 1:
+        raise KvplanError("tp", f"must be >= 1 (got {tp})")
+    if num_attention_heads % tp:
+        raise KvplanError(
+            "tp", f"{tp} does not divide the {num_attention_heads} attention heads", "pick a divisor of the head count"
+        )
+    if num_kv_heads % tp and tp % num_kv_heads:
+        raise KvplanError("tp", f"{tp} and the {num_kv_heads} KV heads do not divide one another", "pick another tp")
+    return max(1, num_kv_heads // tp)
+
+
+def pipeline_stages(num_layers: int, pp: int) -> list[range]:
+    """Contiguous layer ranges of the ``pp`` pipeline stages.
+
+    Layers split evenly; the ``num_layers % pp`` extra layers go one each to the stages just before
+    the last one (vLLM's ``get_pp_indices`` split, which spares the last stage that also holds the
+    LM head).
+
+    Raises:
+        KvplanError: pp < 1 or more stages than layers.
+    """
+    if pp < 1 or pp > num_layers:
+        raise KvplanError("pp", f"must be between 1 and the {num_layers} layers (got {pp})")
+    sizes = [num_layers // pp] * pp
+    for i in range(num_layers % pp):
+        sizes[-2 - i] += 1
+    stages, start = [], 0
+    for size in sizes:
+        stages.append(range(start, start + size))
+        start += size
+    return stages
+
+
+def layers_bytes_per_token(layers: tuple[LayerKVSpec, ...]) -> int:
+    """KV bytes one new token costs across ``layers`` while every layer still holds it."""
+    return sum(layer.bytes_per_token for layer in layers)
+
+
+def request_kv_bytes(layers: tuple[LayerKVSpec, ...], num_tokens: int, block_size: int | None = None) -> int:
+    """KV bytes one sequence of ``num_tokens`` tokens holds.
+
+    ``block_size=None``: exact tokens held (sliding layers capped at their window). Otherwise paged:
+    whole blocks of ``block_size`` tokens per layer, the last one partly empty.
+    """
+    if block_size is None:
+        return sum(layer.tokens_held(num_tokens) * layer.bytes_per_token for layer in layers)
+    return sum(len(layer.blocks_held(num_tokens, block_size)) * block_size * layer.bytes_per_token for layer in layers)
+
+
+def shared_prefix_bytes(layers: tuple[LayerKVSpec, ...], num_tokens: int, prefix_tokens: int, block_size: int) -> int:
+    """Paged bytes of a shared prefix's full blocks still held at ``num_tokens`` tokens.
+
+    Only full blocks can be shared (a prefix cache hit covers whole blocks); a sliding layer that
+    has moved past part of the prefix no longer holds those blocks.
+    """
+    num_full_prefix_blocks = min(prefix_tokens, num_tokens) // block_size
+    total = 0
+    for layer in layers:
+        held = layer.blocks_held(num_tokens, block_size)
+        shared = max(0, min(held.stop, num_full_prefix_blocks) - held.start)
+        total += shared * block_size * layer.bytes_per_token
+    return total
+
+
+def batch_kv_bytes(
+    layers: tuple[LayerKVSpec, ...], num_tokens: int, batch_size: int, block_size: int, prefix_tokens: int = 0
+) -> int:
+    """Paged bytes of ``batch_size`` sequences of ``num_tokens`` tokens whose first ``prefix_tokens``
+    are shared: the prefix's full blocks are stored once, not ``batch_size`` times."""
+    per_request = request_kv_bytes(layers, num_tokens, block_size)
+    shared = shared_prefix_bytes(layers, num_tokens, prefix_tokens, block_size) if batch_size > 1 else 0
+    return batch_size * per_request - (batch_size - 1) * shared
+
+
+def stage_layer_specs(spec: ModelSpec, kv_cache_dtype: str = "auto", tp: int = 1, pp: int = 1) -> list[tuple[LayerKVSpec, ...]]:
+    """Per-layer KV specs of one GPU rank in each pipeline stage (all tp ranks of a stage are alike).
+
+    Raises:
+        KvplanError: bad tp, pp or KV dtype (see :func:`kv_heads_per_rank`, :func:`pipeline_stages`).
+    """
+    dtype = kv_dtype_of(spec, kv_cache_dtype)
+    heads = kv_heads_per_rank(spec.num_kv_heads, spec.num_attention_heads, tp)
+
+    def layer(kind: str) -> LayerKVSpec:
+        if spec.mla is not None:
+            return MLASpec(spec.mla.kv_lora_rank, spec.mla.qk_rope_head_dim, dtype)
+        if kind == "sliding" and spec.sliding_window is not None:
+            return SlidingWindowSpec(heads, spec.head_dim, dtype, sliding_window=spec.sliding_window)
+        return FullAttentionSpec(heads, spec.head_dim, dtype)
+
+    return [tuple(layer(spec.layer_kinds[i]) for i in stage) for stage in pipeline_stages(spec.num_layers, pp)]
+
+
+def rank_layer_specs(spec: ModelSpec, kv_cache_dtype: str = "auto", tp: int = 1, pp: int = 1) -> tuple[LayerKVSpec, ...]:
+    """The layers of the pipeline stage with the most KV bytes per token: with equal GPUs, that
+    stage runs out of KV memory first and so limits the whole pipeline."""
+    stages = stage_layer_specs(spec, kv_cache_dtype, tp, pp)
+    return max(stages, key=layers_bytes_per_token)
+
+
+def bytes_per_token(spec: ModelSpec, kv_cache_dtype: str = "auto", tp: int = 1, pp: int = 1) -> int:
+    """KV bytes one token costs on one GPU rank (the limiting pipeline stage), every layer counted
+    as if it still held the token (sliding-window layers included).
+
+    Examples (hand arithmetic): 32 layers x 2 x 8 KV heads x 128 x 2 bytes (bf16) = 131,072;
+    DeepSeek-V3: 61 x (512 + 64) x 2 = 70,272; Llama-3.1-70B at tp=32: 80 x 2 x 1 x 128 x 2 = 40,960.
+
+    Raises:
+        KvplanError: bad tp, pp or KV dtype.
+    """
+    return layers_bytes_per_token(rank_layer_specs(spec, kv_cache_dtype, tp, pp))

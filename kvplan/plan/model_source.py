@@ -1,0 +1,123 @@
+"""Where a ModelSpec comes from: a bundled preset, a user's config.json (or a folder holding
+one), or a GGUF file.
+
+Presets are ``kvplan/data/models/*.json``: the published config.json of a real model with its
+source, found by short name, Hugging Face id or alias, case-insensitively. A user's file goes
+through the same reader as a preset (:meth:`ModelSpec.from_hf_config`); errors name the file.
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+import re
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+from kvplan.errors import KvplanError
+from kvplan.plan.gguf_spec import is_gguf, read_gguf_config
+from kvplan.plan.model_spec import ModelSpec
+
+PRESETS_DIR = Path(__file__).parent / "data" / "models"
+# A Hugging Face model id: ``name`` or ``org/name`` of letters, digits, ``-``, ``_`` and ``.``.
+_HF_ID = re.compile(r"[A-Za-z0-9][\w.-]*(/[A-Za-z0-9][\w.-]*)?")
+
+
+@lru_cache(maxsize=1)
+def _catalog() -> dict[str, Path]:
+    """Lower-cased short name, Hugging Face id and aliases -> preset file."""
+    index: dict[str, Path] = {}
+    for path in sorted(PRESETS_DIR.glob("*.json")):
+        entry = json.loads(path.read_text())
+        for key in (path.stem, entry["name"], entry["hf_id"], *entry.get("aliases", [])):
+            index[key.lower()] = path
+    return index
+
+
+def preset_names() -> list[str]:
+    """Short names of the bundled presets."""
+    return sorted(path.stem for path in PRESETS_DIR.glob("*.json"))
+
+
+def load_preset(name: str) -> tuple[ModelSpec, dict[str, Any]]:
+    """A preset's spec and its catalog entry (name, hf_id, source, config).
+
+    Raises:
+        KvplanError: an unknown name, with the closest known names.
+    """
+    path = _catalog().get(name.lower())
+    if path is None:
+        close = difflib.get_close_matches(name.lower(), list(_catalog()), n=3, cutoff=0.5)
+        hint = f"closest: {', '.join(close)}" if close else f"known: {', '.join(preset_names())}"
+        raise KvplanError("model", f"unknown model {name!r}", f"{hint}; or give a config.json or .gguf path")
+    entry = json.loads(path.read_text())
+    return ModelSpec.from_hf_config(entry["config"], entry["name"]), entry
+
+
+def load_model_spec(model: str) -> ModelSpec:
+    """A ModelSpec from a preset name or Hugging Face id (case-insensitive), a config.json file,
+    a folder holding config.json (or one .gguf), or a .gguf file. A file is read as GGUF when its
+    name ends in .gguf in any case or its first bytes are GGUF's magic, else as JSON; the name a
+    config file gets is :func:`_config_name`'s.
+
+    Raises:
+        KvplanError: an empty or unknown name, a missing or unreadable file, or a config with a
+            missing or bad field.
+    """
+    if not model.strip():  # Path("") is the current folder
+        raise KvplanError("model", "the model name is empty",
+                          "give a preset name such as llama-3.1-8b, a config.json path or folder, or a .gguf file")
+    path = Path(model).expanduser()
+    if path.is_dir():
+        if (path / "config.json").is_file():
+            return _from_json(path / "config.json")
+        ggufs = sorted(child for child in path.glob("*") if child.is_file() and is_gguf(child))
+        if len(ggufs) == 1:
+            return _from_gguf(ggufs[0])
+        raise KvplanError("", "holds no config.json (nor exactly one .gguf file)", source=str(path))
+    if path.is_file():
+        return _from_gguf(path) if is_gguf(path) else _from_json(path)
+    if path.suffix.lower() in (".json", ".gguf"):
+        raise KvplanError("", "no such file", source=str(path))
+    return load_preset(model)[0]
+
+
+def _config_name(path: Path, config: dict[str, Any]) -> str:
+    """The model name shown for a config file, the first that applies: the config's
+    ``_name_or_path`` if it is a Hugging Face id, not a local path (training leaves ``/fsx/ckpt/...``);
+    a file not named config.json: its stem less a trailing ``.config``; a Hugging Face cache snapshot
+    (``models--org--name/snapshots/<hash>/``): ``org/name``; else the folder's resolved name."""
+    given = config.get("_name_or_path")
+    if isinstance(given, str) and _HF_ID.fullmatch(given):
+        return given
+    if path.name.lower() != "config.json":
+        return path.stem.removesuffix(".config") or path.stem
+    folder = path.parent.resolve()  # not the file: a snapshot's config.json links into ../../blobs
+    repo = folder.parent.parent.name
+    if folder.parent.name == "snapshots" and repo.startswith("models--"):
+        return "/".join(repo.split("--")[1:])  # the cache writes org/name as models--org--name
+    return folder.name or str(folder)
+
+
+def _from_json(path: Path) -> ModelSpec:
+    try:
+        config = json.loads(path.read_text())
+    except OSError as err:
+        raise KvplanError("", f"cannot read: {err.strerror}", source=str(path)) from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise KvplanError("", f"not valid JSON ({err})", source=str(path)) from None
+    if not isinstance(config, dict):
+        raise KvplanError("", "not a config.json object", source=str(path))
+    return _from_file(path, config, _config_name(path, config))
+
+
+def _from_gguf(path: Path) -> ModelSpec:
+    return _from_file(path, *read_gguf_config(path))
+
+
+def _from_file(path: Path, config: dict[str, Any], name: str) -> ModelSpec:
+    try:
+        return ModelSpec.from_hf_config(config, name)
+    except KvplanError as err:  # name the file the user gave, not the model
+        raise err.within(source=str(path)) from None

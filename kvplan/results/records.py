@@ -1,0 +1,143 @@
+"""The raw records of a run and the key of a load level: what is written as it happens.
+
+A run folder holds one ``RequestRecord`` per finished request (``requests.jsonl``) and one
+``StepRecord`` per engine step (``steps.jsonl``), each tagged with its load level. Every view,
+summary and gate verdict is computed from these and the run result (kvplan.results.run_result).
+Times are seconds on the run's clock (``time.perf_counter()`` for a measured run, the virtual
+clock of a simulated one); only differences are meaningful.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from typing import Any, Literal
+
+Mode = Literal["closed", "open"]
+
+
+@dataclass(frozen=True)
+class LevelKey:
+    """One load level of one bucket: the one key and the one label every part uses.
+
+    ``value`` is the concurrency N (mode ``closed``: N requests in flight) or the request rate in
+    requests/s (mode ``open``: Poisson arrivals). ``variant`` is "" or, in a shared_prefix run,
+    ``cached`` / ``uncached`` (kvplan.results.prefix_metrics).
+    """
+
+    bucket: str
+    mode: Mode
+    value: int | float
+    variant: str = ""
+
+    @property
+    def label(self) -> str:
+        """``c=8``, ``2 req/s``, ``c=8 cached``: the level within its bucket (tables, the gate's
+        baseline keys, charts)."""
+        label = f"c={int(self.value)}" if self.mode == "closed" else f"{self.value:g} req/s"
+        return f"{label} {self.variant}" if self.variant else label
+
+    @property
+    def name(self) -> str:
+        """``short c=8``: bucket and label (progress bars, chart annotations)."""
+        return f"{self.bucket} {self.label}"
+
+    @property
+    def id(self) -> str:
+        """``short/closed/8`` (``/cached``): the stem of request ids and cache salts, unique per level."""
+        return f"{self.bucket}/{self.mode}/{self.value:g}" + (f"/{self.variant}" if self.variant else "")
+
+    @classmethod
+    def of(cls, record: Any) -> LevelKey:
+        """The key of anything that carries ``bucket, mode, level, variant`` (records, summaries)."""
+        return cls(record.bucket, record.mode, record.level, record.variant)
+
+
+@dataclass(frozen=True)
+class RequestRecord:
+    """One finished request of one load level.
+
+    ``level`` is the level's value (concurrency, or requests/s). ``token_times[i]`` is when output
+    token i reached the client (the engine's step end; for an HTTP target the chunk's arrival).
+    ``finish_reason``: stop, length, abort, oom, cannot_fit (the engine's), or error (a target's
+    failed request, ``finish_detail`` says why). Latencies derived from these: kvplan.results.metrics.
+    """
+
+    request_id: str
+    bucket: str
+    mode: str
+    level: int | float
+    arrival_time: float
+    first_scheduled_time: float | None
+    finish_time: float
+    token_times: tuple[float, ...]
+    num_prompt_tokens: int
+    num_output_tokens: int
+    max_tokens: int
+    finish_reason: str
+    finish_detail: str = ""
+    num_preemptions: int = 0
+    num_cached_tokens: int = 0
+    variant: str = ""  # "cached" | "uncached" in a shared_prefix run (see kvplan.results.prefix_metrics)
+    prefix_group: int | None = None  # the shared prefix it carried; None: none
+    tenant: int | None = None
+    cache_salt: str | None = None  # requests share prefix blocks only under the same salt
+
+    @property
+    def key(self) -> LevelKey:
+        return LevelKey.of(self)
+
+
+@dataclass(frozen=True)
+class StepRecord:
+    """One engine step (its ``StepStats``, field for field) with its level and four KV sizes.
+
+    ``kv_resident_tokens``: per request holding blocks after the step, its tokens with K/V;
+    ``kv_resident_request_ids`` names those requests in the same order.
+    ``ideal_bytes`` = sum(resident tokens) x bytes per token; ``paged_bytes`` = sum of whole
+    blocks per request x bytes per block; ``contiguous_bytes`` = requests holding KV x
+    max_model_len x bytes per token (kvplan's estimate, all three); ``measured_bytes`` = used
+    blocks x the engine's real bytes per block.
+    """
+
+    step_index: int
+    bucket: str
+    mode: str
+    level: int | float
+    start_time: float
+    end_time: float
+    num_prefill_tokens: int
+    num_decode_tokens: int
+    num_running: int
+    num_waiting: int
+    num_used_blocks: int
+    num_free_blocks: int
+    num_total_blocks: int
+    num_preemptions: int
+    num_finished: int
+    num_oom: int
+    num_prefix_queried_tokens: int
+    num_prefix_hit_tokens: int
+    kv_resident_tokens: tuple[int, ...]
+    ideal_bytes: int
+    paged_bytes: int
+    contiguous_bytes: int
+    measured_bytes: int
+    variant: str = ""  # the level's variant, as in RequestRecord
+    kv_resident_request_ids: tuple[str, ...] = ()
+
+    @property
+    def key(self) -> LevelKey:
+        return LevelKey.of(self)
+
+    @classmethod
+    def from_stats(cls, key: LevelKey, stats: Any, **sizes: int) -> StepRecord:
+        """A record of one step: ``stats`` is anything with StepStats' field names (the engine's,
+        or a simulated step's); ``sizes`` are the four KV sizes in bytes."""
+        own = {**level_fields(key), **sizes}
+        values = {f.name: own[f.name] if f.name in own else getattr(stats, f.name) for f in fields(cls)}
+        return cls(**values)
+
+
+def level_fields(key: LevelKey) -> dict[str, Any]:
+    """The level columns of a record: ``bucket, mode, level, variant``."""
+    return {"bucket": key.bucket, "mode": key.mode, "level": key.value, "variant": key.variant}

@@ -1,0 +1,91 @@
+"""summary.md: the run's tables in Markdown, its charts, and the metric definitions it used."""
+
+from __future__ import annotations
+
+from kvplan.results.metrics import DEFINITIONS
+from kvplan.results.report import tables
+from kvplan.results.report.fp8 import fp8_markdown
+from kvplan.results.report.prefix import prefix_markdown
+from kvplan.results.run_result import RunResult
+
+STATUS_NOTES = {
+    "complete": "complete",
+    "interrupted": "interrupted (Ctrl-C): the tables cover the requests that finished before the stop",
+    "running": "incomplete: the run stopped without closing; rebuilt from the records written so far",
+}
+
+
+def _header(result: RunResult) -> list[str]:
+    run, workload, eng = result.run, result.workload, result.engine
+    dataset = run.dataset
+    lines = [
+        f"# kvplan load test: {workload.name}",
+        "",
+        f"- status: {STATUS_NOTES.get(result.status, result.status)}",
+        f"- started {result.started_at}, finished {result.finished_at or '-'}",
+        f"- workload: `{workload.source}` (sha256 `{workload.sha256[:12]}`)",
+    ]
+    if eng is not None:
+        lines.append(f"- engine: {eng.model} on {eng.device}, dtype {eng.dtype}, KV dtype {eng.kv_cache_dtype},"
+                     f" attention backend {eng.attention_backend}, block size {eng.block_size},"
+                     f" prefix caching {'on' if eng.enable_prefix_caching else 'off'}")
+    lines += [
+        f"- dataset: {dataset.get('kind', '?')}"
+        + (f" ({dataset['num_conversations']:,} whole conversations read)" if "num_conversations" in dataset else ""),
+        f"- versions: kvplan {run.kvplan_version}, torch {run.torch or '-'},"
+        f" transformers {run.transformers or '-'}, python {run.python}",
+    ]
+    given = [f"{k[:-3].upper()} <= {v:g} ms" for k, v in result.slo.model_dump().items() if v is not None]
+    lines.append(f"- SLO: {', '.join(given) if given else 'none given (goodput = request throughput)'}")
+    return lines
+
+
+def _exactness(result: RunResult) -> str:
+    kv = result.kv
+    steps, error = (kv.num_steps, kv.max_paged_error_bytes) if kv else (0, 0)
+    if not steps:
+        return "No engine step was recorded."
+    shared = kv.num_shared_steps or 0
+    if shared:  # a shared_prefix run: only the uncached variant's steps can be exact
+        verdict = "equal" if error == 0 else f"differ by up to {error:,} B from"
+        return (f"Measured KV bytes {verdict} the paged estimate at every one of the uncached variant's"
+                f" {steps - shared:,} steps; the cached variant's {shared:,} steps share prefix blocks"
+                " (see Prefix caching).")
+    if error == 0:
+        return f"Measured KV bytes equal the paged estimate at every one of {steps:,} steps (max |difference| 0 B)."
+    return (f"Measured KV bytes differ from the paged estimate by up to {error:,} B over {steps:,} steps"
+            " (expected with prefix caching on: shared blocks are counted once by the engine).")
+
+
+def summary_markdown(result: RunResult, charts: list[str]) -> str:
+    """The whole summary.md for one run's result and the chart files beside it."""
+    sections = [
+        ("KV pool: kvplan's estimate against the engine", tables.estimate_table(result), ""),
+        ("Knee: predicted max concurrency against measured", tables.knee_table(result),
+         "Predicted: how many requests of the bucket's P95 length (prompt + output tokens) fit the pool"
+         " in whole blocks at once. Measured knee: the lowest concurrency level at which the engine"
+         " preempted a request."),
+        ("Latency (ms, completed requests)", tables.latency_table(result), ""),
+        ("Throughput and goodput", tables.throughput_table(result), ""),
+        ("KV cache per level", tables.kv_table(result), _exactness(result)),
+        ("Production targets (plan)", tables.plan_table(result),
+         "Max concurrency per bucket at its P95 request length, from kvplan's capacity estimate."),
+    ]
+    lines = _header(result)
+    for title, frame, note in sections:
+        if title.startswith("Production") and frame.empty:
+            continue
+        lines += ["", f"## {title}", ""]
+        if note:
+            lines += [note, ""]
+        lines.append(tables.to_markdown(frame).rstrip("\n"))
+    lines += fp8_markdown(result)
+    lines += prefix_markdown(result)
+    lines += ["", "## Charts", ""]
+    lines += [f"![{name}]({name})" for name in charts]
+    lines += ["", "## Metric definitions", "", DEFINITIONS.rstrip("\n"),
+              "- Ideal KV = sum over requests holding KV of resident tokens x kvplan's bytes per token;"
+              " paged = whole blocks per request x bytes per block; contiguous = max_model_len per"
+              " request (a naive allocator's reservation); measured = used blocks x the engine's real"
+              " bytes per block (read from its K/V tensors).", ""]
+    return "\n".join(lines)

@@ -1,0 +1,216 @@
+"""Report tables: the run result -> pandas DataFrames -> Markdown (summary.md) or rich (console).
+
+Every table reads only the saved run result, so ``kvplan report DIR`` and the end of a load
+test print the same numbers. Missing values (a level with no completed request, an undefined
+TPOT) show as an empty cell, never as 0. A level the run was stopped in is marked ``partial``
+and counts its completed requests against the planned ones (the bucket's num_requests).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, fields
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from kvplan.results import metrics
+from kvplan.results.metrics import LatencyStats, LevelSummary
+from kvplan.results.records import RequestRecord, StepRecord
+from kvplan.results.run_result import RunResult
+from kvplan.results.store import write_atomic
+
+MIB = 2**20
+
+
+def _mib(value: float | None) -> float | None:
+    return None if value is None else value / MIB
+
+
+def _stat(stats: LatencyStats | None, key: str) -> float | None:
+    return None if stats is None else getattr(stats, key)
+
+
+def level_name(level: LevelSummary) -> str:
+    """The level's label (``c=4``, ``2 req/s``, ``c=4 cached``), ``partial`` added for a level
+    the run was stopped in."""
+    return f"{level.key.label} partial" if level.partial else level.key.label
+
+
+def _done(level: LevelSummary) -> str:
+    """Completed / planned requests (planned: the bucket's num_requests)."""
+    planned = level.num_planned
+    return f"{level.num_completed}/{planned if planned is not None else level.num_requests}"
+
+
+def estimate_table(result: RunResult) -> pd.DataFrame:
+    """kvplan's prediction of the engine's KV pool against what the engine allocated."""
+    est, eng = result.estimate, result.engine
+    get = lambda part, name: None if part is None else getattr(part, name)  # noqa: E731
+    rows = [
+        ("KV bytes per token", get(est, "bytes_per_token"), get(eng, "bytes_per_token")),
+        ("KV bytes per block", get(est, "bytes_per_block"), get(eng, "bytes_per_block")),
+        ("KV pool blocks", get(est, "num_blocks"), get(eng, "num_blocks")),
+        ("KV pool tokens", get(est, "pool_tokens"), get(eng, "pool_tokens")),
+        ("KV pool MiB", _mib(get(est, "pool_bytes")), _mib(get(eng, "pool_bytes"))),
+    ]
+    return pd.DataFrame(rows, columns=["quantity", "estimated (kvplan)", "measured (engine)"])
+
+
+def knee_table(result: RunResult) -> pd.DataFrame:
+    """Per bucket: the estimate's max concurrency for its P95 request against the measured knee."""
+    rows = [
+        {
+            "bucket": b.name,
+            "P95 request tokens": b.p95_request_tokens,
+            "predicted max concurrency": b.predicted_max_concurrency,
+            "measured knee": b.measured_knee,
+            "highest level without preemption": b.max_clean_concurrency,
+        }
+        for b in result.buckets
+    ]
+    return pd.DataFrame(rows)
+
+
+def latency_table(result: RunResult) -> pd.DataFrame:
+    """TTFT, TPOT, ITL and E2E percentiles (ms) per bucket and level."""
+    rows = []
+    for lv in result.levels:
+        row = {"bucket": lv.bucket, "level": level_name(lv), "done/planned": _done(lv)}
+        for metric, keys in (("ttft_ms", ("p50", "p95", "p99")), ("tpot_ms", ("p50", "p95", "p99")),
+                             ("itl_ms", ("p50", "p99")), ("e2e_ms", ("p50", "p99"))):
+            for key in keys:
+                row[f"{metric[:-3].upper()} {key.upper()} ms"] = _stat(getattr(lv, metric), key)
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def throughput_table(result: RunResult) -> pd.DataFrame:
+    """Throughput and goodput per bucket and level."""
+    rows = [
+        {
+            "bucket": lv.bucket, "level": level_name(lv),
+            "output tok/s": lv.output_tokens_per_s, "total tok/s": lv.total_tokens_per_s,
+            "req/s": lv.requests_per_s, "goodput req/s": lv.goodput_rps,
+            "SLO attainment": lv.slo_attainment, "failed": lv.num_failed,
+        }
+        for lv in result.levels
+    ]
+    return pd.DataFrame(rows)
+
+
+def kv_table(result: RunResult) -> pd.DataFrame:
+    """KV cache per level: blocks, usage, preemptions, KV OOM, queue, and the four KV sizes."""
+    rows = [
+        {
+            "bucket": lv.bucket, "level": level_name(lv),
+            "blocks": lv.num_total_blocks, "peak used": lv.peak_used_blocks,
+            "mean usage": lv.mean_kv_usage, "preemptions": lv.num_preemptions,
+            "KV OOM": lv.num_cannot_fit, "mem errors": lv.num_oom,
+            "queue mean": lv.mean_queue_len, "queue max": lv.max_queue_len,
+            "peak ideal MiB": _mib(lv.peak_ideal_bytes), "peak paged MiB": _mib(lv.peak_paged_bytes),
+            "peak measured MiB": _mib(lv.peak_measured_bytes),
+            "peak contiguous MiB": _mib(lv.peak_contiguous_bytes),
+            "max abs(measured - paged) B": lv.max_paged_error_bytes,
+            "prefix hit rate": lv.prefix_hit_rate,
+        }
+        for lv in result.levels
+    ]
+    return pd.DataFrame(rows)
+
+
+def plan_table(result: RunResult) -> pd.DataFrame:
+    """Per production target (plan:) and bucket: the max concurrency the estimate gives there."""
+    rows = []
+    for target in result.estimate.plan if result.estimate else []:
+        row = {
+            "target": f"{target.model} on {target.gpu} tp={target.tp} kv={target.kv_cache_dtype}",
+            "KV bytes/token": target.bytes_per_token,
+            "KV tokens": target.kv_capacity_tokens,
+        }
+        for b in target.buckets:
+            row[f"{b.name} max concurrency"] = b.max_concurrency
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def console_table(result: RunResult) -> pd.DataFrame:
+    """One narrow row per level for an 80-column terminal; summary.md has the full tables."""
+    rows = [
+        {
+            "bucket": lv.bucket, "level": level_name(lv), "done": _done(lv),
+            "TTFT p50": _stat(lv.ttft_ms, "p50"), "TTFT p99": _stat(lv.ttft_ms, "p99"),
+            "TPOT p50": _stat(lv.tpot_ms, "p50"), "TPOT p99": _stat(lv.tpot_ms, "p99"),
+            "out tok/s": lv.output_tokens_per_s, "goodput": lv.goodput_rps,
+            "preempt": lv.num_preemptions, "peak blocks": f"{lv.peak_used_blocks}/{lv.num_total_blocks}",
+        }
+        for lv in result.levels
+    ]
+    return pd.DataFrame(rows)
+
+
+# ---- the records as CSV -----------------------------------------------------------------------
+def request_row(rec: RequestRecord) -> dict[str, Any]:
+    """The requests.csv row: scalars plus derived latencies in ms (empty when undefined)."""
+    row = {k: v for k, v in asdict(rec).items() if k != "token_times"}
+    ms = lambda s: None if s is None else s * 1e3  # noqa: E731
+    row.update(ttft_ms=ms(metrics.ttft_s(rec)), tpot_ms=ms(metrics.tpot_s(rec)), e2e_ms=ms(metrics.e2e_s(rec)))
+    return row
+
+
+def step_row(rec: StepRecord) -> dict[str, Any]:
+    """The steps.csv row: resident tokens summed, KV usage added."""
+    row = {k: v for k, v in asdict(rec).items() if k not in ("kv_resident_tokens", "kv_resident_request_ids")}
+    row["num_kv_requests"] = len(rec.kv_resident_tokens)
+    row["kv_resident_tokens"] = sum(rec.kv_resident_tokens)
+    row["kv_cache_usage"] = metrics.kv_cache_usage(rec)
+    return row
+
+
+def write_tables(run_dir: Path, requests: list[RequestRecord], steps: list[StepRecord]) -> None:
+    """Atomically write requests.csv and steps.csv (empty tables keep their header)."""
+    tables = [
+        ("requests.csv", [request_row(r) for r in requests], [f.name for f in fields(RequestRecord)]),
+        ("steps.csv", [step_row(s) for s in steps], [f.name for f in fields(StepRecord)]),
+    ]
+    for name, rows, columns in tables:
+        frame = pd.DataFrame(rows) if rows else pd.DataFrame(columns=columns)
+        if rows:  # concurrency N stays an integer next to open-loop rates (one column would be float)
+            frame["level"] = pd.Series([r["level"] for r in rows], dtype=object)
+        write_atomic(run_dir / name, frame.to_csv(index=False))
+
+
+def _cell(value: Any) -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return ""
+    if isinstance(value, float):
+        if value == int(value) and abs(value) < 1e15:
+            return f"{int(value):,}"
+        return f"{value:,.3g}" if abs(value) < 100 else f"{value:,.1f}"
+    if isinstance(value, int) and not isinstance(value, bool):
+        return f"{value:,}"
+    return str(value)
+
+
+def to_markdown(frame: pd.DataFrame) -> str:
+    """A GitHub Markdown table (pandas' own to_markdown needs the tabulate package)."""
+    if frame.empty:
+        return "_no data_\n"
+    header = "| " + " | ".join(str(c) for c in frame.columns) + " |"
+    rule = "|" + "|".join("---" for _ in frame.columns) + "|"
+    body = ["| " + " | ".join(_cell(v) for v in row) + " |" for row in frame.astype(object).itertuples(index=False)]
+    return "\n".join([header, rule, *body]) + "\n"
+
+
+def to_rich(frame: pd.DataFrame, title: str):
+    """The same table for the console."""
+    from rich.table import Table
+
+    table = Table(title=title, title_justify="left")
+    for column in frame.columns:
+        numeric = pd.api.types.is_numeric_dtype(frame[column])
+        table.add_column(str(column), justify="right" if numeric else "left")
+    for row in frame.astype(object).itertuples(index=False):
+        table.add_row(*(_cell(v) for v in row))
+    return table

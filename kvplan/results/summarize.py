@@ -1,0 +1,65 @@
+"""The run result's summaries: a pure function of its records, its estimate and its SLO.
+
+``summarize`` fills ``levels`` (one LevelSummary per bucket x level x variant), ``buckets``
+(predicted max concurrency vs measured knee), ``kv`` (paging exactness over the steps where no
+block could be shared: all but a shared_prefix run's cached variant) and, for a shared_prefix
+run, ``prefix_caching`` (kvplan.results.prefix_metrics.compare_variants).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from kvplan.results import metrics, prefix_metrics
+from kvplan.results.records import RequestRecord, StepRecord
+from kvplan.results.run_result import BucketSummary, KvSummary, RunResult
+
+
+def prefix_pricing(result: RunResult) -> prefix_metrics.PrefixPricing | None:
+    """What sharing the run's prefix saves (None for a run without a shared prefix)."""
+    shared = result.estimate.shared_prefix if result.estimate else None
+    if shared is None:
+        return None
+    return prefix_metrics.PrefixPricing(shared.num_full_blocks * result.estimate.block_size,
+                                        shared.shared_bytes_per_request)
+
+
+def shared_step_estimates(result: RunResult, requests: Sequence[RequestRecord],
+                          steps: Sequence[StepRecord]) -> list[int | None]:
+    """Per step, the paged estimate with the shared prefix counted once (None where it cannot be
+    told, and everywhere in a run without a shared prefix)."""
+    return prefix_metrics.step_estimates(steps, requests, prefix_pricing(result))
+
+
+def summarize(result: RunResult, requests: Sequence[RequestRecord], steps: Sequence[StepRecord]) -> RunResult:
+    """``result`` with its summaries computed from ``requests`` and ``steps``."""
+    levels = metrics.summarize_levels(requests, steps, result.slo, result.planned_requests())
+    estimates = {b.name: b for b in (result.estimate.buckets if result.estimate else [])}
+    names = list(dict.fromkeys([*estimates, *(s.bucket for s in levels)]))
+    buckets = []
+    for name in names:
+        # The predicted max concurrency shares nothing, so the knee is the unshared variant's.
+        own = [s for s in levels if s.bucket == name and s.variant != prefix_metrics.CACHED]
+        estimate = estimates.get(name)
+        buckets.append(BucketSummary(
+            name=name,
+            p95_request_tokens=estimate.p95_request_tokens if estimate else None,
+            predicted_max_concurrency=estimate.max_concurrency if estimate else None,
+            measured_knee=metrics.measured_knee(own),
+            max_clean_concurrency=metrics.max_clean_concurrency(own),
+            levels_run=[s.level for s in own],
+        ))
+    unshared = [s for s in steps if s.variant != prefix_metrics.CACHED]
+    pricing = prefix_pricing(result)
+    kv = KvSummary(
+        num_steps=len(steps),
+        max_paged_error_bytes=max((abs(s.measured_bytes - s.paged_bytes) for s in unshared), default=0),
+        num_requests=len(requests),
+        num_shared_steps=len(steps) - len(unshared) if pricing is not None else None,
+    )
+    prefix_caching = None
+    if pricing is not None:
+        per_step = prefix_metrics.step_estimates(steps, requests, pricing)
+        prefix_caching = prefix_metrics.compare_variants(levels, steps, per_step)
+    return result.model_copy(update={"levels": levels, "buckets": buckets, "kv": kv,
+                                     "prefix_caching": prefix_caching})

@@ -1,0 +1,54 @@
+"""The machine-readable summary of a run: what ``kvplan report RUN --json`` prints.
+
+One object per run, the same shape for every kind of run (measured, simulated, a remote target),
+for scripts and CI. Keys are a contract: fields may be added, never renamed::
+
+    {"source": "measured", "workload": "chat", "status": "complete",
+     "buckets": [{"name", "knee", "slo_max_concurrency", "slo_max_request_rate",
+                  "levels": [{"mode", "level", "num_completed", "num_failed", "preemptions",
+                              "peak_used_blocks", "output_throughput_tok_s", "goodput_req_s",
+                              "ttft_ms": {"mean", "p50", "p95", "p99"}, "tpot_ms", "itl_ms", "e2e_ms"}]}]}
+
+``knee``: the lowest closed-loop concurrency that preempted (null: none did). The SLO capacity
+fields are null in a run that did not search for them.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from kvplan.results.metrics import LatencyStats, LevelSummary
+from kvplan.results.run_result import RunResult
+
+_STATS = ("mean", "p50", "p95", "p99")
+
+
+def _stats(stats: LatencyStats | None) -> dict[str, float | None]:
+    return {key: None if stats is None else getattr(stats, key) for key in _STATS}
+
+
+def level_json(level: LevelSummary) -> dict[str, Any]:
+    """One level of the summary (see the module docstring)."""
+    return {
+        "mode": level.mode, "level": level.level, "variant": level.variant,
+        "num_completed": level.num_completed, "num_failed": level.num_failed,
+        "preemptions": level.num_preemptions, "peak_used_blocks": level.peak_used_blocks,
+        "output_throughput_tok_s": level.output_tokens_per_s, "goodput_req_s": level.goodput_rps,
+        "ttft_ms": _stats(level.ttft_ms), "tpot_ms": _stats(level.tpot_ms),
+        "itl_ms": _stats(level.itl_ms), "e2e_ms": _stats(level.e2e_ms),
+    }
+
+
+def summary_json(result: RunResult) -> dict[str, Any]:
+    """The run's summary as plain JSON types (see the module docstring)."""
+    return {
+        "source": result.source,
+        "workload": result.workload.name,
+        "status": result.status,
+        "buckets": [
+            {"name": bucket.name, "knee": bucket.measured_knee, "slo_max_concurrency": None,
+             "slo_max_request_rate": None,
+             "levels": [level_json(lv) for lv in result.levels if lv.bucket == bucket.name]}
+            for bucket in result.buckets
+        ],
+    }
