@@ -214,19 +214,26 @@ def _warn(lines, source: str) -> None:
 @app.command()
 def report(
     run_dir: Annotated[Path, typer.Argument(help="A run folder written by kvplan loadtest.")],
-    json_output: Annotated[bool, typer.Option("--json", help="Print one JSON object per run (the shape in the README) instead of tables.")] = False,
+    json_output: Annotated[bool, typer.Option("--json", help="Print the run's summary as one JSON object (the shape in the README) and write nothing.")] = False,
 ) -> None:
     """Re-render summary.md, the CSV tables and the charts of a saved run, without re-running it."""
-    from kvplan.results.report.render import print_summary, render_report
-
-    data = render_report(run_dir)
     if json_output:
         import json
 
+        from kvplan.results.run_result import check_records, load_run, read_result
+        from kvplan.results.summarize import summarize
         from kvplan.results.summary_json import summary_json
 
-        print(json.dumps(summary_json(data.result), indent=2))
+        result = read_result(run_dir)
+        if not result.summarized:  # a run killed before its summaries: computed from the records, not saved
+            data = load_run(run_dir)
+            check_records(data)
+            result = summarize(data.result, data.requests, data.steps)
+        print(json.dumps(summary_json(result), indent=2))
         return
+    from kvplan.results.report.render import print_summary, render_report
+
+    data = render_report(run_dir)
     console = _console()
     print_summary(data.result, console)
     console.print(f"report: {run_dir}", markup=False, highlight=False)

@@ -190,3 +190,33 @@ def test_report_on_a_damaged_results_json_is_one_line(tmp_path, damage, message)
     (run_dir / "results.json").write_text(json.dumps(results))
     code, _, err = run_cli("report", str(run_dir))
     assert code == 2 and len(err.splitlines()) == 1 and err.startswith(f"error: {run_dir}/{message}"), err
+
+
+def test_report_json_prints_the_summary_and_writes_nothing(tmp_path):
+    from tests.kvplan.cli_runner import run_cli
+
+    run_dir = finished_run(tmp_path / "run")
+    before = snapshot(run_dir)
+    code, out, err = run_cli("report", str(run_dir), "--json")
+    assert (code, err) == (0, "") and snapshot(run_dir) == before
+    summary = json.loads(out)
+    assert (summary["source"], summary["workload"], summary["status"]) == ("measured", "t", "running")
+    (bucket,) = summary["buckets"]
+    assert (bucket["name"], bucket["knee"], bucket["slo_max_concurrency"]) == ("b", 4, None)
+    assert [(lv["mode"], lv["level"], lv["preemptions"], lv["peak_used_blocks"]) for lv in bucket["levels"]] == [
+        ("closed", 1.0, 0, 4), ("closed", 4.0, 2, 10)]
+    # c=1: requests a (0.0 -> 0.1, 0.2, 0.3) and b (0.3 -> 0.5, 0.6): TTFT 100 and 200 ms
+    ttft = bucket["levels"][0]["ttft_ms"]
+    assert (ttft["mean"], ttft["p50"]) == (pytest.approx(150.0), pytest.approx(150.0))
+    assert bucket["levels"][0]["num_completed"] == 2 and bucket["levels"][0]["output_throughput_tok_s"] == \
+        pytest.approx(5 / 0.6)  # 3 + 2 tokens from the first arrival (0.0 s) to the last finish (0.6 s)
+
+
+def test_report_json_of_a_killed_run_computes_summaries_without_saving_them(tmp_path):
+    from tests.kvplan.cli_runner import run_cli
+
+    write_run(tmp_path)  # no summaries yet
+    before = snapshot(tmp_path)
+    code, out, _ = run_cli("report", str(tmp_path), "--json")
+    assert code == 0 and json.loads(out)["buckets"][0]["knee"] == 4
+    assert snapshot(tmp_path) == before
