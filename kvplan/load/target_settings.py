@@ -46,7 +46,7 @@ class TargetSettings(BaseModel):
 
     model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
 
-    url: str
+    url: str | None = None  # required, here or as --target
     model: str | None = None
     api: Literal["completions", "chat"] = "completions"
     api_key_env: Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")] | None = None

@@ -77,6 +77,9 @@ def with_target(workload: Workload, url: str | None, model: str | None) -> tuple
         field, problem = describe_error(err)
         raise KvplanError("target" if field == "url" and url is not None else f"target.{field}", problem,
                           source=None if url is not None else workload.source) from None
+    if settings.url is None:
+        raise KvplanError("target.url", "required field missing", "give the server's URL here or as `target`",
+                          source=workload.source)
     updated = workload.model_copy(update={"target": settings})
     updated._source, updated._sha256, updated._warnings = workload.source, workload.sha256, workload.warnings
     return updated, "target" if url is not None else "target.url"

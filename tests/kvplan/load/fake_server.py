@@ -8,7 +8,8 @@ machine), so a client's timestamp error per chunk is its stamp minus ``t``. Opti
 misbehaves: ``role_chunk`` (a role-only first chunk, as transformers serve sends), ``usage``
 (a usage chunk when asked), ``status`` (answer every request with this HTTP status),
 ``drop_after`` (close the connection after that many chunks), ``api_key`` (401 without it),
-``metrics`` (serve vLLM-style /metrics whose ``vllm:num_preemptions_total`` counts requests
+``die_after`` (the whole server goes away after that many requests started), ``metrics``
+(serve vLLM-style /metrics whose ``vllm:num_preemptions_total`` counts requests
 served, and ``cache_config_info`` with 48 blocks of 4 tokens). ``GET /v1/models`` lists ``model``.
 
 Run it in a thread (``FakeServer(...).start()``) or alone:
@@ -37,6 +38,7 @@ class Options:
     api_key: str | None = None
     metrics: bool = True
     owned_by: str = "vllm"
+    die_after: int | None = None  # stop listening and drop every connection after this many requests
 
 
 class FakeServer:
@@ -45,6 +47,7 @@ class FakeServer:
         self.host, self.port = host, port
         self.served = 0
         self.bodies: list[dict] = []
+        self._writers: set = set()
         self.loop = asyncio.new_event_loop()
         self._ready = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
@@ -78,6 +81,7 @@ class FakeServer:
         await self._server.serve_forever()
 
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self._writers.add(writer)
         try:
             while True:
                 head = await reader.readuntil(b"\r\n\r\n")
@@ -91,6 +95,7 @@ class FakeServer:
         except (asyncio.IncompleteReadError, ConnectionError):
             pass
         finally:
+            self._writers.discard(writer)
             writer.close()
 
     def _plain(self, writer, status: int, payload: bytes, kind: str = "application/json") -> None:
@@ -117,6 +122,11 @@ class FakeServer:
             return True
         request = json.loads(body)
         self.bodies.append(request)
+        if o.die_after is not None and len(self.bodies) > o.die_after:
+            self._server.close()
+            for w in list(self._writers):
+                w.transport.abort()
+            return False
         if o.status != 200:
             self._plain(writer, o.status, b'{"error": {"message": "refused"}}')
             return True
