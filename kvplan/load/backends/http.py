@@ -77,6 +77,7 @@ class HttpBackend:
         self.spec, self.count_tokens, self.headers = spec, count_tokens, headers
         self.stopped_because: str | None = None
         self.max_send_delay_s = 0.0  # open loop: the latest send after its scheduled arrival
+        self.raw: list | None = None  # set to a list to keep every raw HttpResult (benches)
         self._meta: dict[str, tuple[float, int]] = {}  # request id -> (arrival time, prompt tokens)
         self._load: list[int] = [0] * workers
         self._where: dict[str, int] = {}
@@ -153,6 +154,8 @@ class HttpBackend:
                 messages.append(self._outbox.get_nowait())
             except queue.Empty:
                 break
+        if self.raw is not None:
+            self.raw += [m[1] for m in messages if m[0] == "done"]
         finished = [self._finish(m[1]) for m in messages if m[0] == "done"]
         self._pending += [m for m in messages if m[0] != "done"]
         return finished, []
