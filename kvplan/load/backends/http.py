@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import queue
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -83,6 +84,8 @@ class HttpBackend:
         self._where: dict[str, int] = {}
         self._pending: list[tuple] = []
         if workers == 1:
+            # the loop shares this process's GIL with the driver: hand it over sooner than every 5 ms
+            sys.setswitchinterval(min(sys.getswitchinterval(), 0.0005))
             self._outbox = queue.SimpleQueue()
             worker, inbox = in_process_worker(self._outbox, headers, timeout_s)
             self._inboxes, self._procs, self._threads = [inbox], [], [worker]
@@ -142,7 +145,7 @@ class HttpBackend:
         """
         if self.stopped_because is not None:
             raise ServerGone(self.stopped_because)
-        messages, self._pending = self._pending, []
+        messages, self._pending = self._pending, []  # results that arrived while stats were collected
         if not messages:
             timeout = None if until is None else max(0.0, until - time.perf_counter())
             try:
@@ -154,11 +157,10 @@ class HttpBackend:
                 messages.append(self._outbox.get_nowait())
             except queue.Empty:
                 break
+        done = [m[1] for m in messages if m[0] == "done"]  # a stray stats reply is dropped
         if self.raw is not None:
-            self.raw += [m[1] for m in messages if m[0] == "done"]
-        finished = [self._finish(m[1]) for m in messages if m[0] == "done"]
-        self._pending += [m for m in messages if m[0] != "done"]
-        return finished, []
+            self.raw += done
+        return [self._finish(result) for result in done], []
 
     def wait_until(self, when: float) -> None:
         time.sleep(max(0.0, when - time.perf_counter()))
@@ -167,16 +169,15 @@ class HttpBackend:
         """Every worker's loop lag samples (s) and CPU seconds since the last call."""
         for inbox in self._inboxes:
             inbox.put(("stats",))
-        lags, cpu = [], 0.0
-        kept = [m for m in self._pending if m[0] != "stats"]
-        stats = [m for m in self._pending if m[0] == "stats"]
-        while len(stats) < len(self._inboxes):
+        lags, cpu, replies = [], 0.0, 0
+        while replies < len(self._inboxes):
             message = self._outbox.get(timeout=30)
-            (stats if message[0] == "stats" else kept).append(message)
-        self._pending = kept
-        for _, worker_lags, worker_cpu in stats:
-            lags += worker_lags
-            cpu += worker_cpu
+            if message[0] == "done":
+                self._pending.append(message)
+                continue
+            replies += 1
+            lags += message[1]
+            cpu += message[2]
         return lags, cpu
 
     def close(self) -> None:
