@@ -28,13 +28,15 @@ DEFINITIONS = """\
 - Goodput = completed requests per second that meet every SLO given (TTFT, TPOT, E2E); a
   one-token request has no TPOT, so it cannot miss a TPOT SLO (vLLM counts its TPOT as 0).
 - KV cache usage = used blocks / total blocks, sampled after every engine step.
+- These follow vLLM's benchmark definitions (calculate_metrics in vllm/benchmarks/serve.py);
+  other tools differ (some fold the first token into TPOT or average ITL per request).
+"""
+TARGET_DEFINITIONS = """\
 - Against an HTTP server: a token's time is the arrival of the streamed chunk carrying it, and a
   chunk carrying k tokens counts as k tokens at its arrival (k - 1 gaps of 0 in ITL); TTFT ends
   at the first chunk carrying text or reasoning text (never a role-only or empty chunk). Failed
   requests (HTTP errors, timeouts, dropped connections, empty outputs) are counted by reason and
   kept out of every latency. Server preemptions and KV usage are read from its /metrics.
-- These follow vLLM's benchmark definitions (calculate_metrics in vllm/benchmarks/serve.py);
-  other tools differ (some fold the first token into TPOT or average ITL per request).
 """
 
 
@@ -191,7 +193,7 @@ def summarize_level(
     peak = lambda key: max((getattr(s, key) for s in steps), default=0)  # noqa: E731
     errors = [r for r in requests if r.finish_reason == "error"]
     sent = sorted(r.sent_time if r.sent_time is not None else r.arrival_time for r in requests)
-    is_open = key.mode == "open"
+    is_open = key.mode == "open" and any(r.sent_time is not None for r in requests)  # a target's send times
     delays = [r.sent_time - r.arrival_time for r in requests if r.sent_time is not None]
     return LevelSummary(
         bucket=key.bucket, mode=key.mode, level=key.value,

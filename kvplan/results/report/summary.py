@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from kvplan.results.metrics import DEFINITIONS
+from kvplan.results.metrics import DEFINITIONS, TARGET_DEFINITIONS
 from kvplan.results.report import tables
 from kvplan.results.report.fp8 import fp8_markdown
 from kvplan.results.report.prefix import prefix_markdown
@@ -86,7 +86,8 @@ def summary_markdown(result: RunResult, charts: list[str]) -> str:
     lines += prefix_markdown(result)
     lines += ["", "## Charts", ""]
     lines += [f"![{name}]({name})" for name in charts]
-    lines += ["", "## Metric definitions", "", DEFINITIONS.rstrip("\n"),
+    definitions = DEFINITIONS + (TARGET_DEFINITIONS if result.server is not None else "")
+    lines += ["", "## Metric definitions", "", definitions.rstrip("\n"),
               "- Ideal KV = sum over requests holding KV of resident tokens x kvplan's bytes per token;"
               " paged = whole blocks per request x bytes per block; contiguous = max_model_len per"
               " request (a naive allocator's reservation); measured = used blocks x the engine's real"

@@ -1,7 +1,11 @@
 """One setting, two ways: the same workload in-process and with --target against engine.serve
-running the same engine settings gives the same preemptions per level, and the same peak KV usage
-within what one scrape interval can move it. And a small workload against transformers serve, a
-server no one here wrote."""
+running the same engine settings. Levels that fit the pool preempt on neither, the knee is the
+same level, and the peak KV usage agrees within what one scrape interval can move it. At a
+pool-bound level the preemption counts can differ: over HTTP each replacement request arrives a
+little later relative to the engine's steps, so admission (and so which request is preempted,
+and how often) follows a different order; in-process the driver submits it before the next step.
+The latency difference per level is printed as the HTTP overhead. And a small workload against
+transformers serve, a server no one here wrote."""
 
 import os
 import subprocess
@@ -45,7 +49,10 @@ def test_in_process_and_over_http_see_the_same_preemptions_and_peak_kv(tmp_path)
     assert [r.num_output_tokens for r in remote.requests] == [24] * 48  # ignore_eos + min_tokens honoured
     for ours, theirs in zip(inproc.result.levels, remote.result.levels):
         assert ours.key == theirs.key
-        assert theirs.server_preemptions == ours.num_preemptions, ours.key
+        assert (theirs.server_preemptions == 0) == (ours.num_preemptions == 0), ours.key
+        print(f"{ours.key.label}: preemptions {ours.num_preemptions} in-process, {theirs.server_preemptions} over HTTP;"
+              f" HTTP overhead TTFT p50 {theirs.ttft_ms.p50 - ours.ttft_ms.p50:+.1f} ms,"
+              f" TPOT p50 {theirs.tpot_ms.p50 - ours.tpot_ms.p50:+.2f} ms")
         # How far KV usage moved within one scrape interval in the in-process trace bounds the miss.
         steps = [s for s in inproc.steps if s.key == ours.key]
         move = max(abs(b.num_used_blocks - a.num_used_blocks) / a.num_total_blocks
