@@ -47,6 +47,8 @@ class SamplingParams:
     vLLM's sampling epsilon: dividing logits by less overflows fp32). Otherwise logits are divided
     by it, then top-p (nucleus) keeps the smallest set of tokens whose probability reaches ``top_p``.
     ``seed`` makes one request's draws reproducible whatever else shares its batch.
+    ``min_tokens``: EOS does not end the request before this many output tokens (vLLM's
+    ``min_tokens``; vLLM masks EOS from sampling instead, which gives the same lengths).
 
     ``num_prompt_logits`` N > 0 asks for the logits at the last N prompt positions (scoring and
     teacher forcing, like vLLM's ``prompt_logprobs``): ``RequestOutput.prompt_logits`` is then
@@ -58,7 +60,7 @@ class SamplingParams:
         ValueError: naming the field, for max_tokens, seed or num_prompt_logits that is not an
             int, max_tokens < 1, a temperature that is not a finite
             number >= 0, top_p outside (0, 1] (NaN included), a seed outside [0, 2**64) (the range
-            of a torch generator's seed), num_prompt_logits < 0.
+            of a torch generator's seed), num_prompt_logits < 0, min_tokens < 0 or above max_tokens.
     """
 
     max_tokens: int = 16
@@ -67,9 +69,10 @@ class SamplingParams:
     seed: int | None = None
     ignore_eos: bool = False
     num_prompt_logits: int = 0
+    min_tokens: int = 0
 
     def __post_init__(self) -> None:
-        for name in ("max_tokens", "seed", "num_prompt_logits"):
+        for name in ("max_tokens", "seed", "num_prompt_logits", "min_tokens"):
             value = getattr(self, name)
             if not (isinstance(value, numbers.Integral) and not isinstance(value, bool)) and not (
                     name == "seed" and value is None):
@@ -84,6 +87,8 @@ class SamplingParams:
             raise ValueError(f"seed: must be in [0, 2**64) (got {self.seed})")
         if self.num_prompt_logits < 0:
             raise ValueError(f"num_prompt_logits: must be >= 0 (got {self.num_prompt_logits})")
+        if not 0 <= self.min_tokens <= self.max_tokens:
+            raise ValueError(f"min_tokens: must be in [0, max_tokens {self.max_tokens}] (got {self.min_tokens})")
 
     @property
     def greedy(self) -> bool:

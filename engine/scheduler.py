@@ -224,7 +224,7 @@ class Scheduler:
         self, output: SchedulerOutput, sampled_token_ids: Mapping[str, int], now: float
     ) -> None:
         """Advance every scheduled request by its computed tokens; append sampled tokens; finish
-        requests that hit EOS (unless ignore_eos) or max_tokens."""
+        requests that hit EOS (unless ignore_eos, or before min_tokens) or max_tokens."""
         for s in output.scheduled:
             request = self._requests.get(s.request_id)
             if request is None or request.status is not RequestStatus.RUNNING:
@@ -237,7 +237,8 @@ class Scheduler:
             request.output_token_ids.append(token_id)
             request.token_times.append(now)
             params = request.sampling_params
-            if token_id in self.eos_token_ids and not params.ignore_eos:
+            early = len(request.output_token_ids) < params.min_tokens
+            if token_id in self.eos_token_ids and not params.ignore_eos and not early:
                 self._finish(request, FinishReason.STOP, now)
             elif len(request.output_token_ids) >= params.max_tokens:
                 self._finish(request, FinishReason.LENGTH, now)

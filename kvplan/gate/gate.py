@@ -31,10 +31,10 @@ from kvplan.load.workload import Workload
 from kvplan.results.gated import METRICS_BY_NAME, Tolerance
 from kvplan.results.run_result import RESULTS_FILE, RunResult, read_result
 
-# Workload sections that are not the traffic: what the gate judges (engine), views (plan), the
-# gate's own tolerances and the fp8 quality check. Every other section, present or future, is
-# part of the workload's identity.
-NOT_IDENTITY = ("engine", "plan", "gate", "fp8_quality")
+# Workload sections that are not the traffic: what the gate judges (engine, or the remote server
+# under test: target), views (plan), the gate's own tolerances and the fp8 quality check. Every
+# other section, present or future, is part of the workload's identity.
+NOT_IDENTITY = ("engine", "target", "plan", "gate", "fp8_quality")
 
 
 @dataclass(frozen=True)

@@ -12,6 +12,7 @@ from typing import Any
 
 from kvplan.errors import KvplanError
 from kvplan.results.gated import METRICS
+from kvplan.results.metrics import LevelSummary, preemptions
 from kvplan.results.run_result import RunResult
 
 RUN_SCOPE = "(run)"  # bucket names cannot hold parentheses, so this never clashes with one
@@ -35,8 +36,29 @@ class CheckKey:
 def _field(value: Any, dotted: str) -> float | None:
     """``ttft_ms.p95`` of a summary: attribute by attribute, None where a part is missing."""
     for part in dotted.split("."):
-        value = getattr(value, part, None)
+        value = value.get(part) if isinstance(value, dict) else getattr(value, part, None)
     return value
+
+
+def _run_facts(result: RunResult) -> Any:
+    """What the run metrics read: the engine's facts, or for a remote target its KV pool in
+    tokens as the server exposes it (its bytes per token are not exposed: None)."""
+    server = result.server
+    if result.engine is not None or server is None:
+        return result.engine
+    tokens = server.pool_tokens or (server.num_gpu_blocks * server.block_size
+                                    if server.num_gpu_blocks and server.block_size else None)
+    return {"pool_tokens": tokens}
+
+
+def _level_value(level: LevelSummary, field: str) -> float | None:
+    """A level metric; a target's levels have no engine steps, so their preemptions are the
+    server's and their block counts unknown."""
+    if level.num_steps == 0 and field == "num_preemptions":
+        return preemptions(level)
+    if level.num_steps == 0 and field == "peak_used_blocks":
+        return None
+    return _field(level, field)
 
 
 def read_values(result: RunResult, where: str = "results.json") -> dict[CheckKey, float | None]:
@@ -49,7 +71,7 @@ def read_values(result: RunResult, where: str = "results.json") -> dict[CheckKey
     values: dict[CheckKey, float | None] = {}
     for m in METRICS:
         if m.scope == "run":
-            values[CheckKey(m.name)] = _field(result.engine, m.field)
+            values[CheckKey(m.name)] = _field(_run_facts(result), m.field)
     for bucket in result.buckets:
         for m in METRICS:
             if m.scope == "bucket":
@@ -62,5 +84,5 @@ def read_values(result: RunResult, where: str = "results.json") -> dict[CheckKey
             labels.add(label)
             for m in METRICS:
                 if m.scope == "level":
-                    values[CheckKey(m.name, bucket.name, label)] = _field(level, m.field)
+                    values[CheckKey(m.name, bucket.name, label)] = _level_value(level, m.field)
     return values

@@ -97,10 +97,18 @@ class Finished:
     finish_detail: str = ""
     num_preemptions: int = 0
     num_cached_tokens: int = 0
+    sent_time: float | None = None  # an HTTP target: when the request went out
+    output_tokens_source: str = ""  # an HTTP target: usage | tokenizer | chunks
+
+
+class RunStopped(Exception):
+    """A backend cannot go on (a remote server stopped answering): the run stops, keeping what
+    finished. ``str(err)`` says why."""
 
 
 class Backend(Protocol):
-    """Where a level's requests run (see the module docstring)."""
+    """Where a level's requests run (see the module docstring). ``advance`` may raise
+    RunStopped."""
 
     def now(self) -> float:
         """The backend's clock, seconds."""
@@ -122,11 +130,12 @@ class Recorder:
     """Turns a level's finished requests and steps into records, writes them, counts progress.
 
     ``kv_sizes``: a step's stats -> its four KV sizes in bytes (ideal, paged, contiguous,
-    measured; kvplan.load.run_estimate.KVPricing.step_bytes).
+    measured; kvplan.load.run_estimate.KVPricing.step_bytes). ``advance(finished, in_flight)`` is
+    called per finished request (progress).
     """
 
     def __init__(self, writer: RunWriter, level: Level, kv_sizes: Callable[[Any], dict[str, int]],
-                 advance: Callable[[], None] = lambda: None):
+                 advance: Callable[..., None] = lambda *args: None):
         self.writer, self.level, self.kv_sizes, self.advance = writer, level, kv_sizes, advance
         self.submitted: dict[str, tuple[SampledRequest, str]] = {}  # request id -> (request, cache salt)
 
@@ -140,7 +149,7 @@ class Recorder:
                 **asdict(out), **level_fields(key), max_tokens=req.max_tokens,
                 prefix_group=req.prefix_group, tenant=req.tenant, cache_salt=salt,
             ))
-            self.advance()
+            self.advance(out, len(self.submitted))
 
 
 def run_level(backend: Backend, level: Level, recorder: Recorder, seed: int) -> None:

@@ -22,7 +22,7 @@ from pathlib import Path
 from kvplan.errors import KvplanError
 from kvplan.load.backends.engine import EngineBackend, build_engine, engine_facts, run_info, tokenizer_function
 from kvplan.load.checks import check_requests_fit
-from kvplan.load.driver import Backend, Level, Recorder, plan_levels, run_level
+from kvplan.load.driver import Backend, Level, Recorder, RunStopped, plan_levels, run_level
 from kvplan.load.progress import level_progress
 from kvplan.load.prompts import sample_buckets
 from kvplan.load.run_estimate import compute_estimate, plan_target
@@ -58,17 +58,25 @@ def start_run(workload: Workload, result: RunResult, run_dir: Path | None) -> Pa
 
 
 def run_levels(backend: Backend, levels: Sequence[Level], run_dir: Path, kv_sizes: Callable, seed: int,
-               console=None) -> str:
+               console=None, hooks=None) -> str:
     """Every level on ``backend``, records appended to ``run_dir``; returns the run's status:
-    complete, or interrupted (Ctrl-C; the records written so far stay)."""
+    complete, or interrupted (Ctrl-C, or the backend stopped: ``RunStopped``; the records written
+    so far stay). ``hooks``: ``level_started(level)`` / ``level_finished(level)`` around each level."""
     say = console.print if console is not None else (lambda *a, **k: None)
     with RunWriter(run_dir) as writer:
         try:
             for level in levels:
+                if hooks is not None:
+                    hooks.level_started(level)
                 with level_progress(console, level) as advance:
                     run_level(backend, level, Recorder(writer, level, kv_sizes, advance), seed)
+                if hooks is not None:
+                    hooks.level_finished(level)
         except KeyboardInterrupt:
             say("[yellow]interrupted: writing the report of the requests that finished[/yellow]")
+            return "interrupted"
+        except RunStopped as err:
+            say(f"[red]stopped: {err}; writing the report of the requests that finished[/red]", markup=True)
             return "interrupted"
     return "complete"
 
@@ -81,7 +89,7 @@ def finish_run(run_dir: Path, result: RunResult, status: str) -> Path:
     """
     try:
         data = load_run(run_dir)
-        result = summarize(result, data.requests, data.steps)
+        result = summarize(result, data.requests, data.steps, data.server_samples)
         # report_written: render_report sets it once every view is written
         save_result(run_dir, result.model_copy(update={"status": status, "finished_at": now_iso(),
                                                        "report_written": False}))

@@ -22,6 +22,7 @@ Minimal example::
         num_requests: 32              # per level
     plan: [{model: llama-3.1-8b, gpu: L4, tp: 1, kv_cache_dtype: fp8}]
     shared_prefix: {num_tokens: 256, num_prefixes: 2, fraction: 0.75, num_tenants: 2}
+    target: {url: http://localhost:8000/v1}   # a running server instead (kvplan.load.target_settings)
     gate: {tolerances: {ttft_p99_ms: {rel: 2.0, abs: 50}}}   # kvplan gate (kvplan.results.gated)
 
 Engine defaults are EngineConfig's own (engine/config.py), read from its fields, so the YAML and
@@ -43,6 +44,7 @@ from pydantic_core import core_schema
 
 from engine.config import ATTENTION_BACKENDS, DEVICES, DTYPES, KV_CACHE_DTYPES, EngineConfig
 from kvplan.errors import KvplanError
+from kvplan.load.target_settings import TargetSettings
 from kvplan.plan import dtypes
 from kvplan.results.gated import GateSettings
 from kvplan.results.metrics import Slo
@@ -331,6 +333,7 @@ class Workload(_Strict):
     fp8_quality: Fp8QualitySettings = Fp8QualitySettings()
     shared_prefix: SharedPrefix | None = None
     gate: GateSettings = GateSettings()  # kvplan gate's tolerances per metric (kvplan.results.gated)
+    target: TargetSettings | None = None  # a remote server to load-test instead of the engine
     _source: str = PrivateAttr(default="<memory>")
     _sha256: str = PrivateAttr(default="")
     _warnings: tuple[str, ...] = PrivateAttr(default=())

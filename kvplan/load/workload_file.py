@@ -13,7 +13,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from engine.config import TINY_RANDOM_MODEL
-from kvplan.errors import KvplanError, validation_error
+from kvplan.errors import KvplanError, describe_error, validation_error
 from kvplan.load.workload import MAX_LEVEL_S, Workload
 from kvplan.yaml_input import read_yaml
 
@@ -55,6 +55,36 @@ def load_workload(path: str | Path) -> Workload:
 
 
 
+def with_target(workload: Workload, url: str | None, model: str | None) -> tuple[Workload, str]:
+    """The workload with ``--target URL`` / ``--model SPEC`` put into its ``target:`` section;
+    returns it and how errors name the URL (``target``: the option; ``target.url``: the file).
+
+    Raises:
+        KvplanError: ``model`` without any target, or a URL that is not http(s).
+    """
+    if url is None and workload.target is None:
+        raise KvplanError("model", "applies to a target run only", "add `target` (a server URL) or drop `model`")
+    from kvplan.load.target_settings import TargetSettings
+
+    config = workload.target.model_dump() if workload.target is not None else {}
+    if url is not None:
+        config["url"] = url
+    if model is not None:
+        config["estimate_model"] = model
+    try:
+        settings = TargetSettings.model_validate(config)
+    except ValidationError as err:
+        field, problem = describe_error(err)
+        raise KvplanError("target" if field == "url" and url is not None else f"target.{field}", problem,
+                          source=None if url is not None else workload.source) from None
+    if settings.url is None:
+        raise KvplanError("target.url", "required field missing", "give the server's URL here or as `target`",
+                          source=workload.source)
+    updated = workload.model_copy(update={"target": settings})
+    updated._source, updated._sha256, updated._warnings = workload.source, workload.sha256, workload.warnings
+    return updated, "target" if url is not None else "target.url"
+
+
 def check_workload(workload: Workload) -> None:
     """Every cross-section rule (see the module docstring). Raises KvplanError."""
     _check_dataset(workload)
@@ -72,7 +102,8 @@ def _check_dataset(workload: Workload) -> None:
         raise _error(workload, "dataset.path", f"is a folder, not a JSONL file: {path}", "give the path of the .jsonl file")
     if path is not None and not path.is_file():
         raise _error(workload, "dataset.path", f"file not found: {path}")
-    if workload.dataset.kind == "sharegpt" and workload.engine.model == TINY_RANDOM_MODEL:
+    has_tokenizer = workload.target is not None and workload.target.tokenizer is not None
+    if workload.dataset.kind == "sharegpt" and workload.engine.model == TINY_RANDOM_MODEL and not has_tokenizer:
         raise _error(workload, "dataset", f"sharegpt needs a tokenizer and {TINY_RANDOM_MODEL} has none",
                      "use dataset: random with this model")
 

@@ -31,6 +31,13 @@ DEFINITIONS = """\
 - These follow vLLM's benchmark definitions (calculate_metrics in vllm/benchmarks/serve.py);
   other tools differ (some fold the first token into TPOT or average ITL per request).
 """
+TARGET_DEFINITIONS = """\
+- Against an HTTP server: a token's time is the arrival of the streamed chunk carrying it, and a
+  chunk carrying k tokens counts as k tokens at its arrival (k - 1 gaps of 0 in ITL); TTFT ends
+  at the first chunk carrying text or reasoning text (never a role-only or empty chunk). Failed
+  requests (HTTP errors, timeouts, dropped connections, empty outputs) are counted by reason and
+  kept out of every latency. Server preemptions and KV usage are read from its /metrics.
+"""
 
 
 def completed(r: RequestRecord) -> bool:
@@ -149,6 +156,16 @@ class LevelSummary(_Summary):
     prefix_hit_rate: float | None  # hit / queried prompt tokens over the level's steps
     variant: str = ""  # "cached" | "uncached" when a shared_prefix run ran the level twice
     num_planned: int | None = None  # the bucket's num_requests; None when not known
+    # A remote target (kvplan loadtest --target); None where the server does not expose it, never 0:
+    server_preemptions: int | None = None  # from its /metrics counter, across the level
+    server_peak_kv_usage: float | None = None  # highest KV usage read (0..1)
+    server_mean_kv_usage: float | None = None
+    num_errors: int = 0  # finish_reason error (a target's failed request)
+    error_reasons: dict[str, int] = {}  # finish_detail -> count, for errors
+    num_short_outputs: int = 0  # completed with fewer tokens than asked (a server that stopped early)
+    requested_rate: float | None = None  # open loop: the level's requests/s
+    achieved_rate: float | None = None  # open loop: requests/s as actually sent
+    max_send_delay_ms: float | None = None  # open loop, target: latest send after its scheduled arrival
 
     @computed_field
     @property
@@ -174,6 +191,10 @@ def summarize_level(
     waiting = np.array([s.num_waiting for s in steps], dtype=np.float64)
     queried = sum(s.num_prefix_queried_tokens for s in steps)
     peak = lambda key: max((getattr(s, key) for s in steps), default=0)  # noqa: E731
+    errors = [r for r in requests if r.finish_reason == "error"]
+    sent = sorted(r.sent_time if r.sent_time is not None else r.arrival_time for r in requests)
+    is_open = key.mode == "open" and any(r.sent_time is not None for r in requests)  # a target's send times
+    delays = [r.sent_time - r.arrival_time for r in requests if r.sent_time is not None]
     return LevelSummary(
         bucket=key.bucket, mode=key.mode, level=key.value,
         num_requests=len(requests),
@@ -210,6 +231,12 @@ def summarize_level(
         prefix_hit_rate=(sum(s.num_prefix_hit_tokens for s in steps) / queried) if queried else None,
         variant=key.variant,
         num_planned=num_planned,
+        num_errors=len(errors),
+        error_reasons={d: sum(r.finish_detail == d for r in errors) for d in sorted({r.finish_detail for r in errors})},
+        num_short_outputs=sum(r.num_output_tokens < r.max_tokens for r in done),
+        requested_rate=float(key.value) if is_open else None,
+        achieved_rate=(len(sent) - 1) / (sent[-1] - sent[0]) if is_open and len(sent) > 1 and sent[-1] > sent[0] else None,
+        max_send_delay_ms=max(delays) * 1e3 if is_open and delays else None,
     )
 
 
@@ -230,17 +257,25 @@ def summarize_levels(
             for k, (own_requests, own_steps) in by_key.items()]
 
 
+def preemptions(s: LevelSummary) -> int | None:
+    """The level's preemptions: the engine's steps, or for a remote target (no steps) its server's
+    /metrics (None when the server does not expose them)."""
+    return s.server_preemptions if s.num_steps == 0 else s.num_preemptions
+
+
 def measured_knee(levels: Sequence[LevelSummary]) -> int | None:
-    """The lowest closed-loop concurrency level at which preemptions appeared (None: none did)."""
-    hit = [int(s.level) for s in levels if s.mode == "closed" and s.num_preemptions > 0]
+    """The lowest closed-loop concurrency level at which preemptions appeared (None: none did,
+    or none could be seen)."""
+    hit = [int(s.level) for s in levels if s.mode == "closed" and (preemptions(s) or 0) > 0]
     return min(hit) if hit else None
 
 
 def clean(s: LevelSummary) -> bool:
     """No preemption, and every request the level was to run completed: a level where requests
-    failed, could not fit or were never run (a stopped run) proves nothing about capacity."""
+    failed, could not fit or were never run (a stopped run), or whose preemptions cannot be seen,
+    proves nothing about capacity."""
     planned = s.num_planned if s.num_planned is not None else s.num_requests
-    return s.num_preemptions == 0 and 0 < planned == s.num_completed
+    return preemptions(s) == 0 and 0 < planned == s.num_completed
 
 
 def max_clean_concurrency(levels: Sequence[LevelSummary]) -> int | None:

@@ -60,6 +60,10 @@ class RequestRecord:
     token i reached the client (the engine's step end; for an HTTP target the chunk's arrival).
     ``finish_reason``: stop, length, abort, oom, cannot_fit (the engine's), or error (a target's
     failed request, ``finish_detail`` says why). Latencies derived from these: kvplan.results.metrics.
+    For an HTTP target, ``sent_time`` is when the client sent the request (``arrival_time`` is
+    its scheduled arrival) and ``output_tokens_source`` where ``num_output_tokens`` came from:
+    ``usage`` (the server's count), ``tokenizer`` (the text tokenized) or ``chunks`` (one token
+    per chunk carrying text); a chunk carrying k tokens puts k equal times in ``token_times``.
     """
 
     request_id: str
@@ -81,6 +85,8 @@ class RequestRecord:
     prefix_group: int | None = None  # the shared prefix it carried; None: none
     tenant: int | None = None
     cache_salt: str | None = None  # requests share prefix blocks only under the same salt
+    sent_time: float | None = None
+    output_tokens_source: str = ""
 
     @property
     def key(self) -> LevelKey:

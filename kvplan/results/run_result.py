@@ -7,11 +7,12 @@ of it and never ask which kind it was (``source`` says so for people)::
     RunResult  schema_version 2, source, status, times
       workload   name, file, sha256, the validated config            (what was asked)
       run        versions, machine, dataset read                      (where it ran)
-      engine     EngineFacts: pool, block size, KV dtype, model dims   (what served it)
+      engine     EngineFacts: pool, block size, KV dtype, model dims   (what served it; None for a target)
+      server     ServerInfo: a remote target's URL, model, KV pool, metrics (None in-process)
       estimate   kvplan's prediction: bytes, pool, per-bucket max concurrency, plan targets
       slo        the SLO goodput counts against
       levels, buckets, kv, prefix_caching, fp8_quality   summaries of the records
-      records    where the raw records are (requests.jsonl, steps.jsonl)
+      records    where the raw records are (requests.jsonl, steps.jsonl, server_metrics.jsonl)
 
 ``save_result`` writes it atomically; ``load_run`` reads a run folder and migrates older schema
 versions (kvplan.results.migrate). ``kvplan schema results`` prints its JSON Schema.
@@ -20,7 +21,7 @@ versions (kvplan.results.migrate). ``kvplan schema results`` prints its JSON Sch
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
@@ -30,6 +31,7 @@ from kvplan.errors import KvplanError, validation_error
 from kvplan.results.metrics import LevelSummary, Slo
 from kvplan.results.prefix_metrics import PrefixComparison
 from kvplan.results.records import RequestRecord, StepRecord
+from kvplan.results.server_samples import ServerSample
 from kvplan.results.store import REQUESTS_FILE, STEPS_FILE, read_jsonl, write_atomic
 
 SCHEMA_VERSION = 2
@@ -217,10 +219,53 @@ class Fp8QualityResult(_Part):
 
 
 class RecordFiles(_Part):
-    """Where the raw records are, relative to the run folder."""
+    """Where the raw records are, relative to the run folder (``server_metrics``: a target run's
+    /metrics reads, kvplan.results.server_samples)."""
 
     requests: str = REQUESTS_FILE
     steps: str = STEPS_FILE
+    server_metrics: str | None = None
+
+
+class ServerInfo(_Part):
+    """A remote target as the pre-flight found it. ``kind``: whose server it says it is (the
+    ``owned_by`` of /v1/models: vllm, sglang, kvplan-engine, ...). The KV pool
+    (``num_gpu_blocks`` x ``block_size``, vLLM's ``cache_config_info``; SGLang gives its pool in
+    tokens, ``pool_tokens``) is None where the server does not expose it, never 0.
+    ``pool_note``: the pool beside kvplan's estimate for the served model, mismatch stated."""
+
+    url: str
+    model: str
+    api: str
+    kind: str | None = None
+    metrics_available: bool = False
+    metrics_seen: list[str] = []
+    num_gpu_blocks: int | None = None
+    block_size: int | None = None
+    pool_tokens: int | None = None
+    cache_dtype: str | None = None
+    exact_lengths: bool = False
+    prompt_format: str = "text"
+    scrape_interval_ms: int | None = None
+    pool_note: str | None = None
+
+
+class ClientLevel(_Part):
+    """The load client's own overhead during one level of a target run: its event loops' lag
+    (how late a 5 ms timer fired: an upper bound on how late a chunk's timestamp can be) and the
+    CPU its workers used. ``behind``: lag P99 over 1 ms or, open loop, a send more than 10 ms
+    after its scheduled arrival."""
+
+    bucket: str
+    mode: str
+    level: int | float
+    variant: str = ""
+    workers: int
+    lag_p99_ms: float | None
+    lag_max_ms: float | None
+    cpu_s: float
+    wall_s: float
+    behind: bool = False
 
 
 class RunResult(BaseModel):
@@ -237,6 +282,7 @@ class RunResult(BaseModel):
     workload: WorkloadRef
     run: RunInfo
     engine: EngineFacts | None = None
+    server: ServerInfo | None = None
     estimate: RunEstimate | None = None
     slo: Slo = Slo()
     levels: list[LevelSummary] = []
@@ -245,6 +291,8 @@ class RunResult(BaseModel):
     prefix_caching: list[PrefixComparison] | None = None
     fp8_quality: Fp8QualityResult | None = None
     records: RecordFiles = RecordFiles()
+    client: list[ClientLevel] = []  # a target run's client overhead per level
+    stop_reason: str | None = None  # why a run stopped early other than Ctrl-C (a server that went away)
 
     @property
     def summarized(self) -> bool:
@@ -269,6 +317,7 @@ class RunData:
     result: RunResult
     requests: list[RequestRecord]
     steps: list[StepRecord]
+    server_samples: list[ServerSample] = field(default_factory=list)
 
 
 def read_result(run_dir: str | Path) -> RunResult:
@@ -304,7 +353,9 @@ def load_run(run_dir: str | Path) -> RunData:
     result = read_result(run_dir)
     requests = read_jsonl(run_dir / result.records.requests, RequestRecord)
     steps = read_jsonl(run_dir / result.records.steps, StepRecord)
-    return RunData(run_dir, result, requests, steps)
+    server = result.records.server_metrics
+    samples = read_jsonl(run_dir / server, ServerSample) if server else []
+    return RunData(run_dir, result, requests, steps, samples)
 
 
 def check_records(data: RunData) -> None:

@@ -102,7 +102,8 @@ def read_jsonl(path: Path, record_type: type) -> list:
         lines = path.read_text(encoding="utf-8").splitlines()
     except (OSError, UnicodeDecodeError) as err:
         raise KvplanError("", f"cannot read the records ({err})", source=str(path)) from None
-    adapter, records = _ADAPTERS[record_type], []
+    adapter = _ADAPTERS.get(record_type) or _ADAPTERS.setdefault(record_type, TypeAdapter(record_type))
+    records = []
     for number, line in enumerate(lines, start=1):
         try:
             records.append(adapter.validate_json(line, strict=True))

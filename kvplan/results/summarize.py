@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from kvplan.results import metrics, prefix_metrics
 from kvplan.results.records import RequestRecord, StepRecord
 from kvplan.results.run_result import BucketSummary, KvSummary, RunResult
+from kvplan.results.server_samples import ServerSample, level_server_stats
 
 
 def prefix_pricing(result: RunResult) -> prefix_metrics.PrefixPricing | None:
@@ -31,9 +32,25 @@ def shared_step_estimates(result: RunResult, requests: Sequence[RequestRecord],
     return prefix_metrics.step_estimates(steps, requests, prefix_pricing(result))
 
 
-def summarize(result: RunResult, requests: Sequence[RequestRecord], steps: Sequence[StepRecord]) -> RunResult:
-    """``result`` with its summaries computed from ``requests`` and ``steps``."""
+def with_server_stats(levels: list[metrics.LevelSummary],
+                      samples: Sequence[ServerSample]) -> list[metrics.LevelSummary]:
+    """Each level with its server-side preemptions and KV usage from a target's /metrics reads."""
+    stats = level_server_stats(samples)
+    out = []
+    for level in levels:
+        s = stats.get(level.key)
+        out.append(level if s is None else level.model_copy(update={
+            "server_preemptions": s.preemptions, "server_peak_kv_usage": s.peak_kv_usage,
+            "server_mean_kv_usage": s.mean_kv_usage}))
+    return out
+
+
+def summarize(result: RunResult, requests: Sequence[RequestRecord], steps: Sequence[StepRecord],
+              server_samples: Sequence[ServerSample] = ()) -> RunResult:
+    """``result`` with its summaries computed from ``requests``, ``steps`` and, for a remote
+    target, its /metrics reads (``server_samples``)."""
     levels = metrics.summarize_levels(requests, steps, result.slo, result.planned_requests())
+    levels = with_server_stats(levels, server_samples)
     estimates = {b.name: b for b in (result.estimate.buckets if result.estimate else [])}
     names = list(dict.fromkeys([*estimates, *(s.bucket for s in levels)]))
     buckets = []

@@ -11,13 +11,20 @@ for scripts and CI. Keys are a contract: fields may be added, never renamed::
 
 ``knee``: the lowest closed-loop concurrency that preempted (null: none did). The SLO capacity
 fields are null in a run that did not search for them.
+
+A run against a remote server (``source: target``) fills ``server`` (``url``, ``model``,
+``metrics_available``, ``num_gpu_blocks``, ``block_size``) and per level ``server_preemptions``
+and ``server_peak_kv_usage`` (0..1), each null where the server does not expose it, never 0;
+its ``preemptions`` are the server's and its ``peak_used_blocks`` null (no engine steps). Every
+run also gives per level ``num_errors``, ``error_reasons``, ``requested_rate`` and
+``achieved_rate`` (open loop, requests/s). ``server`` is null for an in-process run.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from kvplan.results.metrics import LatencyStats, LevelSummary
+from kvplan.results.metrics import LatencyStats, LevelSummary, preemptions
 from kvplan.results.run_result import RunResult
 
 _STATS = ("mean", "p50", "p95", "p99")
@@ -29,13 +36,17 @@ def _stats(stats: LatencyStats | None) -> dict[str, float | None]:
 
 def level_json(level: LevelSummary) -> dict[str, Any]:
     """One level of the summary (see the module docstring)."""
+    stepped = level.num_steps > 0
     return {
         "mode": level.mode, "level": level.level, "variant": level.variant,
         "num_completed": level.num_completed, "num_failed": level.num_failed,
-        "preemptions": level.num_preemptions, "peak_used_blocks": level.peak_used_blocks,
+        "preemptions": preemptions(level), "peak_used_blocks": level.peak_used_blocks if stepped else None,
         "output_throughput_tok_s": level.output_tokens_per_s, "goodput_req_s": level.goodput_rps,
         "ttft_ms": _stats(level.ttft_ms), "tpot_ms": _stats(level.tpot_ms),
         "itl_ms": _stats(level.itl_ms), "e2e_ms": _stats(level.e2e_ms),
+        "server_preemptions": level.server_preemptions, "server_peak_kv_usage": level.server_peak_kv_usage,
+        "num_errors": level.num_errors, "error_reasons": dict(level.error_reasons),
+        "requested_rate": level.requested_rate, "achieved_rate": level.achieved_rate,
     }
 
 
@@ -45,6 +56,8 @@ def summary_json(result: RunResult) -> dict[str, Any]:
         "source": result.source,
         "workload": result.workload.name,
         "status": result.status,
+        "server": None if result.server is None else {
+            key: getattr(result.server, key) for key in ("url", "model", "metrics_available", "num_gpu_blocks", "block_size")},
         "buckets": [
             {"name": bucket.name, "knee": bucket.measured_knee, "slo_max_concurrency": None,
              "slo_max_request_rate": None,

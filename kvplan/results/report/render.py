@@ -104,13 +104,15 @@ def render_report(run_dir: str | Path) -> RunData:
     data = load_run(run_dir)
     check_records(data)
     if not data.result.summarized:
-        data = RunData(data.run_dir, summarize(data.result, data.requests, data.steps), data.requests, data.steps)
+        data = RunData(data.run_dir, summarize(data.result, data.requests, data.steps, data.server_samples),
+                       data.requests, data.steps, data.server_samples)
         save_result(data.run_dir, data.result)
     write_tables(data.run_dir, data.requests, data.steps)
     charts = render_charts(data)
     write_atomic(data.run_dir / "summary.md", summary_markdown(data.result, charts))
     if not data.result.report_written:  # an older run's file is otherwise left as it was
-        data = RunData(data.run_dir, data.result.model_copy(update={"report_written": True}), data.requests, data.steps)
+        data = RunData(data.run_dir, data.result.model_copy(update={"report_written": True}), data.requests, data.steps,
+                       data.server_samples)
         save_result(data.run_dir, data.result)
     return data
 

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from kvplan.results.metrics import DEFINITIONS
+from kvplan.results.metrics import DEFINITIONS, TARGET_DEFINITIONS
 from kvplan.results.report import tables
 from kvplan.results.report.fp8 import fp8_markdown
 from kvplan.results.report.prefix import prefix_markdown
+from kvplan.results.report.target import target_lines, target_markdown
 from kvplan.results.run_result import RunResult
 
 STATUS_NOTES = {
@@ -19,7 +20,7 @@ def _header(result: RunResult) -> list[str]:
     run, workload, eng = result.run, result.workload, result.engine
     dataset = run.dataset
     lines = [
-        f"# kvplan load test: {workload.name}",
+        f"# kvplan load test: {workload.name}" + (" (remote target)" if result.server else ""),
         "",
         f"- status: {STATUS_NOTES.get(result.status, result.status)}",
         f"- started {result.started_at}, finished {result.finished_at or '-'}",
@@ -29,6 +30,7 @@ def _header(result: RunResult) -> list[str]:
         lines.append(f"- engine: {eng.model} on {eng.device}, dtype {eng.dtype}, KV dtype {eng.kv_cache_dtype},"
                      f" attention backend {eng.attention_backend}, block size {eng.block_size},"
                      f" prefix caching {'on' if eng.enable_prefix_caching else 'off'}")
+    lines += target_lines(result)
     lines += [
         f"- dataset: {dataset.get('kind', '?')}"
         + (f" ({dataset['num_conversations']:,} whole conversations read)" if "num_conversations" in dataset else ""),
@@ -79,11 +81,13 @@ def summary_markdown(result: RunResult, charts: list[str]) -> str:
         if note:
             lines += [note, ""]
         lines.append(tables.to_markdown(frame).rstrip("\n"))
+    lines += target_markdown(result)
     lines += fp8_markdown(result)
     lines += prefix_markdown(result)
     lines += ["", "## Charts", ""]
     lines += [f"![{name}]({name})" for name in charts]
-    lines += ["", "## Metric definitions", "", DEFINITIONS.rstrip("\n"),
+    definitions = DEFINITIONS + (TARGET_DEFINITIONS if result.server is not None else "")
+    lines += ["", "## Metric definitions", "", definitions.rstrip("\n"),
               "- Ideal KV = sum over requests holding KV of resident tokens x kvplan's bytes per token;"
               " paged = whole blocks per request x bytes per block; contiguous = max_model_len per"
               " request (a naive allocator's reservation); measured = used blocks x the engine's real"

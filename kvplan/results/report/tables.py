@@ -143,7 +143,10 @@ def console_table(result: RunResult) -> pd.DataFrame:
             "TTFT p50": _stat(lv.ttft_ms, "p50"), "TTFT p99": _stat(lv.ttft_ms, "p99"),
             "TPOT p50": _stat(lv.tpot_ms, "p50"), "TPOT p99": _stat(lv.tpot_ms, "p99"),
             "out tok/s": lv.output_tokens_per_s, "goodput": lv.goodput_rps,
-            "preempt": lv.num_preemptions, "peak blocks": f"{lv.peak_used_blocks}/{lv.num_total_blocks}",
+            "preempt": metrics.preemptions(lv),
+            "peak blocks": (f"{lv.peak_used_blocks}/{lv.num_total_blocks}" if lv.num_steps
+                            else "server " + (f"{lv.server_peak_kv_usage:.0%}" if lv.server_peak_kv_usage is not None
+                                              else "n/a")),
         }
         for lv in result.levels
     ]

@@ -1,0 +1,26 @@
+"""Progress in a CI log: plain lines per level, not a bar."""
+
+import io
+
+from rich.console import Console
+
+from kvplan.load.driver import Finished, Level
+from kvplan.load.progress import level_progress
+from kvplan.results.records import LevelKey
+
+
+def finished(reason: str, tokens: int) -> Finished:
+    return Finished("r", 0.0, None, 1.0, (), 3, tokens, reason)
+
+
+def test_without_a_terminal_each_level_prints_plain_lines():
+    out = io.StringIO()
+    console = Console(file=out, force_terminal=False, width=200)
+    level = Level(LevelKey("short", "closed", 8), 0, (None,) * 4)
+    with level_progress(console, level, every_s=0.0) as advance:
+        advance(finished("length", 10), 3)
+        advance(finished("error", 0), 2)
+    lines = out.getvalue().splitlines()
+    assert len(lines) == 3 and "\x1b" not in out.getvalue()  # one per request (every 0 s) and one at the end
+    assert lines[0].startswith("short c=8: 1/4 done, 3 in flight, 0 failed, ")
+    assert lines[-1].startswith("short c=8: 2/4 done, 2 in flight, 1 failed, ") and lines[-1].endswith(" s")
