@@ -102,8 +102,7 @@ def _head_dims(config: dict, put, get) -> None:
     """K and V widths: MLA latents (``kv_lora_rank``; the *_mla lengths when the file has them),
     else key_length / value_length, with the *_swa lengths for sliding layers where given (then
     key_length is the global layers', Hugging Face's ``global_head_dim``)."""
-    if get("attention.kv_lora_rank"):
-        put("kv_lora_rank", "attention.kv_lora_rank")
+    if put("kv_lora_rank", "attention.kv_lora_rank"):
         put("q_lora_rank", "attention.q_lora_rank")
         rope = put("qk_rope_head_dim", "rope.dimension_count")
         mla = get("attention.key_length_mla") is not None

@@ -37,6 +37,9 @@ def test_parameter_count_exact(preset, expected):
         ("qwen3-30b-a3b", 30.5e9),  # Qwen3 model card: 30.5B
         ("qwen3-235b-a22b", 235e9),
         ("gpt-oss-20b", 20.91e9),  # gpt-oss model card: 20.91B
+        ("gpt-oss-120b", 116.83e9),  # gpt-oss model card: 116.83B
+        ("lfm2-1.2b", 1.17e9),  # LFM2-1.2B model card: 1.17B (block_ff_dim 12288 adjusted to 8192)
+        ("qwen3-next-80b-a3b", 80e9),  # Qwen3-Next model card: 80B in total (Gated DeltaNet mixers counted)
         ("llama-2-7b", 6.74e9),
         ("gemma-2-9b", 9.24e9),
     ],
@@ -239,3 +242,25 @@ def test_a_budget_must_hold_one_block():
         estimate_capacity(spec, kv_memory_gib=368_639 / GiB)
     one = estimate_capacity(spec, kv_memory_gib=368_640 / GiB)  # exactly one block of 16 tokens
     assert (one.num_blocks, one.kv_capacity_tokens, one.max_model_len_fit) == (1, 16, 16)
+
+
+def test_fixed_state_counts_in_per_request_bytes_and_concurrency():
+    spec = load_model_spec("qwen3-next-80b-a3b")
+    cap = estimate_capacity(spec, kv_memory_gib=10, max_model_len=32_768)
+    state = 36 * (3 * 8192 * 2 + 32 * 128 * 128 * 2)  # 36 Gated DeltaNet layers, bf16
+    kv = 32_768 * 12 * 2 * 2 * 256 * 2  # 12 full-attention layers, whole blocks of 16
+    assert (cap.per_request_state_bytes, cap.per_request_bytes) == (state, kv + state)
+    assert cap.num_blocks == 10 * GiB // (16 * 24_576)
+    assert cap.max_concurrency == pytest.approx(cap.num_blocks * 16 * 24_576 / (kv + state))
+    assert cap.state_dtype == {"conv": "bf16", "recurrent": "bf16"}
+
+
+def test_a_model_without_attention_has_no_blocks_only_states():
+    spec = ModelSpec.from_hf_config({"model_type": "mamba", "num_hidden_layers": 24, "hidden_size": 768,
+                                     "intermediate_size": 1536, "state_size": 16, "conv_kernel": 4,
+                                     "vocab_size": 50_280, "torch_dtype": "float32"}, "mamba-130m")
+    cap = estimate_capacity(spec, kv_memory_gib=1, max_model_len=2048)
+    # Mamba-1 per layer: conv (3, 1536) + recurrent (1536, 16), served in fp16
+    state = 24 * (3 * 1536 + 1536 * 16) * 2
+    assert (cap.bytes_per_token, cap.per_request_bytes, cap.num_blocks) == (0, state, None)
+    assert cap.max_concurrency == pytest.approx(GiB / state)
