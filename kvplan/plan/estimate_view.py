@@ -47,7 +47,7 @@ def render_estimate(result: KVEstimate, spec: ModelSpec, console: Console | None
     console = console or Console()
     cap = result.capacity
     model = Table(title=f"{cap.model}: KV per token", show_header=False, title_justify="left")
-    model.add_row("layers (this rank)", f"{len(result.layers)} of {spec.num_layers}")
+    model.add_row("cache layers (this rank)", f"{len(result.layers)} for {spec.num_layers} model layers")
     model.add_row("attention", _attention(result))
     model.add_row("KV dtype / tp / pp", f"{cap.kv_cache_dtype} / {cap.tp} / {cap.pp}")
     model.add_row("bytes per token", f"{cap.bytes_per_token:,} per rank, {cap.bytes_per_token_all_ranks:,} all ranks")
