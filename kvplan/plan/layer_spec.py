@@ -141,6 +141,8 @@ def recurrent_state(r: ConfigReader, kind: str, model_type: str, hidden: int | N
         KvplanError: a size the state needs is missing or not a whole number.
     """
     ssm_dtype = r.cfg.get("mamba_ssm_cache_dtype") or r.cfg.get("mamba_ssm_dtype")
+    if ssm_dtype is None and model_type.startswith("nemotron_h"):
+        ssm_dtype = "float32"  # vLLM's NemotronHForCausalLMConfig: DEFAULT_MAMBA_SSM_CACHE_DTYPE
     ssm_dtype = str(ssm_dtype).removeprefix("torch.") if ssm_dtype not in (None, "auto") else None
     need = "it sizes the fixed per-request state of the recurrent layers"
     if kind == "linear":

@@ -11,7 +11,8 @@ one-line error. The element counts do not depend on the layout vLLM picks for th
 State dtypes follow vLLM's ``MambaStateDtypeCalculator`` at its defaults (``mamba_cache_dtype``
 and ``mamba_ssm_cache_dtype`` ``auto``): both states in the dtype the model runs in, except that a
 config naming ``mamba_ssm_dtype`` (Qwen3.5) or ``mamba_ssm_cache_dtype`` keeps the recurrent
-state in that dtype, as the model's vLLM config hook sets it. The KV cache dtype
+state in that dtype, as the model's vLLM config hook sets it, and Nemotron-H's recurrent state is
+float32 unless its config says otherwise (vLLM's NemotronHForCausalLMConfig default). The KV cache dtype
 (``kv_cache_dtype``, fp8 ...) does not apply to them.
 """
 

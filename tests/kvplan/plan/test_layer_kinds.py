@@ -171,7 +171,10 @@ def test_nemotron_h_pattern():
     s = spec(model_type="nemotron_h", hybrid_override_pattern="M-M*", mamba_num_heads=8, mamba_head_dim=64,
              ssm_state_size=128, n_groups=2, conv_kernel=4)
     assert s.layer_kinds == ("mamba", "none", "mamba", "full")
-    assert kv_math.layers_bytes_per_token(kv_math.rank_layer_specs(s)) == 2 * 64 * 2 * 2
+    layers = kv_math.rank_layer_specs(s)
+    assert kv_math.layers_bytes_per_token(layers) == 2 * 64 * 2 * 2
+    # conv (3, 8 x 64 + 2 x 2 x 128) in bf16; recurrent (8, 64, 128) in fp32, vLLM's NemotronH default
+    assert kv_math.request_state_bytes(layers) == 2 * (3 * (512 + 512) * 2 + 8 * 64 * 128 * 4)
 
 
 def test_per_layer_kv_heads_and_layers_without_attention():
