@@ -186,6 +186,7 @@ class LLMEngine:
         aborted or rejected since the last one) and this step's stats."""
         start = time.perf_counter()
         sched = self.scheduler.schedule(start)
+        num_held_blocks = self.scheduler.num_used_blocks  # the step's peak: finishing only frees
         num_oom = 0
         if not sched.is_empty:
             try:
@@ -225,6 +226,7 @@ class LLMEngine:
             kv_resident_request_ids=resident_ids,
             num_prefix_queried_tokens=sched.num_prefix_queried_tokens,
             num_prefix_hit_tokens=sched.num_prefix_hit_tokens,
+            num_peak_used_blocks=max(num_held_blocks, s.num_used_blocks),
         )
         self._step_index += 1
         return outputs, stats

@@ -72,7 +72,10 @@ class StepStats:
     """One engine step, as the load driver records it.
 
     Times are ``time.perf_counter()`` seconds. Block counts are read after the step finished
-    (finished requests' blocks already freed). ``kv_resident_tokens`` holds, for every request
+    (finished requests' blocks already freed), except ``num_peak_used_blocks``: the blocks held
+    while the step ran (after scheduling allocated, before finished requests freed theirs), so a
+    request that finishes in the step that admits it still shows its blocks; None from a
+    producer that does not track it (read it as ``num_used_blocks``). ``kv_resident_tokens`` holds, for every request
     holding blocks at that moment, its tokens with K/V in the cache (``num_computed_tokens``),
     and ``kv_resident_request_ids`` names those requests in the same order: an estimator turns
     these into bytes and compares with ``num_used_blocks``.
@@ -95,6 +98,7 @@ class StepStats:
     kv_resident_request_ids: tuple[str, ...] = ()
     num_prefix_queried_tokens: int = 0
     num_prefix_hit_tokens: int = 0
+    num_peak_used_blocks: int | None = None
 
 
 @dataclass(frozen=True)

@@ -115,7 +115,7 @@ def _int_list(text: str | None, flag: str) -> tuple[int, ...]:
 @app.command()
 def estimate(
     model: Annotated[str, typer.Option(help="Preset name or Hugging Face id (case-insensitive), config.json path or folder, or .gguf file.")],
-    gpu: Annotated[Optional[str], typer.Option(help="GPU from the bundled table: A10G, L4, L40S, A100-40GB, A100-80GB, H100-80GB, H200, B200, MI300X, RTX-3090, RTX-4090.")] = None,
+    gpu: Annotated[Optional[str], typer.Option(help="GPU from the bundled table, by exact name or alias (H100-SXM, H100-PCIe, H100-NVL, H20, H200, GH200, B200, A100-80GB, L40S, MI300X, MI325X, RTX-4090, ...); an unknown name lists the closest.")] = None,
     gpu_memory_gib: Annotated[Optional[float], typer.Option(help="GPU memory in GiB, instead of --gpu.")] = None,
     gpu_memory_utilization: Annotated[Optional[float], typer.Option(help=f"Fraction of GPU memory the server may use (default {DEFAULT_GPU_MEMORY_UTILIZATION}, vLLM's).")] = None,
     kv_memory_gib: Annotated[Optional[float], typer.Option(help="KV pool size in GiB per GPU, as vLLM prints it, instead of the budget arithmetic (then no --weights-gib, --overhead-gib or --gpu-memory-utilization).")] = None,

@@ -16,7 +16,7 @@ from kvplan.errors import KvplanError
 from kvplan.load.requests import SampledRequest
 from kvplan.load.workload import Workload
 from kvplan.plan.capacity import estimate_capacity
-from kvplan.plan.gpus import gpu_table
+from kvplan.plan.gpus import gpu_hint
 from kvplan.plan.kv_math import layers_bytes_per_token, rank_layer_specs, request_kv_bytes, shared_prefix_bytes
 from kvplan.plan.model_source import load_model_spec
 from kvplan.plan.model_spec import ModelSpec
@@ -115,7 +115,7 @@ def plan_target(workload: Workload, index: int, p95: dict[str, int]) -> PlanEsti
         at = f"plan[{index}]"
         fix = err.fix  # fixes that name other settings do not apply: a plan entry has four fields
         if err.field == "gpu":
-            fix = f"use one of {', '.join(sorted(gpu_table()))}"
+            fix = gpu_hint(target.gpu)
         elif err.field == "KV budget":
             fix = "use a larger gpu or a higher tp in this plan entry"
         if err.source is not None:  # inside the model's config or GGUF file
@@ -125,7 +125,7 @@ def plan_target(workload: Workload, index: int, p95: dict[str, int]) -> PlanEsti
         raise KvplanError(at, err.problem, fix, source=workload.source) from None
     first = next(iter(sized.values()))
     return PlanEstimate(
-        model=target.model, gpu=target.gpu, tp=target.tp, kv_cache_dtype=first.kv_cache_dtype,
+        model=target.model, gpu=first.gpu, tp=target.tp, kv_cache_dtype=first.kv_cache_dtype,
         bytes_per_token=first.bytes_per_token, num_blocks=first.num_blocks,
         kv_capacity_tokens=first.kv_capacity_tokens,
         buckets=[PlanBucket(name=name, max_concurrency=int(c.max_concurrency)) for name, c in sized.items() if name],

@@ -5,7 +5,8 @@ Budget (vLLM's memory profile, as its start-up log prints it; see ../shared/case
     kv_budget = gpu_memory x gpu_memory_utilization - weights per rank - overhead (activations, CUDA context, graphs)
     num_blocks = floor(kv_budget / bytes_per_block)           bytes_per_block = bytes_per_token x block_size
     kv_capacity_tokens = num_blocks x block_size
-    max_concurrency = num_blocks / blocks one max_model_len request needs   (= ceil(max_model_len / block_size))
+    max_concurrency = num_blocks x bytes_per_block / per-request bytes
+    per-request bytes = paged KV of one max_model_len request + its fixed state (recurrent layers)
 
 or ``kv_memory_gib`` gives the budget directly (vLLM's ``available_kv_cache_memory`` line).
 All sizes are per GPU rank; GiB = 2**30 bytes.
@@ -40,9 +41,15 @@ class Capacity:
     ``gpu`` and ``gpu_memory_bytes`` are set whenever a GPU is given, ``overhead_bytes`` only when
     the budget is computed from it (not given as ``kv_memory_gib``).
 
-    ``kv_capacity_tokens`` counts every layer as holding every token; for models with
-    sliding-window layers it is therefore a lower bound, while ``max_concurrency`` and
-    ``max_model_len_fit`` account for the windows (per-request paged bytes).
+    ``kv_capacity_tokens`` counts every attention layer as holding every token and leaves the
+    fixed state out; for models with sliding-window layers it is therefore a lower bound, while
+    ``max_concurrency`` and ``max_model_len_fit`` account for the windows and the state
+    (per-request bytes). A model without attention layers has no blocks: ``num_blocks`` and
+    ``kv_capacity_tokens`` stay None and the whole budget holds states.
+
+    ``per_request_bytes`` is the paged KV plus ``per_request_state_bytes``, the fixed conv and
+    recurrent state of the linear-attention, Mamba and conv layers (0 for pure attention
+    models), held in ``state_dtype`` (``{"conv": ..., "recurrent": ...}``, None without state).
 
     ``max_model_len_fit`` is set only when one ``max_model_len`` request does not fit: the largest
     length (whole blocks) that does, as vLLM's "estimated maximum model length" reports it.
@@ -57,7 +64,7 @@ class Capacity:
     bytes_per_token: int
     bytes_per_token_all_ranks: int
     bytes_per_block: int
-    per_request_bytes: int  # paged KV of one max_model_len request
+    per_request_bytes: int  # paged KV of one max_model_len request + its fixed state
     num_parameters: int | None  # None when the config lacks the sizes (KV-only estimate)
     weights_bytes: int | None  # per rank
     gpu: str | None = None
@@ -68,6 +75,8 @@ class Capacity:
     kv_capacity_tokens: int | None = None
     max_concurrency: float | None = None
     max_model_len_fit: int | None = None
+    per_request_state_bytes: int = 0
+    state_dtype: dict[str, str] | None = None
 
 
 def estimate_capacity(
@@ -112,7 +121,7 @@ def estimate_capacity(
         "weights_gib": weights_gib, "overhead_gib": overhead_gib, "gpu_memory_utilization": gpu_memory_utilization})
     max_model_len = _max_model_len(spec, max_model_len)
     stages = kv_math.stage_layer_specs(spec, kv_cache_dtype, tp, pp)
-    layers = max(stages, key=kv_math.layers_bytes_per_token)
+    layers = kv_math.limiting_stage(stages)
     per_token = kv_math.layers_bytes_per_token(layers)
     try:
         num_parameters = sum(count_parameters(spec))
@@ -134,14 +143,18 @@ def estimate_capacity(
         bytes_per_token=per_token,
         bytes_per_token_all_ranks=tp * sum(kv_math.layers_bytes_per_token(stage) for stage in stages),
         bytes_per_block=per_token * block_size,
-        per_request_bytes=kv_math.request_kv_bytes(layers, max_model_len, block_size),
+        per_request_bytes=kv_math.request_bytes(layers, max_model_len, block_size),
         num_parameters=num_parameters,
         weights_bytes=weights,
         gpu=gpu,
+        per_request_state_bytes=kv_math.request_state_bytes(layers),
+        state_dtype=_state_dtype(layers),
     )
     budget = _budget(capacity, gpu, gpu_memory_gib, gpu_memory_utilization, overhead_gib, kv_memory_gib)
     if budget is None:
         return Capacity(**capacity)
+    if per_token == 0:  # no attention layer on this rank: no blocks, the budget holds states
+        return Capacity(**capacity, kv_budget_bytes=budget, max_concurrency=budget / capacity["per_request_bytes"])
     num_blocks = budget // capacity["bytes_per_block"]
     if num_blocks == 0:  # vLLM stops too: "No available memory for the cache blocks"
         raise KvplanError("KV budget", f"{_size(budget)} holds not one block of {block_size:,} tokens "
@@ -155,6 +168,14 @@ def estimate_capacity(
         max_concurrency=num_blocks * capacity["bytes_per_block"] / capacity["per_request_bytes"],
         max_model_len_fit=_max_len_fit(layers, num_blocks * capacity["bytes_per_block"], max_model_len, block_size),
     )
+
+
+def _state_dtype(layers) -> dict[str, str] | None:
+    """Dtype of the conv and recurrent states (the first state layer's; all share them)."""
+    state = next((layer for layer in layers if isinstance(layer, kv_math.StateSpec)), None)
+    if state is None:
+        return None
+    return dict(zip(("conv", "recurrent"), (dtype.name for dtype in state.dtypes)))
 
 
 def _check(ok: bool, where: str, problem: str, fix: str | None = None) -> None:
@@ -241,14 +262,17 @@ def _budget(capacity: dict, gpu, gpu_memory_gib, utilization, overhead_gib, kv_m
 
 
 def _max_len_fit(layers, pool_bytes: int, max_model_len: int, block_size: int) -> int | None:
-    """Largest length in whole blocks (<= max_model_len) whose paged KV fits in ``pool_bytes``;
-    None when a max_model_len request fits. Binary search: paged bytes grow with length."""
-    if kv_math.request_kv_bytes(layers, max_model_len, block_size) <= pool_bytes:
+    """Largest length in whole blocks (<= max_model_len) whose paged KV and fixed state fit in
+    ``pool_bytes``; None when a max_model_len request fits (0 when not even the state does).
+    Binary search: paged bytes grow with length."""
+    if kv_math.request_bytes(layers, max_model_len, block_size) <= pool_bytes:
         return None
+    if kv_math.request_state_bytes(layers) > pool_bytes:
+        return 0
     low, high = 0, math.ceil(max_model_len / block_size)  # low fits (0 tokens), high does not
     while high - low > 1:
         mid = (low + high) // 2
-        if kv_math.request_kv_bytes(layers, mid * block_size, block_size) <= pool_bytes:
+        if kv_math.request_bytes(layers, mid * block_size, block_size) <= pool_bytes:
             low = mid
         else:
             high = mid

@@ -3,8 +3,10 @@
 Grid row for ``batch_size`` requests of ``context_tokens`` tokens each, on one GPU rank::
 
     kv_bytes          what the tokens need: sliding layers capped at their window, a shared
-                      prefix's full blocks counted once
-    paged_bytes       whole blocks of block_size tokens per layer (the last block partly empty)
+                      prefix's full blocks counted once, each request's fixed state (recurrent
+                      layers) counted per request
+    paged_bytes       whole blocks of block_size tokens per layer (the last block partly empty),
+                      plus the fixed states
     contiguous_bytes  a max_model_len reservation per request, as a non-paged cache makes
     *_waste_bytes     paged_bytes or contiguous_bytes minus kv_bytes
     fits              False when a context exceeds max_model_len (a server refuses such a request,
@@ -51,12 +53,50 @@ class KVEstimate:
     layers: tuple[kv_math.LayerKVSpec, ...]  # the limiting rank's layers, for plots
 
     def to_dict(self) -> dict:
-        """JSON-ready dict: the capacity fields at top level, then the grid."""
+        """JSON-ready dict: the capacity fields at top level, the grid, then the limiting rank's
+        cache layers (:func:`layer_entry`), whose ``bytes_per_token`` and ``state_bytes`` sum to
+        the top-level ``bytes_per_token`` and ``per_request_state_bytes``."""
         out = {"schema_version": SCHEMA_VERSION, **asdict(self.capacity)}
         out["shared_prefix_tokens"] = self.shared_prefix_tokens
         out["per_request_contiguous_bytes"] = self.per_request_contiguous_bytes
         out["grid"] = [asdict(row) for row in self.grid]
+        out["layer_kind_counts"] = layer_kind_counts(self.layers)
+        out["layers"] = [layer_entry(layer) for layer in self.layers]
         return out
+
+
+def layer_kind_counts(layers: tuple[kv_math.LayerKVSpec, ...]) -> dict[str, int]:
+    """How many cache layers of each kind the rank holds (``{"full": 12, "linear": 36}``)."""
+    counts: dict[str, int] = {}
+    for layer in layers:
+        counts[layer_kind(layer)] = counts.get(layer_kind(layer), 0) + 1
+    return counts
+
+
+def layer_kind(layer: kv_math.LayerKVSpec) -> str:
+    """full, sliding, mla, or the state's kind (linear, mamba, conv)."""
+    if isinstance(layer, kv_math.StateSpec):
+        return layer.kind
+    if isinstance(layer, kv_math.MLASpec):
+        return "mla"
+    return "sliding" if isinstance(layer, kv_math.SlidingWindowSpec) else "full"
+
+
+def layer_entry(layer: kv_math.LayerKVSpec) -> dict:
+    """One cache layer of a rank as JSON: kind, KV heads, K and V widths (MLA: the latent as K),
+    window, dtype(s), bytes per token and fixed state bytes (with the state's shapes)."""
+    entry = {"kind": layer_kind(layer), "num_kv_heads": 0, "k_head_dim": 0, "v_head_dim": 0, "sliding_window": None}
+    if isinstance(layer, kv_math.StateSpec):
+        entry["dtype"] = [dtype.name for dtype in layer.dtypes]
+        entry["state_shapes"] = [list(shape) for shape in layer.shapes]
+    elif isinstance(layer, kv_math.MLASpec):
+        entry.update(num_kv_heads=1, k_head_dim=layer.kv_lora_rank + layer.qk_rope_head_dim, dtype=layer.dtype.name)
+    else:
+        v_dim = layer.head_dim if layer.v_head_dim is None else layer.v_head_dim
+        entry.update(num_kv_heads=layer.num_kv_heads, k_head_dim=layer.head_dim, v_head_dim=v_dim, dtype=layer.dtype.name,
+                     sliding_window=getattr(layer, "sliding_window", None))
+    entry.update(bytes_per_token=layer.bytes_per_token, state_bytes=layer.state_bytes)
+    return entry
 
 
 def estimate(
@@ -88,16 +128,18 @@ def estimate(
         spec, capacity_settings.get("kv_cache_dtype", "auto"), capacity.tp, capacity.pp
     )
     block_size, max_len = capacity.block_size, capacity.max_model_len
-    reservation = kv_math.request_kv_bytes(layers, max_len)
-    pool = None if capacity.kv_budget_bytes is None else capacity.num_blocks * capacity.bytes_per_block
+    reservation = kv_math.request_bytes(layers, max_len)
+    pool = capacity.kv_budget_bytes
+    if capacity.num_blocks is not None:
+        pool = capacity.num_blocks * capacity.bytes_per_block
     rows = []
     for context in contexts or (max_len,):
         for batch in batch_sizes:
             prefix = shared_prefix_tokens  # <= every context (checked above)
             shared = kv_math.shared_prefix_bytes(layers, context, prefix, block_size) if batch > 1 else 0
-            needed = batch * kv_math.request_kv_bytes(layers, context) - (batch - 1) * shared
+            needed = batch * kv_math.request_bytes(layers, context) - (batch - 1) * shared
             paged = kv_math.batch_kv_bytes(layers, context, batch, block_size, prefix)
-            contiguous = batch * max(reservation, kv_math.request_kv_bytes(layers, context))
+            contiguous = batch * max(reservation, kv_math.request_bytes(layers, context))
             rows.append(
                 GridRow(
                     context_tokens=context,

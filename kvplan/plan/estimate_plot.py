@@ -1,5 +1,8 @@
 """`kvplan estimate --plot`: paged KV GiB against context length, one line per batch size.
 
+Both axes are logarithmic: KV grows linearly with context (a fixed state per request adds a
+floor), which a log-log chart shows as straight lines of slope 1, and it keeps 1k and 1M tokens
+readable on one chart. The KV budget is a horizontal line, max_model_len a vertical one.
 Imported only when --plot is given (matplotlib is slow to import). Agg backend, no display.
 """
 
@@ -15,12 +18,13 @@ GiB = 2**30
 
 
 def plot_kv_vs_context(ax, result: KVEstimate) -> None:
-    """Draw paged KV (GiB per rank) against context, 64 log-spaced points from one block to the
-    longest grid context, one line per batch size, and the KV budget as a horizontal line."""
+    """Draw paged KV (GiB per rank, fixed states included) against context on log-log axes, 64
+    log-spaced points from one block to the longest grid context or max_model_len, one line per
+    batch size; the KV budget as a horizontal line and max_model_len as a vertical one."""
     import numpy as np
 
     cap = result.capacity
-    longest = max(row.context_tokens for row in result.grid)
+    longest = max(max(row.context_tokens for row in result.grid), cap.max_model_len)
     contexts = np.unique(np.geomspace(cap.block_size, max(longest, cap.block_size * 2), 64).astype(int))
     for batch in sorted({row.batch_size for row in result.grid}):
         gib = [
@@ -29,12 +33,15 @@ def plot_kv_vs_context(ax, result: KVEstimate) -> None:
         ]
         ax.plot(contexts, gib, label=f"batch {batch}")
     if cap.kv_budget_bytes is not None:
-        ax.axhline(cap.num_blocks * cap.bytes_per_block / GiB, color="red", linestyle="--", label="KV budget")
+        pool = cap.kv_budget_bytes if cap.num_blocks is None else cap.num_blocks * cap.bytes_per_block
+        ax.axhline(pool / GiB, color="red", linestyle="--", label=f"KV budget {pool / GiB:,.2f} GiB")
     else:
         ax.text(0.02, 0.95, "no KV budget (give --gpu or --kv-memory-gib)", transform=ax.transAxes, va="top")
+    ax.axvline(cap.max_model_len, color="gray", linestyle=":", label=f"max_model_len {cap.max_model_len:,}")
     ax.set_xscale("log", base=2)
-    ax.set_xlabel("context (tokens)")
-    ax.set_ylabel("KV cache per GPU rank (GiB)")
+    ax.set_yscale("log")
+    ax.set_xlabel("context (tokens, log scale)")
+    ax.set_ylabel("KV cache per GPU rank (GiB, log scale)")
     ax.set_title(f"{cap.model}: paged KV, {cap.kv_cache_dtype}, tp={cap.tp}, block {cap.block_size}")
     ax.grid(True, alpha=0.3)
     ax.legend()

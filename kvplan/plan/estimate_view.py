@@ -8,8 +8,8 @@ from __future__ import annotations
 from rich.console import Console
 from rich.table import Table
 
-from kvplan.plan.estimate import KVEstimate
-from kvplan.plan.kv_math import MLASpec, SlidingWindowSpec
+from kvplan.plan.estimate import KVEstimate, layer_kind_counts
+from kvplan.plan.kv_math import FullAttentionSpec, MLASpec, SlidingWindowSpec
 from kvplan.plan.model_spec import ModelSpec
 
 GiB = 2**30
@@ -20,15 +20,25 @@ def _gib(num_bytes: int | None) -> str:
 
 
 def _attention(result: KVEstimate) -> str:
+    """The first attention layer's shape, then how many cache layers of each kind the rank holds."""
     layers = result.layers
-    if any(isinstance(layer, MLASpec) for layer in layers):
-        m = layers[0]
-        return f"MLA, latent {m.kv_lora_rank} + rope {m.qk_rope_head_dim}"
-    sliding = [layer for layer in layers if isinstance(layer, SlidingWindowSpec)]
-    heads = layers[0].num_kv_heads
-    text = f"{heads} KV head{'s' if heads > 1 else ''} x head_dim {layers[0].head_dim} per rank"
-    if sliding:
-        text += f"; {len(sliding)} of {len(layers)} layers sliding (window {sliding[0].sliding_window})"
+    first = next((layer for layer in layers if isinstance(layer, (FullAttentionSpec, MLASpec))), None)
+    if isinstance(first, MLASpec):
+        text = f"MLA, latent {first.kv_lora_rank} + rope {first.qk_rope_head_dim}"
+    elif first is None:
+        text = "no attention layers"
+    else:
+        heads = first.num_kv_heads
+        width = f"head_dim {first.head_dim}"
+        if first.v_head_dim not in (None, first.head_dim):
+            width = f"K {first.head_dim} + V {first.v_head_dim}"
+        text = f"{heads} KV head{'s' if heads > 1 else ''} x {width} per rank"
+    counts = layer_kind_counts(layers)
+    if len(counts) > 1 or "sliding" in counts:
+        text += "; " + ", ".join(f"{n} {kind}" for kind, n in counts.items())
+        sliding = next((layer for layer in layers if isinstance(layer, SlidingWindowSpec)), None)
+        if sliding is not None:
+            text += f" (window {sliding.sliding_window:,})"
     return text
 
 
@@ -37,12 +47,16 @@ def render_estimate(result: KVEstimate, spec: ModelSpec, console: Console | None
     console = console or Console()
     cap = result.capacity
     model = Table(title=f"{cap.model}: KV per token", show_header=False, title_justify="left")
-    model.add_row("layers (this rank)", f"{len(result.layers)} of {spec.num_layers}")
+    model.add_row("cache layers (this rank)", f"{len(result.layers)} for {spec.num_layers} model layers")
     model.add_row("attention", _attention(result))
     model.add_row("KV dtype / tp / pp", f"{cap.kv_cache_dtype} / {cap.tp} / {cap.pp}")
     model.add_row("bytes per token", f"{cap.bytes_per_token:,} per rank, {cap.bytes_per_token_all_ranks:,} all ranks")
     model.add_row("bytes per block", f"{cap.bytes_per_block:,} ({cap.block_size} tokens)")
-    model.add_row(f"one {cap.max_model_len:,}-token request", f"{_gib(cap.per_request_bytes)} GiB paged")
+    if cap.per_request_state_bytes:
+        dtypes = " / ".join(f"{part} {name}" for part, name in (cap.state_dtype or {}).items())
+        model.add_row("fixed state per request", f"{cap.per_request_state_bytes:,} bytes ({dtypes})")
+    model.add_row(f"one {cap.max_model_len:,}-token request", f"{_gib(cap.per_request_bytes)} GiB paged"
+                  + (" with its state" if cap.per_request_state_bytes else ""))
     if cap.num_parameters is not None:
         model.add_row("parameters / weights per rank", f"{cap.num_parameters / 1e9:,.2f} B / {_gib(cap.weights_bytes)} GiB")
     console.print(model)
@@ -54,8 +68,9 @@ def render_estimate(result: KVEstimate, spec: ModelSpec, console: Console | None
         if cap.overhead_bytes is not None:  # the budget was computed, not given as --kv-memory-gib
             gpu.add_row("weights + overhead", f"{_gib(cap.weights_bytes)} + {_gib(cap.overhead_bytes)} GiB")
         gpu.add_row("KV budget", f"{_gib(cap.kv_budget_bytes)} GiB")
-        gpu.add_row("blocks", f"{cap.num_blocks:,}")
-        gpu.add_row("KV capacity", f"{cap.kv_capacity_tokens:,} tokens")
+        if cap.num_blocks is not None:
+            gpu.add_row("blocks", f"{cap.num_blocks:,}")
+            gpu.add_row("KV capacity", f"{cap.kv_capacity_tokens:,} tokens")
         gpu.add_row(f"max concurrency at {cap.max_model_len:,} tokens", f"{cap.max_concurrency:,.2f}")
         if cap.max_model_len_fit is not None:
             gpu.add_row("largest max_model_len that fits", f"[red]{cap.max_model_len_fit:,}[/red] tokens")

@@ -1,15 +1,18 @@
-"""Pure KV-cache formulas: per-layer KV specs, bytes per token and per block, tp/pp splits.
+"""Pure KV-cache formulas: per-layer KV specs of one GPU rank, bytes per token, block and request,
+tp/pp splits.
 
 Sources of the formulas: vLLM's KV cache interface (one frozen spec per layer kind with a page
-size: full attention, sliding window, MLA) and the derivation written at the top of
+size: full attention, sliding window, MLA, Mamba state) and the derivation written at the top of
 ``../shared/cases/vllm_kv_logs.yaml``::
 
-    full attention  bytes/token/layer = 2 (K and V) x max(1, kv_heads // tp) x head_dim x element bytes
-    MLA             bytes/token/layer = (kv_lora_rank + qk_rope_head_dim) x element bytes   (no 2, not / tp)
+    full attention  bytes/token/layer = max(1, kv_heads // tp) x (k_head_dim + v_head_dim) x element bytes
+    MLA             bytes/token/layer = (kv_lora_rank + qk_rope_head_dim) x element bytes   (no K+V, not / tp)
     sliding window  as full attention, but a layer holds only the last `sliding_window` tokens
+    state           bytes/request/layer = conv state + recurrent state (kvplan.plan.state_shapes), 0 per token
 
 A block holds ``block_size`` tokens of one layer; the engine's pool counts a block as
 ``block_size`` tokens of every layer, so ``bytes_per_block = bytes_per_token x block_size``.
+Per-request bytes are the paged KV of the attention layers plus the fixed state of the others.
 """
 
 from __future__ import annotations
@@ -21,20 +24,27 @@ from typing import Union
 from kvplan.errors import KvplanError
 from kvplan.plan import dtypes
 from kvplan.plan.dtypes import KVDtype
+from kvplan.plan.layer_spec import LayerSpec
 from kvplan.plan.model_spec import ModelSpec
+from kvplan.plan.state_shapes import Shape, num_elements
 
 
 @dataclass(frozen=True)
 class FullAttentionSpec:
-    """A layer that keeps K and V of every token: ``[num_tokens, num_kv_heads, head_dim]`` each."""
+    """A layer that keeps K and V of every token: K ``[num_tokens, num_kv_heads, head_dim]``, V
+    ``[num_tokens, num_kv_heads, v_head_dim]`` (``v_head_dim`` None: the same width as K)."""
 
     num_kv_heads: int
     head_dim: int
     dtype: KVDtype
+    v_head_dim: int | None = None
 
     @property
     def bytes_per_token(self) -> int:
-        return 2 * self.dtype.row_bytes(self.num_kv_heads * self.head_dim)
+        v_dim = self.head_dim if self.v_head_dim is None else self.v_head_dim
+        return self.dtype.row_bytes(self.num_kv_heads * self.head_dim) + self.dtype.row_bytes(self.num_kv_heads * v_dim)
+
+    state_bytes = 0
 
     def tokens_held(self, num_tokens: int) -> int:
         return num_tokens
@@ -76,6 +86,8 @@ class MLASpec:
     def bytes_per_token(self) -> int:
         return self.dtype.row_bytes(self.kv_lora_rank + self.qk_rope_head_dim)
 
+    state_bytes = 0
+
     def tokens_held(self, num_tokens: int) -> int:
         return num_tokens
 
@@ -83,7 +95,30 @@ class MLASpec:
         return range(0, math.ceil(num_tokens / block_size))
 
 
-LayerKVSpec = Union[FullAttentionSpec, SlidingWindowSpec, MLASpec]
+@dataclass(frozen=True)
+class StateSpec:
+    """A recurrent layer's fixed per-request state on one rank (linear attention, Mamba, conv):
+    ``shapes[i]`` in ``dtypes[i]`` (conv state first, then the recurrent state where there is
+    one); no bytes per token, whatever the request's length."""
+
+    kind: str
+    shapes: tuple[Shape, ...]
+    dtypes: tuple[KVDtype, ...]
+
+    bytes_per_token = 0
+
+    @property
+    def state_bytes(self) -> int:
+        return sum(dtype.row_bytes(num_elements(shape)) for shape, dtype in zip(self.shapes, self.dtypes))
+
+    def tokens_held(self, num_tokens: int) -> int:
+        return 0
+
+    def blocks_held(self, num_tokens: int, block_size: int) -> range:
+        return range(0)
+
+
+LayerKVSpec = Union[FullAttentionSpec, SlidingWindowSpec, MLASpec, StateSpec]
 
 
 def kv_dtype_of(spec: ModelSpec, kv_cache_dtype: str = "auto") -> KVDtype:
@@ -142,6 +177,17 @@ def layers_bytes_per_token(layers: tuple[LayerKVSpec, ...]) -> int:
     return sum(layer.bytes_per_token for layer in layers)
 
 
+def request_state_bytes(layers: tuple[LayerKVSpec, ...]) -> int:
+    """Fixed bytes every request holds in ``layers`` whatever its length (recurrent states)."""
+    return sum(layer.state_bytes for layer in layers)
+
+
+def request_bytes(layers: tuple[LayerKVSpec, ...], num_tokens: int, block_size: int | None = None) -> int:
+    """Everything one sequence of ``num_tokens`` tokens holds: its KV (:func:`request_kv_bytes`)
+    plus the fixed state of the recurrent layers."""
+    return request_kv_bytes(layers, num_tokens, block_size) + request_state_bytes(layers)
+
+
 def request_kv_bytes(layers: tuple[LayerKVSpec, ...], num_tokens: int, block_size: int | None = None) -> int:
     """KV bytes one sequence of ``num_tokens`` tokens holds.
 
@@ -172,41 +218,63 @@ def batch_kv_bytes(
     layers: tuple[LayerKVSpec, ...], num_tokens: int, batch_size: int, block_size: int, prefix_tokens: int = 0
 ) -> int:
     """Paged bytes of ``batch_size`` sequences of ``num_tokens`` tokens whose first ``prefix_tokens``
-    are shared: the prefix's full blocks are stored once, not ``batch_size`` times."""
-    per_request = request_kv_bytes(layers, num_tokens, block_size)
+    are shared: the prefix's full blocks are stored once, not ``batch_size`` times; every request
+    keeps its own fixed state."""
+    per_request = request_bytes(layers, num_tokens, block_size)
     shared = shared_prefix_bytes(layers, num_tokens, prefix_tokens, block_size) if batch_size > 1 else 0
     return batch_size * per_request - (batch_size - 1) * shared
 
 
 def stage_layer_specs(spec: ModelSpec, kv_cache_dtype: str = "auto", tp: int = 1, pp: int = 1) -> list[tuple[LayerKVSpec, ...]]:
-    """Per-layer KV specs of one GPU rank in each pipeline stage (all tp ranks of a stage are alike).
+    """Per-layer cache specs of one GPU rank in each pipeline stage (all tp ranks of a stage are
+    alike): one spec per attention layer, one per recurrent state (a Falcon-H1 layer has both),
+    none for a layer without cache.
 
     Raises:
-        KvplanError: bad tp, pp or KV dtype (see :func:`kv_heads_per_rank`, :func:`pipeline_stages`).
+        KvplanError: bad tp, pp or KV dtype (see :func:`kv_heads_per_rank`, :func:`pipeline_stages`),
+            or a tp that does not divide a recurrent state's heads or channels.
     """
     dtype = kv_dtype_of(spec, kv_cache_dtype)
-    heads = kv_heads_per_rank(spec.num_kv_heads, spec.num_attention_heads, tp)
+    state_dtype = dtypes.DTYPES[dtypes.serving_dtype(spec.dtype)]
+    stages = pipeline_stages(spec.num_layers, pp)
+    per_layer = [_rank_specs(spec, layer, dtype, state_dtype, tp) for layer in spec.layers]
+    return [tuple(s for i in stage for s in per_layer[i]) for stage in stages]
 
-    def layer(kind: str) -> LayerKVSpec:
-        if spec.mla is not None:
-            return MLASpec(spec.mla.kv_lora_rank, spec.mla.qk_rope_head_dim, dtype)
-        if kind == "sliding" and spec.sliding_window is not None:
-            return SlidingWindowSpec(heads, spec.head_dim, dtype, sliding_window=spec.sliding_window)
-        return FullAttentionSpec(heads, spec.head_dim, dtype)
 
-    return [tuple(layer(spec.layer_kinds[i]) for i in stage) for stage in pipeline_stages(spec.num_layers, pp)]
+def _rank_specs(spec: ModelSpec, layer: LayerSpec, dtype: KVDtype, state_dtype: KVDtype, tp: int) -> list[LayerKVSpec]:
+    out: list[LayerKVSpec] = []
+    if layer.kind == "mla":
+        out.append(MLASpec(spec.mla.kv_lora_rank, spec.mla.qk_rope_head_dim, dtype))
+    elif layer.kind in ("full", "sliding"):
+        heads = kv_heads_per_rank(layer.num_kv_heads, spec.num_attention_heads, tp)
+        v_dim = None if layer.v_head_dim == layer.k_head_dim else layer.v_head_dim
+        if layer.kind == "sliding":
+            out.append(SlidingWindowSpec(heads, layer.k_head_dim, dtype, v_dim, sliding_window=layer.sliding_window))
+        else:
+            out.append(FullAttentionSpec(heads, layer.k_head_dim, dtype, v_dim))
+    if layer.state is not None:
+        shapes = layer.state.shapes(tp)
+        ssm = layer.state.ssm_dtype
+        recurrent = dtypes.resolve(ssm, state_dtype.name, "mamba_ssm_dtype") if ssm else state_dtype
+        out.append(StateSpec(layer.state.kind, shapes, (state_dtype, recurrent)[: len(shapes)]))
+    return out
 
 
 def rank_layer_specs(spec: ModelSpec, kv_cache_dtype: str = "auto", tp: int = 1, pp: int = 1) -> tuple[LayerKVSpec, ...]:
-    """The layers of the pipeline stage with the most KV bytes per token: with equal GPUs, that
-    stage runs out of KV memory first and so limits the whole pipeline."""
-    stages = stage_layer_specs(spec, kv_cache_dtype, tp, pp)
-    return max(stages, key=layers_bytes_per_token)
+    """The layers of the limiting pipeline stage (:func:`limiting_stage`)."""
+    return limiting_stage(stage_layer_specs(spec, kv_cache_dtype, tp, pp))
+
+
+def limiting_stage(stages: list[tuple[LayerKVSpec, ...]]) -> tuple[LayerKVSpec, ...]:
+    """The stage with the most KV bytes per token, then the most fixed state: with equal GPUs,
+    that stage runs out of KV memory first and so limits the whole pipeline."""
+    return max(stages, key=lambda stage: (layers_bytes_per_token(stage), request_state_bytes(stage)))
 
 
 def bytes_per_token(spec: ModelSpec, kv_cache_dtype: str = "auto", tp: int = 1, pp: int = 1) -> int:
-    """KV bytes one token costs on one GPU rank (the limiting pipeline stage), every layer counted
-    as if it still held the token (sliding-window layers included).
+    """KV bytes one token costs on one GPU rank (the limiting pipeline stage), every attention layer
+    counted as if it still held the token (sliding-window layers included); recurrent layers cost
+    nothing per token (their fixed state is :func:`request_state_bytes`).
 
     Examples (hand arithmetic): 32 layers x 2 x 8 KV heads x 128 x 2 bytes (bf16) = 131,072;
     DeepSeek-V3: 61 x (512 + 64) x 2 = 70,272; Llama-3.1-70B at tp=32: 80 x 2 x 1 x 128 x 2 = 40,960.

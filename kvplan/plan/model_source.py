@@ -1,5 +1,5 @@
 """Where a ModelSpec comes from: a bundled preset, a user's config.json (or a folder holding
-one), or a GGUF file.
+one), Meta's params.json, or a GGUF file.
 
 Presets are ``kvplan/data/models/*.json``: the published config.json of a real model with its
 source, found by short name, Hugging Face id or alias, case-insensitively. A user's file goes
@@ -17,6 +17,7 @@ from typing import Any
 
 from kvplan.errors import KvplanError
 from kvplan.plan.gguf_spec import is_gguf, read_gguf_config
+from kvplan.plan.meta_params import is_meta_params, meta_params_config
 from kvplan.plan.model_spec import ModelSpec
 
 PRESETS_DIR = Path(__file__).parent / "data" / "models"
@@ -56,10 +57,11 @@ def load_preset(name: str) -> tuple[ModelSpec, dict[str, Any]]:
 
 
 def load_model_spec(model: str) -> ModelSpec:
-    """A ModelSpec from a preset name or Hugging Face id (case-insensitive), a config.json file,
-    a folder holding config.json (or one .gguf), or a .gguf file. A file is read as GGUF when its
-    name ends in .gguf in any case or its first bytes are GGUF's magic, else as JSON; the name a
-    config file gets is :func:`_config_name`'s.
+    """A ModelSpec from a preset name or Hugging Face id (case-insensitive), a config.json or
+    Meta params.json file, a folder holding config.json (or params.json, or one .gguf), or a .gguf
+    file. A file is read as GGUF when its name ends in .gguf in any case or its first bytes are
+    GGUF's magic, else as JSON (a params.json by its keys); the name a config file gets is
+    :func:`_config_name`'s.
 
     Raises:
         KvplanError: an empty or unknown name, a missing or unreadable file, or a config with a
@@ -70,12 +72,13 @@ def load_model_spec(model: str) -> ModelSpec:
                           "give a preset name such as llama-3.1-8b, a config.json path or folder, or a .gguf file")
     path = Path(model).expanduser()
     if path.is_dir():
-        if (path / "config.json").is_file():
-            return _from_json(path / "config.json")
+        for name in ("config.json", "params.json"):
+            if (path / name).is_file():
+                return _from_json(path / name)
         ggufs = sorted(child for child in path.glob("*") if child.is_file() and is_gguf(child))
         if len(ggufs) == 1:
             return _from_gguf(ggufs[0])
-        raise KvplanError("", "holds no config.json (nor exactly one .gguf file)", source=str(path))
+        raise KvplanError("", "holds no config.json or params.json (nor exactly one .gguf file)", source=str(path))
     if path.is_file():
         return _from_gguf(path) if is_gguf(path) else _from_json(path)
     if path.suffix.lower() in (".json", ".gguf"):
@@ -91,7 +94,7 @@ def _config_name(path: Path, config: dict[str, Any]) -> str:
     given = config.get("_name_or_path")
     if isinstance(given, str) and _HF_ID.fullmatch(given):
         return given
-    if path.name.lower() != "config.json":
+    if path.name.lower() not in ("config.json", "params.json"):
         return path.stem.removesuffix(".config") or path.stem
     folder = path.parent.resolve()  # not the file: a snapshot's config.json links into ../../blobs
     repo = folder.parent.parent.name
@@ -109,6 +112,9 @@ def _from_json(path: Path) -> ModelSpec:
         raise KvplanError("", f"not valid JSON ({err})", source=str(path)) from None
     if not isinstance(config, dict):
         raise KvplanError("", "not a config.json object", source=str(path))
+    if is_meta_params(config):
+        hf_config, key_names = meta_params_config(config)
+        return _from_file(path, hf_config, _config_name(path, {}), key_names)
     return _from_file(path, config, _config_name(path, config))
 
 
@@ -116,8 +122,8 @@ def _from_gguf(path: Path) -> ModelSpec:
     return _from_file(path, *read_gguf_config(path))
 
 
-def _from_file(path: Path, config: dict[str, Any], name: str) -> ModelSpec:
+def _from_file(path: Path, config: dict[str, Any], name: str, key_names: dict[str, str] | None = None) -> ModelSpec:
     try:
-        return ModelSpec.from_hf_config(config, name)
+        return ModelSpec.from_hf_config(config, name, key_names)
     except KvplanError as err:  # name the file the user gave, not the model
         raise err.within(source=str(path)) from None

@@ -7,19 +7,25 @@ from __future__ import annotations
 
 from kvplan.errors import KvplanError
 from kvplan.plan import dtypes
+from kvplan.plan.layer_spec import LayerSpec
 from kvplan.plan.model_spec import ModelSpec
+from kvplan.plan.state_shapes import GatedDeltaNetState, Mamba1State, Mamba2State
 
 
 def count_parameters(spec: ModelSpec) -> tuple[int, int]:
-    """(embedding + LM head parameters, all other parameters), counted from the config.
+    """(embedding + LM head parameters, all other parameters), counted from the config, layer by
+    layer (:attr:`ModelSpec.layers`).
 
-    Dense layer: attention q, k, v, o (``hidden x heads x head_dim`` and ``hidden x kv_heads x
-    head_dim`` each for k and v, biases where the config sets them) + MLP (3 matrices
-    ``hidden x intermediate`` when gated, else 2) + 2 norms. MoE layer: every expert's MLP +
-    router + shared experts. MLA layer (DeepSeek): q (through ``q_lora_rank`` when set), the
+    Attention layer: q, k, v, o (``hidden x heads x k_head_dim`` for q, ``hidden x kv_heads x
+    k_head_dim`` and ``... x v_head_dim`` for k and v, ``heads x v_head_dim x hidden`` for o;
+    biases where the config sets them; q doubled where an output gate shares q_proj, as in
+    Qwen3-Next and Qwen3.5). MLA layer (DeepSeek): q (through ``q_lora_rank`` when set), the
     ``hidden x (kv_lora_rank + qk_rope_head_dim)`` KV down-projection, its up-projection
-    ``kv_lora_rank x heads x (qk_nope_head_dim + v_head_dim)`` and o. Small extras (q/k norms,
-    attention sinks) are left out: under 0.1 % of any catalog model.
+    ``kv_lora_rank x heads x (qk_nope_head_dim + v_head_dim)`` and o. Recurrent layers: their
+    mixer's projections, conv weights and per-head vectors (:func:`_state_mixer`). Every layer:
+    an MLP (3 matrices ``hidden x intermediate`` when gated, else 2; MoE layers every expert's
+    MLP + router + shared experts) and 2 norms. Small extras (q/k norms, attention sinks,
+    Gemma 3n's per-layer embeddings) are left out: under 0.1 % of most catalog models.
 
     Raises:
         KvplanError: the config lacks hidden_size, vocab_size or intermediate_size.
@@ -30,19 +36,8 @@ def count_parameters(spec: ModelSpec) -> tuple[int, int]:
             raise KvplanError("", f"missing field {field}", "it sizes the weights; give `weights_gib` or `kv_memory_gib`", source=spec.name)
     if spec.moe is not None and not spec.moe.expert_intermediate_size:
         raise KvplanError("", "missing field moe_intermediate_size", "give `weights_gib` or `kv_memory_gib`", source=spec.name)
-    h, hd = spec.hidden_size, spec.head_dim
+    h = spec.hidden_size
     embedding = spec.vocab_size * h * (1 if spec.tie_word_embeddings else 2)
-    if spec.mla is not None:
-        m = spec.mla
-        qk = m.qk_nope_head_dim + m.qk_rope_head_dim
-        heads = spec.num_attention_heads
-        q = h * m.q_lora_rank + m.q_lora_rank + m.q_lora_rank * heads * qk if m.q_lora_rank else h * heads * qk
-        kv = h * (m.kv_lora_rank + m.qk_rope_head_dim) + m.kv_lora_rank + m.kv_lora_rank * heads * (m.qk_nope_head_dim + m.v_head_dim)
-        attention = q + kv + heads * m.v_head_dim * h
-    else:
-        q_width, kv_width = spec.num_attention_heads * hd, spec.num_kv_heads * hd
-        attention = 2 * h * q_width + 2 * h * kv_width
-        attention += (q_width + 2 * kv_width) * spec.qkv_bias + h * spec.o_bias
     mats = 3 if spec.gated_mlp else 2
     dense_mlp = mats * h * spec.intermediate_size
     moe_mlp, moe_layers = 0, ()
@@ -53,9 +48,50 @@ def count_parameters(spec: ModelSpec) -> tuple[int, int]:
         moe_mlp += e.num_experts * (2 * e.expert_intermediate_size + h + 1) if e.expert_bias else 0
         moe_mlp += e.num_shared_experts * 3 * h * e.expert_intermediate_size
         moe_mlp += (3 * h * e.shared_expert_intermediate_size + h) if e.shared_expert_intermediate_size else 0
-    layers = spec.num_layers * (attention + 2 * h) + h
+    layers = h + sum(_mixer(spec, layer) + 2 * h for layer in spec.layers)
     layers += len(moe_layers) * moe_mlp + (spec.num_layers - len(moe_layers)) * dense_mlp
     return embedding, layers
+
+
+def _mixer(spec: ModelSpec, layer: LayerSpec) -> int:
+    """Parameters of one layer's token mixer (attention and/or recurrent state)."""
+    h, heads = spec.hidden_size, spec.num_attention_heads
+    total = _state_mixer(layer.state, h) if layer.state is not None else 0
+    if layer.kind == "mla":
+        m = spec.mla
+        qk = m.qk_nope_head_dim + m.qk_rope_head_dim
+        q = h * m.q_lora_rank + m.q_lora_rank + m.q_lora_rank * heads * qk if m.q_lora_rank else h * heads * qk
+        kv = h * (m.kv_lora_rank + m.qk_rope_head_dim) + m.kv_lora_rank + m.kv_lora_rank * heads * (m.qk_nope_head_dim + m.v_head_dim)
+        total += q + kv + heads * m.v_head_dim * h
+    elif layer.kind in ("full", "sliding"):
+        q_width, v_width = heads * layer.k_head_dim, heads * layer.v_head_dim
+        kv_width = layer.num_kv_heads * (layer.k_head_dim + layer.v_head_dim)
+        total += h * q_width * (2 if spec.attn_output_gate else 1) + h * kv_width + v_width * h
+        total += (q_width + kv_width) * spec.qkv_bias + h * spec.o_bias
+    return total
+
+
+def _state_mixer(state, h: int) -> int:
+    """Parameters of a recurrent mixer, from its module definitions: Gated DeltaNet (transformers'
+    Qwen3NextGatedDeltaNet: in_proj_qkvz, in_proj_ba, conv1d, dt_bias, A_log, norm, out_proj),
+    Mamba-2 (in_proj to x, z, B, C and dt; conv1d with bias; dt_bias, A_log, D; norm; out_proj),
+    Mamba-1 (in_proj, conv1d, x_proj, dt_proj, A_log, D, out_proj; dt_rank = ceil(hidden / 16)),
+    LFM2 short conv (in_proj to B, C, x; conv; out_proj)."""
+    if isinstance(state, GatedDeltaNetState):
+        key, value = state.num_k_heads * state.head_k_dim, state.num_v_heads * state.head_v_dim
+        conv_dim = 2 * key + value
+        return (h * (2 * key + 2 * value) + h * 2 * state.num_v_heads + conv_dim * state.conv_kernel
+                + 2 * state.num_v_heads + state.head_v_dim + value * h)
+    if isinstance(state, Mamba2State):
+        inner, groups_state = state.intermediate_size, 2 * state.n_groups * state.state_size
+        conv_dim = inner + groups_state
+        return (h * (2 * inner + groups_state + state.num_heads) + conv_dim * (state.conv_kernel + 1)
+                + 3 * state.num_heads + inner + inner * h)
+    if isinstance(state, Mamba1State):
+        inner, dt_rank = state.intermediate_size, -(-h // 16)
+        return (h * 2 * inner + inner * (state.conv_kernel + 1) + inner * (dt_rank + 2 * state.state_size)
+                + dt_rank * inner + inner + inner * state.state_size + inner + inner * h)
+    return h * 3 * state.conv_dim + state.conv_dim * state.conv_kernel + state.conv_dim * h  # ShortConvState
 
 
 def weights_bytes(spec: ModelSpec, weight_dtype: str = "auto") -> int:

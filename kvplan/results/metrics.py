@@ -142,9 +142,9 @@ class LevelSummary(_Summary):
     num_preemptions: int
     num_preempted_requests: int
     num_total_blocks: int
-    peak_used_blocks: int
-    mean_used_blocks: float
-    peak_kv_usage: float
+    peak_used_blocks: int  # most blocks held during a step (a request finishing in its first step counts)
+    mean_used_blocks: float  # after each step
+    peak_kv_usage: float  # peak_used_blocks' usage
     mean_kv_usage: float
     mean_queue_len: float
     max_queue_len: int
@@ -188,6 +188,7 @@ def summarize_level(
     span = (max(r.finish_time for r in requests) - min(r.arrival_time for r in requests)) if requests else 0.0
     rate = (lambda n: n / span) if span > 0 else (lambda n: None)
     used = np.array([s.num_used_blocks for s in steps], dtype=np.float64)
+    held = np.array([s.peak_used_blocks for s in steps], dtype=np.float64)  # during each step
     waiting = np.array([s.num_waiting for s in steps], dtype=np.float64)
     queried = sum(s.num_prefix_queried_tokens for s in steps)
     peak = lambda key: max((getattr(s, key) for s in steps), default=0)  # noqa: E731
@@ -217,9 +218,10 @@ def summarize_level(
         num_preemptions=sum(s.num_preemptions for s in steps),
         num_preempted_requests=sum(r.num_preemptions > 0 for r in requests),
         num_total_blocks=peak("num_total_blocks"),
-        peak_used_blocks=int(used.max()) if used.size else 0,
+        peak_used_blocks=int(held.max()) if held.size else 0,
         mean_used_blocks=float(used.mean()) if used.size else 0.0,
-        peak_kv_usage=max((kv_cache_usage(s) for s in steps), default=0.0),
+        peak_kv_usage=max((s.peak_used_blocks / s.num_total_blocks for s in steps if s.num_total_blocks),
+                          default=0.0),
         mean_kv_usage=float(np.mean([kv_cache_usage(s) for s in steps])) if steps else 0.0,
         mean_queue_len=float(waiting.mean()) if waiting.size else 0.0,
         max_queue_len=int(waiting.max()) if waiting.size else 0,

@@ -9,7 +9,7 @@ clock of a simulated one); only differences are meaningful.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import MISSING, dataclass, fields
 from typing import Any, Literal
 
 Mode = Literal["closed", "open"]
@@ -130,17 +130,26 @@ class StepRecord:
     measured_bytes: int
     variant: str = ""  # the level's variant, as in RequestRecord
     kv_resident_request_ids: tuple[str, ...] = ()
+    num_peak_used_blocks: int | None = None  # blocks held during the step; None in older runs
 
     @property
     def key(self) -> LevelKey:
         return LevelKey.of(self)
 
+    @property
+    def peak_used_blocks(self) -> int:
+        """Blocks held while the step ran (StepStats' ``num_peak_used_blocks``); a step recorded
+        before that field existed gives its after-step ``num_used_blocks``."""
+        return self.num_used_blocks if self.num_peak_used_blocks is None else self.num_peak_used_blocks
+
     @classmethod
     def from_stats(cls, key: LevelKey, stats: Any, **sizes: int) -> StepRecord:
         """A record of one step: ``stats`` is anything with StepStats' field names (the engine's,
-        or a simulated step's); ``sizes`` are the four KV sizes in bytes."""
+        or a simulated step's; fields with a default may be missing); ``sizes`` are the four KV
+        sizes in bytes."""
         own = {**level_fields(key), **sizes}
-        values = {f.name: own[f.name] if f.name in own else getattr(stats, f.name) for f in fields(cls)}
+        values = {f.name: own[f.name] if f.name in own else getattr(stats, f.name) for f in fields(cls)
+                  if f.name in own or hasattr(stats, f.name) or f.default is MISSING}
         return cls(**values)
 
 

@@ -205,3 +205,25 @@ def test_bad_input_is_one_clear_error():
         engine.generate(["hello"], SamplingParams())
     with pytest.raises(ValueError, match="max_model_len: must be <= the model's max_position_embeddings 256"):
         tiny_engine(max_model_len=300)
+
+
+def test_one_token_requests_show_the_blocks_they_held_during_the_step():
+    """Requests that finish in the step that admits them free their blocks before the step's
+    stats are read: num_used_blocks is 0 after every step, but the blocks were held while the
+    step ran. Prompts of 5, 13 and 9 tokens in blocks of 4: 2 + 4 + 3 = 9 blocks, one token each."""
+    lengths = (5, 13, 9)
+    one_token = SamplingParams(max_tokens=1, ignore_eos=True)
+    outputs, stats = run_to_completion(tiny_engine(), random_prompts(lengths), one_token)
+    assert [len(o.output_token_ids) for o in outputs] == [1, 1, 1]
+    assert len(stats) == 1 and stats[0].num_finished == 3
+    assert stats[0].num_used_blocks == 0  # after the step
+    assert stats[0].num_peak_used_blocks == sum(-(-n // 4) for n in lengths) == 9  # during it
+
+
+def test_peak_blocks_are_never_below_the_after_step_count(reference):
+    _, stats = run_to_completion(tiny_engine(), random_prompts(LENGTHS), greedy())
+    assert all(s.num_peak_used_blocks >= s.num_used_blocks for s in stats)
+    # step 0 prefills all six prompts: ceil(n / 4) blocks each, 2+4+1+8+3+5 = 23 held
+    assert stats[0].num_peak_used_blocks == sum(-(-n // 4) for n in LENGTHS) == 23
+    # the last step finishes everything: blocks held during it, none after
+    assert stats[-1].num_used_blocks == 0 and stats[-1].num_peak_used_blocks > 0

@@ -139,8 +139,8 @@ def test_an_unknown_plan_gpu_stops_before_the_model_loads(tmp_path):
     path = ROOT / "tests" / "kvplan" / "load" / "bad_workloads" / "unknown_plan_gpu.yaml"
     code, out, err = run_cli("loadtest", str(path), "--out", str(tmp_path / "run"))
     assert code == 2 and out == ""
-    assert err.startswith(f"error: {path}: plan[0].gpu: unknown GPU 'H900'; use one of A100-40GB,")
-    assert err.rstrip().endswith(", RTX-4090")  # no CLI flag in a plan entry's fix
+    # the closest names, and no CLI flag or other field in a plan entry's fix
+    assert err == f"error: {path}: plan[0].gpu: unknown GPU 'H900'; closest: H200, GH200, H20\n"
     assert len(err.splitlines()) == 1 and not (tmp_path / "run").exists()
     # A model that leaves no KV budget: the fix names the entry's own fields, not the CLI's flags.
     big = tmp_path / "big.yaml"
@@ -264,3 +264,23 @@ def test_an_engine_error_names_the_yaml_field_not_the_engine_config_field(monkey
         build_engine(load_workload(SMOKE))
     assert str(caught.value) == (f"{SMOKE}: engine.kv_cache_memory: 1 TiB cannot be allocated on cpu;"
                                  " lower kv_cache_memory")
+
+
+def test_a_level_of_one_token_requests_shows_its_blocks(tmp_path):
+    """Requests that finish in the step that admits them used to show 0 blocks at every step
+    (steps were read after finished requests freed theirs). Fixed 16-token prompts in blocks of
+    4 hold 4 blocks each while their one step runs: c=1 peaks at 4 blocks, c=4 at 16."""
+    path = tmp_path / "one_token.yaml"
+    path.write_text("name: one_token\nseed: 0\n"
+                    "engine: {model: tiny-random-llama, dtype: float32, block_size: 4, num_blocks: 48,"
+                    " enable_prefix_caching: false}\n"
+                    "dataset: random\n"
+                    "buckets:\n  - {name: short, input_tokens: 16, output_tokens: 1, concurrency: [1, 4], num_requests: 8}\n")
+    code, out, err = run_cli("loadtest", str(path), "--out", str(tmp_path / "run"), "--quiet")
+    assert (code, err) == (0, ""), err
+    run = load_run(tmp_path / "run")
+    assert all(s.num_used_blocks == 0 for s in run.steps)  # after every step, as before
+    levels = [(lv.level, lv.num_completed, lv.peak_used_blocks) for lv in run.result.levels]
+    assert levels == [(1.0, 8, 4), (4.0, 8, 16)]
+    summary = json.loads(run_cli("report", str(tmp_path / "run"), "--json")[1])
+    assert [lv["peak_used_blocks"] for lv in summary["buckets"][0]["levels"]] == [4, 16]

@@ -87,6 +87,32 @@ def test_plot_writes_a_png_and_says_where(monkeypatch, capsys, tmp_path):
     assert err == f"plot: {tmp_path / 'b.PNG'}\n"
 
 
+def test_plot_axes_are_log_log_with_the_budget_and_max_model_len():
+    """KV is linear in context: on log-log axes it is a straight line (it looked exponential on a
+    log x-axis with a linear y-axis). The budget is a horizontal line, max_model_len a vertical one."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from kvplan.plan.estimate import estimate
+    from kvplan.plan.estimate_plot import plot_kv_vs_context
+    from kvplan.plan.model_source import load_model_spec
+
+    result = estimate(load_model_spec("llama-3.1-8b"), contexts=(4096, 32_768), batch_sizes=(1, 8),
+                      gpu="H100-SXM", max_model_len=65_536)
+    fig, ax = plt.subplots()
+    plot_kv_vs_context(ax, result)
+    assert (ax.get_xscale(), ax.get_yscale()) == ("log", "log")
+    lines = {line.get_label(): line for line in ax.get_lines()}
+    x, y = lines["batch 1"].get_data()
+    assert x[-1] == 65_536 and y[-1] == pytest.approx(65_536 * 131_072 / GiB)  # 8 GiB: 32 layers x 4 KiB per token
+    assert list(lines["max_model_len 65,536"].get_xdata()) == [65_536, 65_536]
+    budget = lines[next(label for label in lines if label.startswith("KV budget"))]
+    assert budget.get_ydata()[0] == pytest.approx(result.capacity.num_blocks * result.capacity.bytes_per_block / GiB)
+    plt.close(fig)
+
+
 @pytest.mark.parametrize(
     "plot, message",
     [

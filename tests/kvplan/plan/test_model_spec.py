@@ -23,6 +23,8 @@ def test_catalog_holds_the_required_architectures_with_sources():
         "qwen3-30b-a3b", "qwen3-235b-a22b", "mistral-7b-v0.3", "mixtral-8x7b", "mistral-small-3.1-24b",
         "falcon-7b", "gemma-7b", "deepseek-v2-lite", "deepseek-v3", "mistral-7b-v0.1", "gemma-2-9b",
         "gemma-3-27b", "gpt-oss-20b", "smollm2-135m",
+        # hybrids whose layers are not alike (issue 13)
+        "qwen3-next-80b-a3b", "qwen3.5-27b", "lfm2-1.2b", "gpt-oss-120b", "granite-4.0-h-micro",
     }
     assert required <= names and len(names) >= 25
     for path in PRESET_FILES:
@@ -58,6 +60,28 @@ def test_unknown_name_lists_the_closest_matches():
 )
 def test_known_calculator_faults_get_the_right_bytes_per_token(preset, tp, expected):
     assert kv_math.bytes_per_token(load_model_spec(preset), tp=tp) == expected
+
+
+@pytest.mark.parametrize(
+    "preset, per_token, state, kinds",
+    [
+        # 12 of 48 layers full attention (2 KV heads x 256); 36 Gated DeltaNet: conv (3, 8192) + (32, 128, 128), bf16
+        ("qwen3-next-80b-a3b", 12 * 2 * 2 * 256 * 2, 36 * (3 * 8192 * 2 + 32 * 128 * 128 * 2), {"full": 12, "linear": 36}),
+        # 16 of 64 full (4 x 256); 48 Gated DeltaNet: conv (3, 2 x 16 x 128 + 48 x 128) bf16 + (48, 128, 128) fp32
+        ("qwen3.5-27b", 16 * 2 * 4 * 256 * 2, 48 * (3 * 10_240 * 2 + 48 * 128 * 128 * 4), {"full": 16, "linear": 48}),
+        # 6 of 16 full (8 x 64); 10 conv layers: (3 - 1, 2048), bf16
+        ("lfm2-1.2b", 6 * 2 * 8 * 64 * 2, 10 * 2 * 2048 * 2, {"full": 6, "conv": 10}),
+        # 36 layers, half sliding (window 128), 8 KV heads x 64
+        ("gpt-oss-120b", 36 * 2 * 8 * 64 * 2, 0, {"sliding": 18, "full": 18}),
+        # 4 of 40 attention (8 x 64); 36 Mamba-2: conv (3, 4096 + 2 x 128) + (64, 64, 128), bf16
+        ("granite-4.0-h-micro", 4 * 2 * 8 * 64 * 2, 36 * (3 * 4352 * 2 + 64 * 64 * 128 * 2), {"full": 4, "mamba": 36}),
+    ],
+)
+def test_hybrid_presets_price_each_layer_kind(preset, per_token, state, kinds):
+    spec = load_model_spec(preset)
+    layers = kv_math.rank_layer_specs(spec)
+    assert (kv_math.layers_bytes_per_token(layers), kv_math.request_state_bytes(layers)) == (per_token, state)
+    assert {kind: spec.layer_kinds.count(kind) for kind in set(spec.layer_kinds)} == kinds
 
 
 def test_gemma3_27b_hybrid_layers_before_block_rounding():
@@ -251,8 +275,10 @@ def test_transformers_to_dict_reads_the_same():
         ours, theirs = load_preset(path.stem)[0], ModelSpec.from_hf_config(hf_config.to_dict(), "to_dict")
         assert kv_math.rank_layer_specs(ours) == kv_math.rank_layer_specs(theirs), path.stem
         layer_types = getattr(getattr(hf_config, "text_config", None) or hf_config, "layer_types", None)
-        if layer_types is not None:
-            assert list(ours.layer_kinds) == [t.removesuffix("_attention") for t in layer_types], path.stem
+        if layer_types is not None:  # transformers 5 calls Granite-4.0-H's Mamba-2 layers linear_attention
+            recurrent = "mamba" if ours.model_type == "granitemoehybrid" else "linear"
+            names = {"full_attention": "full", "sliding_attention": "sliding", "linear_attention": recurrent, "conv": "conv"}
+            assert list(ours.layer_kinds) == [names[t] for t in layer_types], path.stem
     tiny = transformers.LlamaConfig(
         vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
         num_key_value_heads=2, rope_theta=100_000.0, dtype="bfloat16",

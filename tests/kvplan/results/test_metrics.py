@@ -143,3 +143,17 @@ def test_p95_request_tokens_rounds_up():
     assert metrics.p95_request_tokens(list(range(1, 21))) == 20
     assert metrics.p95_request_tokens([40] * 5) == 40
     assert metrics.latency_stats([]) is None
+
+
+def test_peak_blocks_count_the_blocks_held_during_a_step():
+    """A level of one-token requests: every step ends with 0 blocks in use, because its requests
+    finished and freed theirs; the blocks held during the step (9 and 6 of 10) are the peak."""
+    from dataclasses import replace
+
+    steps = [replace(step(0, 0), num_peak_used_blocks=9), replace(step(1, 0), num_peak_used_blocks=6)]
+    s = metrics.summarize_level(LevelKey("b", "closed", 4.0), [R2], steps, Slo())
+    assert (s.peak_used_blocks, s.peak_kv_usage) == (9, 0.9)
+    assert s.mean_used_blocks == 0.0  # after each step, as before
+    # steps recorded before the field existed (None) give their after-step count
+    old = metrics.summarize_level(LevelKey("b", "closed", 4.0), [R2], [step(0, 3), step(1, 5)], Slo())
+    assert (old.peak_used_blocks, old.peak_kv_usage) == (5, 0.5)
