@@ -130,9 +130,11 @@ class BlockManager:
         """
         if not self.enable_prefix_caching:
             return
+        start = self._num_checked.get(request.request_id, 0)
+        if request.num_computed_tokens // self.block_size == start:  # no block filled since
+            return
         table = self._tables.get(request.request_id, [])
         hashes = self._block_hashes(request, request.num_computed_tokens)
-        start = self._num_checked.get(request.request_id, 0)
         self._num_checked[request.request_id] = len(hashes)
         for i in range(start, len(hashes)):
             block_hash, block = hashes[i], self.blocks[table[i]]
@@ -149,9 +151,12 @@ class BlockManager:
         queue cannot supply every block needed.
         """
         table = self._tables.get(request_id, [])
+        num_new = -(-num_tokens // self.block_size) - len(table)
+        if num_new <= 0 and not cached_block_ids:  # the common decode step: its last block has room
+            return True
         if cached_block_ids and table:
             raise ValueError(f"{request_id}: cached blocks can only start an empty block table")
-        num_new = self.num_blocks_for(num_tokens) - len(table) - len(cached_block_ids)
+        num_new -= len(cached_block_ids)
         num_revived = sum(1 for b in cached_block_ids if self.blocks[b].ref_count == 0)
         if max(num_new, 0) + num_revived > len(self._free):
             return False

@@ -66,6 +66,25 @@ class SchedulerOutput:
     def is_empty(self) -> bool:
         return not self.scheduled
 
+    # ---- what the step computes (a step-time model's features) ----------------------------
+    @property
+    def num_prefill_seqs(self) -> int:
+        """Requests computing more than a decode token this step (prompt chunks, recomputes)."""
+        return len(self.scheduled) - self.num_decode_tokens
+
+    @property
+    def num_context_tokens(self) -> int:
+        """Sum over scheduled requests of ``seq_len`` (cached + new tokens): the K/V the step's
+        attention reads, in tokens per layer."""
+        return sum(s.num_computed_tokens + len(s.token_ids) for s in self.scheduled)
+
+    @property
+    def num_attended_tokens(self) -> int:
+        """Query-key pairs of the step's causal attention, per head: a request with ``c`` cached
+        and ``n`` new tokens attends ``n x c + n x (n + 1) / 2`` (new token i sees c + i + 1 keys)."""
+        return sum(len(s.token_ids) * s.num_computed_tokens + len(s.token_ids) * (len(s.token_ids) + 1) // 2
+                   for s in self.scheduled)
+
 
 @dataclass(frozen=True)
 class StepStats:
@@ -76,6 +95,9 @@ class StepStats:
     holding blocks at that moment, its tokens with K/V in the cache (``num_computed_tokens``),
     and ``kv_resident_request_ids`` names those requests in the same order: an estimator turns
     these into bytes and compares with ``num_used_blocks``.
+
+    The last three describe the work the step ran (``SchedulerOutput``'s properties of the same
+    names), for fitting a step-time model; 0 in stats written before they existed.
     """
 
     step_index: int
@@ -95,6 +117,9 @@ class StepStats:
     kv_resident_request_ids: tuple[str, ...] = ()
     num_prefix_queried_tokens: int = 0
     num_prefix_hit_tokens: int = 0
+    num_prefill_seqs: int = 0
+    num_context_tokens: int = 0
+    num_attended_tokens: int = 0
 
 
 @dataclass(frozen=True)

@@ -21,7 +21,7 @@ from collections.abc import Iterable, Mapping
 
 from engine.block_manager import BlockManager
 from engine.config import EngineConfig
-from engine.outputs import ScheduledRequest, SchedulerOutput
+from engine.outputs import ScheduledRequest, SchedulerOutput, StepStats
 from engine.request import FinishReason, Request, RequestStatus
 
 
@@ -80,6 +80,34 @@ class Scheduler:
         """The requests holding blocks (running ones), in admission order, and the tokens each
         has with K/V in the cache: (request ids, num_computed_tokens)."""
         return tuple(r.request_id for r in self.running), tuple(r.num_computed_tokens for r in self.running)
+
+    def step_stats(self, step_index: int, start: float, end: float, output: SchedulerOutput, num_finished: int,
+                   num_oom: int = 0) -> StepStats:
+        """The stats of a step that ran ``output`` from ``start`` to ``end``, read now (after its
+        update): the engine's and a simulation's steps are described by this one function."""
+        resident_ids, resident_tokens = self.kv_residents()
+        return StepStats(
+            step_index=step_index,
+            start_time=start,
+            end_time=end,
+            num_prefill_tokens=output.num_prefill_tokens,
+            num_decode_tokens=output.num_decode_tokens,
+            num_running=self.num_running,
+            num_waiting=self.num_waiting,
+            num_used_blocks=self.num_used_blocks,
+            num_free_blocks=self.num_free_blocks,
+            num_total_blocks=self.num_total_blocks,
+            num_preemptions=len(output.preempted_request_ids),
+            num_finished=num_finished,
+            num_oom=num_oom,
+            kv_resident_tokens=resident_tokens,
+            kv_resident_request_ids=resident_ids,
+            num_prefix_queried_tokens=output.num_prefix_queried_tokens,
+            num_prefix_hit_tokens=output.num_prefix_hit_tokens,
+            num_prefill_seqs=output.num_prefill_seqs,
+            num_context_tokens=output.num_context_tokens,
+            num_attended_tokens=output.num_attended_tokens,
+        )
 
     # ---- requests in and out -----------------------------------------------------------
     def add_request(self, request: Request, now: float) -> None:
@@ -202,7 +230,7 @@ class Scheduler:
         num_prompt = request.num_prompt_tokens
         return ScheduledRequest(
             request_id=request.request_id,
-            token_ids=tuple(request.all_token_ids[start:end]),
+            token_ids=request.token_ids_between(start, end),
             num_computed_tokens=start,
             block_ids=self.block_manager.block_table(request.request_id),
             sample=end == request.num_tokens,
