@@ -1,7 +1,7 @@
 """GGUF metadata mapped onto Hugging Face config keys, so that ``ModelSpec.from_hf_config`` reads
 GGUF files and config.json files alike.
 
-Keys follow llama.cpp's GGUF naming (``<arch>.block_count``, ``<arch>.attention.head_count_kv``,
+The header is read by :mod:`kvplan.plan.gguf_reader`. Keys follow llama.cpp's GGUF naming (``<arch>.block_count``, ``<arch>.attention.head_count_kv``,
 ...; gguf-py's ``Keys``). Per-layer lists (a head count per layer) are reduced to their maximum,
 the largest KV a layer holds. GGUF names no torch dtype: the engine serves it in bfloat16.
 """
@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from kvplan.errors import KvplanError
+from kvplan.plan.gguf_reader import read_gguf_header
 
 GGUF_MAGIC = b"GGUF"  # the first 4 bytes of every GGUF file (gguf-py's GGUF_MAGIC, little-endian)
 
@@ -35,25 +36,16 @@ def read_gguf_config(path: Path) -> tuple[dict[str, Any], str]:
         KvplanError: not a readable GGUF file, or metadata without the architecture, block count or
             embedding length (named by their GGUF keys).
     """
-    import gguf  # numpy-only; kept out of the import path of presets and config.json files
-
-    try:
-        reader = gguf.GGUFReader(str(path))
-    except Exception as err:  # the reader raises ValueError, struct or numpy errors on bad files
-        first_line = (str(err).splitlines() or [type(err).__name__])[0]
-        raise KvplanError("", f"not a readable GGUF file ({first_line})", source=str(path)) from None
+    header = read_gguf_header(path)
 
     def meta(key: str) -> Any:
-        field = reader.fields.get(key)
-        if field is None:
-            return None
-        value = field.contents()
+        value = header.metadata.get(key)
         return max(value) if isinstance(value, list) and value and isinstance(value[0], int) else value
 
     arch = meta("general.architecture")
     if not arch:
         raise KvplanError("", "missing field general.architecture", source=str(path))
-    tokens = reader.fields.get("tokenizer.ggml.tokens")
+    tokens = header.metadata.get("tokenizer.ggml.tokens")
     config = {
         "model_type": arch,
         "num_hidden_layers": meta(f"{arch}.block_count"),
@@ -62,14 +54,14 @@ def read_gguf_config(path: Path) -> tuple[dict[str, Any], str]:
         "num_key_value_heads": meta(f"{arch}.attention.head_count_kv"),
         "head_dim": meta(f"{arch}.attention.key_length"),
         "intermediate_size": meta(f"{arch}.feed_forward_length"),
-        "vocab_size": meta(f"{arch}.vocab_size") or (len(tokens.data) if tokens else None),
+        "vocab_size": meta(f"{arch}.vocab_size") or (len(tokens) if tokens else None),
         "max_position_embeddings": meta(f"{arch}.context_length"),
         "sliding_window": meta(f"{arch}.attention.sliding_window"),
         "kv_lora_rank": meta(f"{arch}.attention.kv_lora_rank"),
         "qk_rope_head_dim": meta(f"{arch}.rope.dimension_count"),
         "num_local_experts": meta(f"{arch}.expert_count"),
         "moe_intermediate_size": meta(f"{arch}.expert_feed_forward_length"),
-        "tie_word_embeddings": not any(t.name == "output.weight" for t in reader.tensors),
+        "tie_word_embeddings": "output.weight" not in header.tensor_names,
         "torch_dtype": "bfloat16",
     }
     for gguf_key, hf_key in (("block_count", "num_hidden_layers"), ("embedding_length", "hidden_size")):

@@ -65,22 +65,36 @@ def load_model_spec(model: str) -> ModelSpec:
         KvplanError: an empty or unknown name, a missing or unreadable file, or a config with a
             missing or bad field.
     """
+    config, name, path = load_model_config(model)
+    if path is None:
+        return ModelSpec.from_hf_config(config, name)
+    try:
+        return ModelSpec.from_hf_config(config, name)
+    except KvplanError as err:  # name the file the user gave, not the model
+        raise err.within(source=str(path)) from None
+
+
+def load_model_config(model: str) -> tuple[dict[str, Any], str, Path | None]:
+    """The Hugging Face config dict behind :func:`load_model_spec`'s spec of ``model``, the model's
+    name, and the file it was read from (None for a preset). Raises as load_model_spec does for
+    the name and the file."""
     if not model.strip():  # Path("") is the current folder
         raise KvplanError("model", "the model name is empty",
                           "give a preset name such as llama-3.1-8b, a config.json path or folder, or a .gguf file")
     path = Path(model).expanduser()
     if path.is_dir():
         if (path / "config.json").is_file():
-            return _from_json(path / "config.json")
+            return (*_read_json(path / "config.json"), path / "config.json")
         ggufs = sorted(child for child in path.glob("*") if child.is_file() and is_gguf(child))
         if len(ggufs) == 1:
-            return _from_gguf(ggufs[0])
+            return (*read_gguf_config(ggufs[0]), ggufs[0])
         raise KvplanError("", "holds no config.json (nor exactly one .gguf file)", source=str(path))
     if path.is_file():
-        return _from_gguf(path) if is_gguf(path) else _from_json(path)
+        return (*(read_gguf_config(path) if is_gguf(path) else _read_json(path)), path)
     if path.suffix.lower() in (".json", ".gguf"):
         raise KvplanError("", "no such file", source=str(path))
-    return load_preset(model)[0]
+    entry = load_preset(model)[1]
+    return entry["config"], entry["name"], None
 
 
 def _config_name(path: Path, config: dict[str, Any]) -> str:
@@ -100,7 +114,7 @@ def _config_name(path: Path, config: dict[str, Any]) -> str:
     return folder.name or str(folder)
 
 
-def _from_json(path: Path) -> ModelSpec:
+def _read_json(path: Path) -> tuple[dict[str, Any], str]:
     try:
         config = json.loads(path.read_text())
     except OSError as err:
@@ -109,15 +123,4 @@ def _from_json(path: Path) -> ModelSpec:
         raise KvplanError("", f"not valid JSON ({err})", source=str(path)) from None
     if not isinstance(config, dict):
         raise KvplanError("", "not a config.json object", source=str(path))
-    return _from_file(path, config, _config_name(path, config))
-
-
-def _from_gguf(path: Path) -> ModelSpec:
-    return _from_file(path, *read_gguf_config(path))
-
-
-def _from_file(path: Path, config: dict[str, Any], name: str) -> ModelSpec:
-    try:
-        return ModelSpec.from_hf_config(config, name)
-    except KvplanError as err:  # name the file the user gave, not the model
-        raise err.within(source=str(path)) from None
+    return config, _config_name(path, config)

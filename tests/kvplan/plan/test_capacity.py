@@ -109,7 +109,10 @@ def test_gpu_table_covers_the_required_gpus():
     for name in required:
         assert 20 < table[name]["memory_gib"] < 200 and table[name]["source"], name
     assert lookup_gpu("rtx 4090") == ("RTX-4090", 23.68)
-    assert lookup_gpu("h100") == ("H100-80GB", 79.18)
+    assert lookup_gpu("h100-80") == ("H100-80GB", 79.18)
+    assert lookup_gpu("h100 sxm") == ("H100-SXM", 79.18)  # SXM and PCIe parts named apart
+    with pytest.raises(KvplanError, match="ambiguous GPU 'h100'"):
+        lookup_gpu("h100")
     with pytest.raises(KvplanError, match="ambiguous GPU 'A100'"):
         lookup_gpu("A100")
     with pytest.raises(KvplanError, match="unknown GPU 'V100'"):
