@@ -50,6 +50,8 @@ def plan_levels(workload: Workload, sampled: dict[str, list[SampledRequest]]) ->
     levels = []
     for i, bucket in enumerate(workload.buckets):
         reqs = tuple(sampled[bucket.name])
+        if bucket.concurrency == "auto":
+            raise ValueError(f"buckets[{i}].concurrency: auto is resolved before the levels are planned")
         for mode, values in (("closed", bucket.concurrency), ("open", bucket.request_rates)):
             levels += [Level(LevelKey(bucket.name, mode, x if mode == "closed" else float(x), v), i, reqs)
                        for x in sorted(values) for v in variants]

@@ -232,12 +232,15 @@ class Lengths(_Strict):
 class Bucket(_Strict):
     """One request shape, run at each load level: closed-loop ``concurrency`` levels (N in
     flight) then open-loop ``request_rates`` (Poisson arrivals, requests/s), each with
-    ``num_requests`` requests."""
+    ``num_requests`` requests. ``concurrency: auto`` picks the levels around the bucket's knee as
+    the engine's scheduler, simulated on the sampled requests, finds it (1 and knee - 2 .. knee + 1;
+    kvplan.load.sim.search.levels_around), so a load test measures the knee at single-request
+    resolution."""
 
     name: Name
     input_tokens: Lengths
     output_tokens: Lengths
-    concurrency: list[Count] = []
+    concurrency: list[Count] | Literal["auto"] = []
     request_rates: list[Rate] = []
     num_requests: Count
 
@@ -247,7 +250,7 @@ class Bucket(_Strict):
             raise ValueError("give concurrency levels and/or request_rates")
         for field in ("concurrency", "request_rates"):
             values = getattr(self, field)
-            if len(set(values)) != len(values):
+            if values != "auto" and len(set(values)) != len(values):
                 raise ValueError(f"{field} has duplicate levels: {values}")
         labels = [f"{rate:g}" for rate in self.request_rates]  # how reports and cache salts name a level
         if len(set(labels)) != len(labels):

@@ -59,18 +59,46 @@ def estimate_table(result: RunResult) -> pd.DataFrame:
 
 
 def knee_table(result: RunResult) -> pd.DataFrame:
-    """Per bucket: the estimate's max concurrency for its P95 request against the measured knee."""
+    """Per bucket: the estimate's max concurrency for its P95 request (the P95 bound), the knee the
+    engine's scheduler shows when simulated at every concurrency, and the knee of the levels run
+    (measured in a load test)."""
+    measured = "measured knee" if result.source == "measured" else f"knee of the {result.source} levels"
     rows = [
         {
             "bucket": b.name,
             "P95 request tokens": b.p95_request_tokens,
             "predicted max concurrency": b.predicted_max_concurrency,
-            "measured knee": b.measured_knee,
+            "simulated knee": b.simulated_knee,
+            measured: b.measured_knee,
             "highest level without preemption": b.max_clean_concurrency,
         }
         for b in result.buckets
     ]
     return pd.DataFrame(rows)
+
+
+def capacity_table(result: RunResult) -> pd.DataFrame:
+    """A simulation's searched answers per target and bucket: the knee, and the highest
+    concurrency and request rate meeting the SLO attainment target with output tok/s and goodput
+    there (empty for a run that did not search)."""
+    rows = []
+    for target in result.capacity:
+        where = target.target if target.gpu is None else f"{target.target} {target.model} on {target.gpu}" + (
+            f" x{target.tp}" if target.tp > 1 else "")
+        for b in target.buckets:
+            c, r = b.max_concurrency, b.max_request_rate
+            rows.append({
+                "target": where, "bucket": b.name, "knee": b.knee,
+                f"max concurrency ({target.attainment_target:.0%} in SLO)": c and int(c.level),
+                "out tok/s there": c and _round(c.output_tokens_per_s), "goodput there": c and _round(c.goodput_rps),
+                "max req/s": r and r.level, "out tok/s at max req/s": r and _round(r.output_tokens_per_s),
+                "goodput at max req/s": r and _round(r.goodput_rps),
+            })
+    return pd.DataFrame(rows)
+
+
+def _round(value: float | None) -> float | None:
+    return None if value is None else float(f"{value:.3g}")
 
 
 def latency_table(result: RunResult) -> pd.DataFrame:
