@@ -233,11 +233,11 @@ def simulate(
                                          kv_cache_dtype=kv_cache_dtype, weight_dtype=weight_dtype,
                                          gpu_memory_utilization=gpu_memory_utilization, replay=replay,
                                          attainment=attainment)
-    if calibrated is not None and not json_output:
+    if calibrated is not None and not (json_output or quiet):
         from kvplan.load.sim.views import print_calibration
 
         print_calibration(calibrated, console)
-    elif calibrated is not None:
+    elif calibrated is not None:  # the drift warning goes to stderr whatever else is quiet
         _warn([d.describe() for d in calibrated.drift], str(calibrate))
     run_dir = run_simulate(spec, setup, out, plan=plan, attainment=attainment, charts=charts)
     result = read_result(run_dir)

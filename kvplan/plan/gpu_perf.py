@@ -55,12 +55,15 @@ def lookup_gpu_perf(name: str) -> GpuPerf:
     Raises:
         KvplanError: ``gpu``: an unknown GPU, or one the table holds no FLOP/s and bandwidth for.
     """
-    table_name, _ = lookup_gpu(name)
     data = _table()
+    known = ", ".join(sorted(data["gpus"]))
+    try:
+        table_name, _ = lookup_gpu(name)
+    except KvplanError as err:
+        raise KvplanError("gpu", err.problem, f"use one of {known}") from None
     entries = {key.upper(): (key, value) for key, value in data["gpus"].items()}
     alias = {k.upper(): v.upper() for k, v in (data.get("aliases") or {}).items()}.get(table_name, table_name)
     if alias not in entries:
-        known = ", ".join(sorted(data["gpus"]))
         raise KvplanError("gpu", f"no FLOP/s or bandwidth figures for {table_name}",
                           f"use one of {known} (kvplan/plan/data/gpu_perf.yaml)")
     key, entry = entries[alias]

@@ -10,8 +10,9 @@ its start and end. The model is linear in that work::
 Fitted by weighted least squares on relative error (weight 1 / measured seconds: a 20 ms decode
 step counts as much as a 200 ms prefill), with no coefficient below zero (a feature whose
 coefficient comes out negative is dropped and the rest refitted: an active-set approximation of
-non-negative least squares), after dropping outliers over 4 median absolute deviations (a
-garbage collection, another process taking the core) in a second pass. ``r2`` is the coefficient
+non-negative least squares), after dropping steps whose relative error lies over 4 median
+absolute deviations (at least 0.5 % each) from the median (a garbage collection, another process
+taking the core) in a second pass. ``r2`` is the coefficient
 of determination of the step seconds; ``held_out`` refits without each level in turn and
 predicts that level's steps, the honest error of the model on load it was not fitted on.
 """
@@ -25,6 +26,7 @@ import numpy as np
 
 from kvplan.load.sim.cost import StepWork
 
+_MIN_DEVIATION = 0.005  # relative; see fit_samples
 FEATURES = ("num_prefill_tokens", "num_decode_tokens", "num_prefill_seqs", "num_context_tokens",
             "num_attended_tokens")
 
@@ -110,7 +112,8 @@ def fit_samples(samples: Sequence[StepSample], held_out: bool = True) -> Fit:
     x, y = _matrix(samples), np.array([s.seconds for s in samples])
     coef = _solve(x, y)
     relative = (x @ coef - y) / y
-    deviation = np.median(np.abs(relative - np.median(relative))) or 1e-12
+    # a floor of 0.5 %: a fit that is exact up to rounding has no outliers
+    deviation = max(float(np.median(np.abs(relative - np.median(relative)))), _MIN_DEVIATION)
     keep = np.abs(relative - np.median(relative)) <= 4 * deviation
     coef = _solve(x[keep], y[keep])
     gaps = [s.gap_s for s in samples if s.gap_s is not None]

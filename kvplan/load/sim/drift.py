@@ -4,7 +4,7 @@ Steps of one batch shape (decode-only steps of the same number of requests: the 
 time, up to the context they read) should take the same time from the start of a run to its end.
 For every shape seen often enough, the median of its first ``window`` steps is the baseline; each
 later run of ``window`` consecutive steps of that shape whose median is more than ``threshold``
-times slower flags the first step of that run (another process taking the cores, thermal
+times slower flags the first slow step of that run (another process taking the cores, thermal
 throttling, a noisy neighbour)::
 
     decode x 8:  |== baseline 15 ms ==|...... 15 ms ......|== 24 ms (1.6x) ==|   <- warn: step 4,210
@@ -56,10 +56,12 @@ def find_drift(steps: Sequence, window: int = WINDOW, threshold: float = THRESHO
             continue
         seconds = np.array([s.end_time - s.start_time for s in own])
         baseline = float(np.median(seconds[:window]))
-        for start in range(window, len(own) - window + 1, window):
-            slow = float(np.median(seconds[start : start + window]))
-            if baseline > 0 and slow > threshold * baseline:
-                first = own[start]
-                found.append(Drift(first.step_index, first.key.name, num_decode, baseline * 1e3, slow * 1e3))
+        slow_at = threshold * baseline
+        for start in range(window, len(own) - window + 1):
+            run = seconds[start : start + window]
+            if baseline > 0 and float(np.median(run)) > slow_at:
+                first = start + int(np.argmax(run > slow_at))  # the run's first slow step
+                slow = float(np.median(seconds[first : first + window]))
+                found.append(Drift(own[first].step_index, own[first].key.name, num_decode, baseline * 1e3, slow * 1e3))
                 break
     return sorted(found, key=lambda d: d.step_index)
