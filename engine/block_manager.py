@@ -68,6 +68,7 @@ class BlockManager:
         self._free: OrderedDict[int, None] = OrderedDict((i, None) for i in range(num_blocks))
         self._cached: dict[bytes, int] = {}
         self._tables: dict[str, list[int]] = {}
+        self._frozen_tables: dict[str, tuple[int, ...]] = {}  # block_table's answers until the table changes
         self._hashes: dict[str, list[bytes]] = {}  # chained hashes of a request's full blocks
         self._num_checked: dict[str, int] = {}  # leading table entries already offered to the cache
         self.num_evictions = 0
@@ -88,7 +89,10 @@ class BlockManager:
         return list(self._free)
 
     def block_table(self, request_id: str) -> tuple[int, ...]:
-        return tuple(self._tables.get(request_id, ()))
+        table = self._frozen_tables.get(request_id)
+        if table is None:
+            table = self._frozen_tables[request_id] = tuple(self._tables.get(request_id, ()))
+        return table
 
     def num_blocks_for(self, num_tokens: int) -> int:
         return -(-num_tokens // self.block_size)
@@ -169,6 +173,7 @@ class BlockManager:
         for _ in range(num_new):
             table.append(self._pop_free().block_id)
         self._tables[request_id] = table
+        self._frozen_tables.pop(request_id, None)
         return True
 
     def _pop_free(self) -> KVBlock:
@@ -185,6 +190,7 @@ class BlockManager:
         """Release the request's blocks (finish, abort, preemption). ``forget=False`` keeps its
         block hashes for a later lookup (preemption: the tokens will be the same)."""
         self._num_checked.pop(request_id, None)
+        self._frozen_tables.pop(request_id, None)
         for block_id in reversed(self._tables.pop(request_id, [])):
             block = self.blocks[block_id]
             block.ref_count -= 1

@@ -9,6 +9,7 @@ All frozen: a receiver can keep them without copying.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import TYPE_CHECKING
 
 from engine.request import Request
@@ -72,13 +73,13 @@ class SchedulerOutput:
         """Requests computing more than a decode token this step (prompt chunks, recomputes)."""
         return len(self.scheduled) - self.num_decode_tokens
 
-    @property
+    @cached_property
     def num_context_tokens(self) -> int:
         """Sum over scheduled requests of ``seq_len`` (cached + new tokens): the K/V the step's
         attention reads, in tokens per layer."""
         return sum(s.num_computed_tokens + len(s.token_ids) for s in self.scheduled)
 
-    @property
+    @cached_property
     def num_attended_tokens(self) -> int:
         """Query-key pairs of the step's causal attention, per head: a request with ``c`` cached
         and ``n`` new tokens attends ``n x c + n x (n + 1) / 2`` (new token i sees c + i + 1 keys)."""

@@ -177,6 +177,7 @@ class Scheduler:
         preempted: list[Request] = []
         queried0, hit0 = self.num_prefix_queried_tokens, self.num_prefix_hit_tokens
 
+        num_decode = 0  # scheduled requests computing one token past their prompt
         index = 0
         while index < len(self.running) and budget > 0:
             request = self.running[index]
@@ -189,6 +190,7 @@ class Scheduler:
                     break
             if request.status is not RequestStatus.RUNNING:
                 break
+            num_decode += num_new == 1 and request.num_computed_tokens >= request.num_prompt_tokens
             scheduled.append(self._scheduled(request, num_new))
             budget -= num_new
             index += 1
@@ -211,13 +213,13 @@ class Scheduler:
             if request.first_scheduled_time is None:
                 request.first_scheduled_time = now
                 request.num_cached_tokens = num_cached
+            num_decode += num_new == 1 and num_cached >= request.num_prompt_tokens
             scheduled.append(self._scheduled(request, num_new))
             budget -= num_new
 
-        num_decode = sum(1 for s in scheduled if self._is_decode(s))
         return SchedulerOutput(
             scheduled=tuple(scheduled),
-            num_prefill_tokens=sum(s.num_new_tokens for s in scheduled) - num_decode,
+            num_prefill_tokens=self.max_num_batched_tokens - budget - num_decode,
             num_decode_tokens=num_decode,
             preempted_request_ids=tuple(r.request_id for r in preempted),
             num_prefix_queried_tokens=self.num_prefix_queried_tokens - queried0,
@@ -227,19 +229,16 @@ class Scheduler:
     def _scheduled(self, request: Request, num_new: int) -> ScheduledRequest:
         start = request.num_computed_tokens
         end = start + num_new
-        num_prompt = request.num_prompt_tokens
+        num_logits = request.sampling_params.num_prompt_logits
+        num_prompt = len(request.prompt_token_ids)
         return ScheduledRequest(
             request_id=request.request_id,
             token_ids=request.token_ids_between(start, end),
             num_computed_tokens=start,
             block_ids=self.block_manager.block_table(request.request_id),
-            sample=end == request.num_tokens,
-            prompt_logits_positions=range(num_prompt - request.sampling_params.num_prompt_logits, num_prompt),
+            sample=end == num_prompt + len(request.output_token_ids),
+            prompt_logits_positions=range(num_prompt - num_logits, num_prompt) if num_logits else range(0),
         )
-
-    def _is_decode(self, s: ScheduledRequest) -> bool:
-        request = self._requests[s.request_id]
-        return s.num_new_tokens == 1 and s.num_computed_tokens >= request.num_prompt_tokens
 
     def _preempt(self, request: Request) -> None:
         self.block_manager.free(request.request_id, forget=False)

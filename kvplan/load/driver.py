@@ -21,7 +21,7 @@ progress, and to idle::
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass, fields
 from typing import Any, Protocol
 
 import numpy as np
@@ -139,7 +139,7 @@ class Recorder:
         for out in finished:
             req, salt = self.submitted.pop(out.request_id)
             self.writer.write_request(RequestRecord(
-                **asdict(out), **level_fields(key), max_tokens=req.max_tokens,
+                **{f.name: getattr(out, f.name) for f in fields(out)}, **level_fields(key), max_tokens=req.max_tokens,
                 prefix_group=req.prefix_group, tenant=req.tenant, cache_salt=salt,
             ))
             self.advance()

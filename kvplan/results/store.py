@@ -20,7 +20,7 @@ import datetime as dt
 import json
 import os
 import secrets
-from dataclasses import asdict
+from dataclasses import fields
 from pathlib import Path
 
 from pydantic import TypeAdapter, ValidationError
@@ -66,7 +66,8 @@ class RunWriter:
 
     @staticmethod
     def _append(handle, record) -> None:
-        handle.write(json.dumps(asdict(record)) + "\n")
+        # a shallow dict: asdict would deep-copy every tuple of token times first
+        handle.write(json.dumps({f.name: getattr(record, f.name) for f in fields(record)}) + "\n")
         handle.flush()
 
     def write_request(self, record: RequestRecord) -> None:
