@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 from engine.request import Request
 
@@ -18,9 +18,9 @@ if TYPE_CHECKING:
     import torch
 
 
-@dataclass(frozen=True)
-class ScheduledRequest:
-    """One request's share of a step.
+class ScheduledRequest(NamedTuple):
+    """One request's share of a step (a NamedTuple: built once per request per step, it must be
+    cheap; frozen all the same).
 
     ``token_ids`` are ``all_token_ids[num_computed_tokens : num_computed_tokens + len(token_ids)]``;
     their positions start at ``num_computed_tokens``. ``block_ids`` is the request's block table
