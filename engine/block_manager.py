@@ -30,6 +30,29 @@ from dataclasses import dataclass
 from engine.request import Request
 
 
+class _Blocks:
+    """The pool's blocks by id, as a read-only sequence; each KVBlock is made on first use, so a
+    pool of a million blocks costs nothing until it is used."""
+
+    def __init__(self, num_blocks: int):
+        self._made: dict[int, KVBlock] = {}
+        self._num_blocks = num_blocks
+
+    def __getitem__(self, block_id: int) -> KVBlock:
+        block = self._made.get(block_id)
+        if block is None:
+            if not 0 <= block_id < self._num_blocks:
+                raise IndexError(f"block id {block_id} is outside the pool of {self._num_blocks}")
+            block = self._made[block_id] = KVBlock(block_id)
+        return block
+
+    def __len__(self) -> int:
+        return self._num_blocks
+
+    def __iter__(self):
+        return (self[i] for i in range(self._num_blocks))
+
+
 @dataclass(eq=False)
 class KVBlock:
     block_id: int
@@ -64,8 +87,11 @@ class BlockManager:
         self.num_blocks = num_blocks
         self.block_size = block_size
         self.enable_prefix_caching = enable_prefix_caching
-        self.blocks = [KVBlock(i) for i in range(num_blocks)]
-        self._free: OrderedDict[int, None] = OrderedDict((i, None) for i in range(num_blocks))
+        self.blocks = _Blocks(num_blocks)
+        # The free queue is the never-used ids [_next_unused, num_blocks) in order, then the freed
+        # ones in the order they were freed: built in O(1) however large the pool.
+        self._next_unused = 0
+        self._free: OrderedDict[int, None] = OrderedDict()
         self._cached: dict[bytes, int] = {}
         self._tables: dict[str, list[int]] = {}
         self._frozen_tables: dict[str, tuple[int, ...]] = {}  # block_table's answers until the table changes
@@ -77,16 +103,16 @@ class BlockManager:
     @property
     def num_free_blocks(self) -> int:
         """Blocks with ref count 0, cached ones included (they are evicted on demand)."""
-        return len(self._free)
+        return self.num_blocks - self._next_unused + len(self._free)
 
     @property
     def num_used_blocks(self) -> int:
         """Blocks with ref count >= 1; a block shared by several requests counts once."""
-        return self.num_blocks - len(self._free)
+        return self._next_unused - len(self._free)
 
     def free_queue(self) -> list[int]:
         """Free block ids, next to be reused first."""
-        return list(self._free)
+        return [*range(self._next_unused, self.num_blocks), *self._free]
 
     def block_table(self, request_id: str) -> tuple[int, ...]:
         table = self._frozen_tables.get(request_id)
@@ -162,7 +188,7 @@ class BlockManager:
             raise ValueError(f"{request_id}: cached blocks can only start an empty block table")
         num_new -= len(cached_block_ids)
         num_revived = sum(1 for b in cached_block_ids if self.blocks[b].ref_count == 0)
-        if max(num_new, 0) + num_revived > len(self._free):
+        if max(num_new, 0) + num_revived > self.num_free_blocks:
             return False
         for block_id in cached_block_ids:
             block = self.blocks[block_id]
@@ -177,7 +203,11 @@ class BlockManager:
         return True
 
     def _pop_free(self) -> KVBlock:
-        block_id, _ = self._free.popitem(last=False)
+        if self._next_unused < self.num_blocks:
+            block_id = self._next_unused
+            self._next_unused += 1
+        else:
+            block_id, _ = self._free.popitem(last=False)
         block = self.blocks[block_id]
         if block.block_hash is not None:  # evict: the content is about to be overwritten
             del self._cached[block.block_hash]

@@ -10,7 +10,8 @@ workload's engine, and each ``plan:`` entry the GPU model can time) and per buck
 - ``max_concurrency`` / ``max_request_rate``: the highest closed-loop concurrency and open-loop
   request rate (Poisson) at which at least ``attainment_target`` of the requests meet every SLO,
   with the output tokens/s and goodput there (None: not even concurrency 1 or the lowest rate
-  searched meets it; or the workload sets no SLO).
+  searched meets it; or the workload sets no SLO; or ``burst_meets_slo``: all of the bucket's
+  requests arriving at once still meet it, so no request rate is too high for them).
 """
 
 from __future__ import annotations
@@ -56,6 +57,7 @@ class BucketCapacity(_Part):
     knee: int | None = None
     max_concurrency: SloPoint | None = None
     max_request_rate: SloPoint | None = None
+    burst_meets_slo: bool = False  # all the bucket's requests at once meet it: no rate is too high for them
 
 
 class TargetCapacity(_Part):

@@ -15,7 +15,8 @@ of the run that preempted. ``slo_max_concurrency`` / ``slo_max_request_rate``: t
 concurrency and request rate at which the SLO attainment target was met, null in a run that did
 not search for them. Added since: per bucket ``measured_knee``, ``simulated_knee``,
 ``predicted_max_concurrency`` and ``slo_capacity`` (knee, attainment target, and at each maximum
-its level, attainment, output tok/s and goodput); per run ``targets``, the same answers for every
+its level, attainment, output tok/s and goodput, and ``burst_meets_slo``: all of the bucket's
+requests at once meet it, so no rate is too high for them and ``slo_max_request_rate`` is null); per run ``targets``, the same answers for every
 target a simulation searched (the engine, and each ``plan:`` entry it could time).
 """
 
@@ -56,9 +57,10 @@ def _point(point: SloPoint | None) -> dict[str, Any] | None:
 def capacity_json(bucket: BucketCapacity | None, attainment: float | None) -> dict[str, Any]:
     """A bucket's searched answers: knee, and the SLO maxima with throughput and goodput there."""
     if bucket is None:
-        return {"knee": None, "attainment_target": attainment, "max_concurrency": None, "max_request_rate": None}
+        return {"knee": None, "attainment_target": attainment, "max_concurrency": None, "max_request_rate": None,
+                "burst_meets_slo": None}
     return {"knee": bucket.knee, "attainment_target": attainment, "max_concurrency": _point(bucket.max_concurrency),
-            "max_request_rate": _point(bucket.max_request_rate)}
+            "max_request_rate": _point(bucket.max_request_rate), "burst_meets_slo": bucket.burst_meets_slo}
 
 
 def summary_json(result: RunResult) -> dict[str, Any]:

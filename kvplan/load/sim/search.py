@@ -11,7 +11,9 @@ test's metrics, so a probe is exactly the level a load test or ``kvplan simulate
 - SLO: the highest concurrency in [1, num_requests] and the highest Poisson request rate whose
   SLO attainment (the fraction of the level's requests meeting every SLO) is at least the target.
   Attainment falls as load grows, so both are found by bisection (concurrency exactly; the rate
-  by doubling or halving from the rate concurrency 1 serves, then to within ``RATE_PRECISION``).
+  by doubling or halving from the request rate the highest good concurrency serves, then to
+  within ``RATE_PRECISION``). When even all of the bucket's requests at once (concurrency
+  num_requests) meet it, no rate is too high for them: ``burst_meets_slo``, and no rate is searched.
 """
 
 from __future__ import annotations
@@ -101,8 +103,13 @@ class Prober:
         def meets(mode: str, value: float) -> bool:
             return (probe(mode, value).slo_attainment or 0.0) >= attainment
 
-        concurrency = _highest_int(lambda c: meets("closed", c), len(self.sampled[name]))
-        start = probe("closed", 1).requests_per_s or 1.0
+        num_requests = len(self.sampled[name])
+        concurrency = _highest_int(lambda c: meets("closed", c), num_requests)
+        if concurrency == num_requests:  # all at once meets it: so does any rate of these requests
+            return BucketCapacity(name=name, knee=knee, max_concurrency=_point(probe("closed", concurrency)),
+                                  burst_meets_slo=True)
+        # the rate the highest good concurrency sustains is near the highest good rate: start there
+        start = probe("closed", concurrency or 1).requests_per_s or 1.0
         rate = _highest_rate(lambda r: meets("open", r), start)
         return BucketCapacity(
             name=name, knee=knee,

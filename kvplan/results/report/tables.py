@@ -9,7 +9,7 @@ and counts its completed requests against the planned ones (the bucket's num_req
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, fields
+from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
@@ -91,7 +91,8 @@ def capacity_table(result: RunResult) -> pd.DataFrame:
                 "target": where, "bucket": b.name, "knee": b.knee,
                 f"max concurrency ({target.attainment_target:.0%} in SLO)": c and int(c.level),
                 "out tok/s there": c and _round(c.output_tokens_per_s), "goodput there": c and _round(c.goodput_rps),
-                "max req/s": r and r.level, "out tok/s at max req/s": r and _round(r.output_tokens_per_s),
+                "max req/s": "any" if b.burst_meets_slo else r and r.level,
+                "out tok/s at max req/s": r and _round(r.output_tokens_per_s),
                 "goodput at max req/s": r and _round(r.goodput_rps),
             })
     return pd.DataFrame(rows)
@@ -181,7 +182,7 @@ def console_table(result: RunResult) -> pd.DataFrame:
 # ---- the records as CSV -----------------------------------------------------------------------
 def request_row(rec: RequestRecord) -> dict[str, Any]:
     """The requests.csv row: scalars plus derived latencies in ms (empty when undefined)."""
-    row = {k: v for k, v in asdict(rec).items() if k != "token_times"}
+    row = {f.name: getattr(rec, f.name) for f in fields(rec) if f.name != "token_times"}
     ms = lambda s: None if s is None else s * 1e3  # noqa: E731
     row.update(ttft_ms=ms(metrics.ttft_s(rec)), tpot_ms=ms(metrics.tpot_s(rec)), e2e_ms=ms(metrics.e2e_s(rec)))
     return row
@@ -189,7 +190,8 @@ def request_row(rec: RequestRecord) -> dict[str, Any]:
 
 def step_row(rec: StepRecord) -> dict[str, Any]:
     """The steps.csv row: resident tokens summed, KV usage added."""
-    row = {k: v for k, v in asdict(rec).items() if k not in ("kv_resident_tokens", "kv_resident_request_ids")}
+    row = {f.name: getattr(rec, f.name) for f in fields(rec)
+           if f.name not in ("kv_resident_tokens", "kv_resident_request_ids")}
     row["num_kv_requests"] = len(rec.kv_resident_tokens)
     row["kv_resident_tokens"] = sum(rec.kv_resident_tokens)
     row["kv_cache_usage"] = metrics.kv_cache_usage(rec)
