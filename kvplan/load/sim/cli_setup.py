@@ -33,8 +33,8 @@ def setups_for(workload: Workload, *, calibrate: Path | None = None, model: str 
         raise KvplanError("attainment", f"must be in (0, 1] (got {attainment})", "give a fraction such as 0.95")
     if (model is None) != (gpu is None):
         given, missing = ("model", "gpu") if gpu is None else ("gpu", "model")
-        raise KvplanError(missing, f"`{given}` needs `{missing}` too", f"give both, or neither to simulate the "
-                          "workload's engine")
+        raise KvplanError(missing, f"`{given}` needs `{missing}` too",
+                          "give both, or neither to simulate the workload's engine")
     clocks = [name for name, value in (("calibrate", calibrate), ("replay", replay), ("gpu", gpu)) if value]
     if len(clocks) > 1:
         raise KvplanError(clocks[1], f"given with `{clocks[0]}`; each sets how steps are timed", "give one of them")

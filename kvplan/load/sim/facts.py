@@ -25,7 +25,6 @@ from kvplan.plan import dtypes
 from kvplan.results.run_result import EngineFacts, RunInfo
 
 _ELEMENT_BYTES = {"fp32": 4, "fp16": 2, "bf16": 2, "fp8": 1}
-_TORCH_NAMES = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}
 
 
 def model_config(model: str) -> dict[str, Any]:
@@ -93,7 +92,3 @@ def simulated_run_info(dataset: dict[str, Any]) -> RunInfo:
     return RunInfo(kvplan_version=kvplan.__version__, python=platform.python_version(), platform=platform.platform(),
                    dataset=dataset)
 
-
-def torch_dtype_name(kv: str) -> str:
-    """``bf16`` -> ``bfloat16`` (the engine's names), ``fp8`` stays."""
-    return _TORCH_NAMES.get(kv, kv)
