@@ -61,11 +61,12 @@ def start_run(workload: Workload, result: RunResult, run_dir: Path | None) -> Pa
 
 
 def run_levels(backend: Backend, levels: Sequence[Level], run_dir: Path, kv_sizes: Callable, seed: int,
-               console=None) -> str:
-    """Every level on ``backend``, records appended to ``run_dir``; returns the run's status:
-    complete, or interrupted (Ctrl-C; the records written so far stay)."""
+               console=None, flush: bool = True) -> str:
+    """Every level on ``backend``, records appended to ``run_dir`` (each line flushed as written
+    unless ``flush`` is False); returns the run's status: complete, or interrupted (Ctrl-C; the
+    records written so far stay)."""
     say = console.print if console is not None else (lambda *a, **k: None)
-    with RunWriter(run_dir) as writer:
+    with RunWriter(run_dir, flush) as writer:
         try:
             for level in levels:
                 with level_progress(console, level) as advance:

@@ -66,7 +66,8 @@ def sample(workload: Workload, facts: EngineFacts) -> SampledBuckets:
         KvplanError: what sampling and the fit checks raise (kvplan.load.prompts, kvplan.load.checks).
     """
     model = workload.engine.model
-    sampled = cached_sample(workload, tokenize_function(model), facts.vocab_size or 1, tokenizer_identity(model))
+    sampled = cached_sample(workload, lambda: tokenize_function(model), facts.vocab_size or 1,
+                            tokenizer_identity(model))
     check_requests_fit(workload, facts, sampled.requests)
     return sampled
 
@@ -105,7 +106,7 @@ def simulate(workload: Workload, setup: SimSetup, run_dir: Path | None = None, *
     )
     run_dir = start_run(workload, result, run_dir)
     status = run_levels(SimBackend(setup.facts, setup.clock()), plan_levels(workload, sampled.requests), run_dir,
-                        pricing.step_bytes, workload.seed, console)
+                        pricing.step_bytes, workload.seed, console, flush=False)
     if search and status == "complete" and setup.timed:
         targets = []
         for target in (setup, *plan):

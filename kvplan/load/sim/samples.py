@@ -16,6 +16,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 from kvplan.errors import KvplanError
@@ -61,16 +62,17 @@ def sample_key(workload: Workload, vocab_size: int, tokenizer_id: list) -> str:
     return hashlib.sha256(json.dumps(material, sort_keys=True).encode()).hexdigest()
 
 
-def cached_sample(workload: Workload, tokenize: Tokenize | None, vocab_size: int,
+def cached_sample(workload: Workload, tokenizer: Callable[[], Tokenize | None], vocab_size: int,
                   tokenizer_id: list) -> SampledBuckets:
-    """``sample_buckets(workload, tokenize, vocab_size)``, from the cache when it holds it.
-    Random prompts (drawn in milliseconds) are never cached.
+    """``sample_buckets(workload, tokenizer(), vocab_size)``, from the cache when it holds it (the
+    tokenizer is built only when it does not). Random prompts (drawn in milliseconds) are never
+    cached.
 
     Raises:
         KvplanError: what sample_buckets raises.
     """
     if workload.dataset.kind == "random":
-        return prompts.sample_buckets(workload, tokenize, vocab_size)
+        return prompts.sample_buckets(workload, tokenizer(), vocab_size)
     path = cache_root() / "samples" / f"{sample_key(workload, vocab_size, tokenizer_id)}.json"
     try:
         data = json.loads(path.read_text())
@@ -79,7 +81,7 @@ def cached_sample(workload: Workload, tokenize: Tokenize | None, vocab_size: int
              for name, rows in data["requests"].items()}, data["dataset_info"])
     except (OSError, ValueError, KeyError, TypeError):
         pass  # not cached yet, or unreadable: sample afresh
-    sampled = prompts.sample_buckets(workload, tokenize, vocab_size)
+    sampled = prompts.sample_buckets(workload, tokenizer(), vocab_size)
     rows = {name: [[getattr(r, f) for f in _FIELDS] for r in reqs] for name, reqs in sampled.requests.items()}
     try:
         path.parent.mkdir(parents=True, exist_ok=True)

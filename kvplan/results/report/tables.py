@@ -83,17 +83,15 @@ def capacity_table(result: RunResult) -> pd.DataFrame:
     there (empty for a run that did not search)."""
     rows = []
     for target in result.capacity:
-        where = target.target if target.gpu is None else f"{target.target} {target.model} on {target.gpu}" + (
-            f" x{target.tp}" if target.tp > 1 else "")
+        on = target.gpu if target.tp == 1 else f"{target.gpu} x{target.tp}"
         for b in target.buckets:
             c, r = b.max_concurrency, b.max_request_rate
             rows.append({
-                "target": where, "bucket": b.name, "knee": b.knee,
-                f"max concurrency ({target.attainment_target:.0%} in SLO)": c and int(c.level),
-                "out tok/s there": c and _round(c.output_tokens_per_s), "goodput there": c and _round(c.goodput_rps),
+                "target": target.target, "model": target.model, "GPU": on or "", "bucket": b.name, "knee": b.knee,
+                f"max c ({target.attainment_target:.0%} in SLO)": c and int(c.level),
+                "out tok/s": c and _round(c.output_tokens_per_s), "goodput": c and _round(c.goodput_rps),
                 "max req/s": "any" if b.burst_meets_slo else r and r.level,
-                "out tok/s at max req/s": r and _round(r.output_tokens_per_s),
-                "goodput at max req/s": r and _round(r.goodput_rps),
+                "out tok/s at rate": r and _round(r.output_tokens_per_s), "goodput at rate": r and _round(r.goodput_rps),
             })
     return pd.DataFrame(rows)
 

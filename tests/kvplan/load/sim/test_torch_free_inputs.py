@@ -74,7 +74,7 @@ def test_a_sample_is_cached_once_and_read_back_the_same(tmp_path, monkeypatch):
         calls.append(len(texts))
         return [[1] * 12 for _ in texts]
 
-    first = samples.cached_sample(workload, counting, 512, ["x"])
+    first = samples.cached_sample(workload, lambda: counting, 512, ["x"])
     assert first == sample_buckets(workload, counting, 512)  # random prompts are drawn, never cached
     jsonl = tmp_path / "prompts.jsonl"
     jsonl.write_text("".join(f'{{"prompt": "text {i}", "output_tokens": 6}}\n' for i in range(20)))
@@ -82,12 +82,12 @@ def test_a_sample_is_cached_once_and_read_back_the_same(tmp_path, monkeypatch):
     data.update(dataset={"jsonl": str(jsonl)}, shared_prefix=None)
     from_file = parse_workload(data, source=str(tmp_path / "w.yaml"))
     calls.clear()
-    first = samples.cached_sample(from_file, counting, 512, ["x"])
+    first = samples.cached_sample(from_file, lambda: counting, 512, ["x"])
     assert calls and len(list((tmp_path / "samples").glob("*.json"))) == 1
     calls.clear()
-    again = samples.cached_sample(from_file, counting, 512, ["x"])
+    again = samples.cached_sample(from_file, lambda: counting, 512, ["x"])
     assert again == first and calls == []  # read back, nothing tokenised
-    other = samples.cached_sample(from_file, counting, 512, ["another tokenizer"])
+    other = samples.cached_sample(from_file, lambda: counting, 512, ["another tokenizer"])
     assert other == first and calls and len(list((tmp_path / "samples").glob("*.json"))) == 2
 
 
