@@ -9,7 +9,6 @@ All frozen: a receiver can keep them without copying.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from functools import cached_property
 from typing import TYPE_CHECKING, NamedTuple
 
 from engine.request import Request
@@ -62,29 +61,31 @@ class SchedulerOutput:
     preempted_request_ids: tuple[str, ...] = ()
     num_prefix_queried_tokens: int = 0  # prompt tokens looked up in the prefix cache this step
     num_prefix_hit_tokens: int = 0  # of those, found cached
+    # what the step computes (a step-time model's features), counted once at construction
+    num_context_tokens: int = field(init=False)
+    num_attended_tokens: int = field(init=False)
+
+    def __post_init__(self) -> None:
+        """``num_context_tokens``: sum over scheduled requests of ``seq_len`` (cached + new tokens),
+        the K/V the step's attention reads, in tokens per layer. ``num_attended_tokens``: query-key
+        pairs of the step's causal attention, per head: a request with ``c`` cached and ``n`` new
+        tokens attends ``n x c + n x (n + 1) / 2`` (new token i sees c + i + 1 keys)."""
+        context = attended = 0
+        for s in self.scheduled:
+            n, c = len(s.token_ids), s.num_computed_tokens
+            context += c + n
+            attended += n * c + n * (n + 1) // 2
+        object.__setattr__(self, "num_context_tokens", context)  # frozen: set once, here
+        object.__setattr__(self, "num_attended_tokens", attended)
 
     @property
     def is_empty(self) -> bool:
         return not self.scheduled
 
-    # ---- what the step computes (a step-time model's features) ----------------------------
     @property
     def num_prefill_seqs(self) -> int:
         """Requests computing more than a decode token this step (prompt chunks, recomputes)."""
         return len(self.scheduled) - self.num_decode_tokens
-
-    @cached_property
-    def num_context_tokens(self) -> int:
-        """Sum over scheduled requests of ``seq_len`` (cached + new tokens): the K/V the step's
-        attention reads, in tokens per layer."""
-        return sum(s.num_computed_tokens + len(s.token_ids) for s in self.scheduled)
-
-    @cached_property
-    def num_attended_tokens(self) -> int:
-        """Query-key pairs of the step's causal attention, per head: a request with ``c`` cached
-        and ``n`` new tokens attends ``n x c + n x (n + 1) / 2`` (new token i sees c + i + 1 keys)."""
-        return sum(len(s.token_ids) * s.num_computed_tokens + len(s.token_ids) * (len(s.token_ids) + 1) // 2
-                   for s in self.scheduled)
 
 
 @dataclass(frozen=True)

@@ -173,7 +173,8 @@ def summarize_level(
     used = np.array([s.num_used_blocks for s in steps], dtype=np.float64)
     waiting = np.array([s.num_waiting for s in steps], dtype=np.float64)
     queried = sum(s.num_prefix_queried_tokens for s in steps)
-    peak = lambda key: max((getattr(s, key) for s in steps), default=0)  # noqa: E731
+    # steps without KV sizes (a simulation's search probes keep the scheduler's stats) count them as 0
+    peak = lambda key: max((getattr(s, key, 0) for s in steps), default=0)  # noqa: E731
     return LevelSummary(
         bucket=key.bucket, mode=key.mode, level=key.value,
         num_requests=len(requests),
@@ -206,7 +207,8 @@ def summarize_level(
         peak_paged_bytes=peak("paged_bytes"),
         peak_contiguous_bytes=peak("contiguous_bytes"),
         peak_measured_bytes=peak("measured_bytes"),
-        max_paged_error_bytes=max((abs(s.measured_bytes - s.paged_bytes) for s in steps), default=0),
+        max_paged_error_bytes=max((abs(getattr(s, "measured_bytes", 0) - getattr(s, "paged_bytes", 0)) for s in steps),
+                                  default=0),
         prefix_hit_rate=(sum(s.num_prefix_hit_tokens for s in steps) / queried) if queried else None,
         variant=key.variant,
         num_planned=num_planned,

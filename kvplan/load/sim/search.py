@@ -13,7 +13,9 @@ test's metrics, so a probe is exactly the level a load test or ``kvplan simulate
   Attainment falls as load grows, so both are found by bisection (concurrency exactly; the rate
   by doubling or halving from the request rate the highest good concurrency serves, then to
   within ``RATE_PRECISION``). When even all of the bucket's requests at once (concurrency
-  num_requests) meet it, no rate is too high for them: ``burst_meets_slo``, and no rate is searched.
+  num_requests) meet it, no rate is too high for them: ``burst_meets_slo``, and no rate is searched;
+  when not even concurrency 1 does, no rate does either (at a rate low enough that requests never
+  meet, each runs alone, as at concurrency 1).
 """
 
 from __future__ import annotations
@@ -40,19 +42,23 @@ class _Preempted(Exception):
     pass
 
 
-class _Records:
-    """A RunWriter in memory; raises _Preempted at a preempting step when asked to."""
+class _Records(Recorder):
+    """A Recorder that keeps a probe's records in memory: its requests as RequestRecords, its steps
+    as the scheduler's own StepStats (what the level's summary reads of a step, without the KV
+    sizes a report draws); raises _Preempted at a preempting step when asked to."""
 
-    def __init__(self, stop_on_preemption: bool):
+    def __init__(self, level: Level, stop_on_preemption: bool):
+        super().__init__(self, level, lambda _: _NO_SIZES)
         self.requests, self.steps, self.stop = [], [], stop_on_preemption
 
     def write_request(self, record) -> None:
         self.requests.append(record)
 
-    def write_step(self, record) -> None:
-        if self.stop and record.num_preemptions:
+    def record(self, finished, steps) -> None:
+        if self.stop and any(s.num_preemptions for s in steps):
             raise _Preempted
-        self.steps.append(record)
+        self.steps += steps
+        super().record(finished, ())
 
 
 class Prober:
@@ -69,10 +75,9 @@ class Prober:
         bucket = self.workload.buckets[bucket_index]
         key = LevelKey(bucket.name, mode, value, self.variant)
         level = Level(key, bucket_index, tuple(self.sampled[bucket.name]))
-        records = _Records(stop_on_preemption)
+        records = _Records(level, stop_on_preemption)
         try:
-            run_level(SimBackend(self.facts, self.clock()), level, Recorder(records, level, lambda _: _NO_SIZES),
-                      self.workload.seed)
+            run_level(SimBackend(self.facts, self.clock()), level, records, self.workload.seed)
         except _Preempted:
             return None
         return summarize_level(key, records.requests, records.steps, self.workload.slo, bucket.num_requests)
@@ -108,6 +113,8 @@ class Prober:
         if concurrency == num_requests:  # all at once meets it: so does any rate of these requests
             return BucketCapacity(name=name, knee=knee, max_concurrency=_point(probe("closed", concurrency)),
                                   burst_meets_slo=True)
+        if concurrency is None:  # one at a time misses it: so does a rate low enough to never queue
+            return BucketCapacity(name=name, knee=knee)
         # the rate the highest good concurrency sustains is near the highest good rate: start there
         start = probe("closed", concurrency or 1).requests_per_s or 1.0
         rate = _highest_rate(lambda r: meets("open", r), start)
