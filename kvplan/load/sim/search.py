@@ -9,7 +9,9 @@ test's metrics, so a probe is exactly the level a load test or ``kvplan simulate
   ``N // B``; levels from ``N // B + 1`` up are simulated until one preempts (each stops at its
   first preemption).
 - SLO: the highest concurrency in [1, num_requests] and the highest Poisson request rate whose
-  SLO attainment (the fraction of the level's requests meeting every SLO) is at least the target.
+  SLO attainment (the fraction of the level's requests meeting every SLO) is at least the target
+  (in a shared_prefix workload with the prefixes shared, the ``cached`` variant; the knee, as the
+  load test's summary, with nothing shared).
   Attainment falls as load grows, so both are found by bisection (concurrency exactly; the rate
   by doubling or halving from the request rate the highest good concurrency serves, then to
   within ``RATE_PRECISION``). When even all of the bucket's requests at once (concurrency
@@ -28,7 +30,7 @@ from kvplan.load.requests import SampledRequest
 from kvplan.load.sim.cost import FixedStepCost, ModelClock, StepClock
 from kvplan.load.workload import Workload
 from kvplan.results.metrics import LevelSummary, Slo, summarize_level
-from kvplan.results.prefix_metrics import UNCACHED
+from kvplan.results.prefix_metrics import CACHED, UNCACHED
 from kvplan.results.records import LevelKey
 from kvplan.results.run_result import EngineFacts, RunEstimate
 from kvplan.results.simulated import BucketCapacity, SloPoint
@@ -67,13 +69,17 @@ class Prober:
     def __init__(self, workload: Workload, facts: EngineFacts, clock: Callable[[], StepClock],
                  sampled: dict[str, list[SampledRequest]]):
         self.workload, self.facts, self.clock, self.sampled = workload, facts, clock, sampled
-        self.variant = UNCACHED if workload.shared_prefix is not None else ""  # the knee's variant: nothing shared
+        shared = workload.shared_prefix is not None
+        # the knee as the load test's summary takes it, with nothing shared; the SLO with the
+        # prefixes shared as the workload's tenants would share them
+        self.knee_variant, self.slo_variant = (UNCACHED, CACHED) if shared else ("", "")
 
-    def level(self, bucket_index: int, mode: str, value: int | float, stop_on_preemption: bool = False
-              ) -> LevelSummary | None:
-        """The summary of one simulated level (None: it preempted and ``stop_on_preemption``)."""
+    def level(self, bucket_index: int, mode: str, value: int | float, stop_on_preemption: bool = False,
+              variant: str | None = None) -> LevelSummary | None:
+        """The summary of one simulated level (None: it preempted and ``stop_on_preemption``);
+        ``variant`` of a shared_prefix workload: the knee's by default."""
         bucket = self.workload.buckets[bucket_index]
-        key = LevelKey(bucket.name, mode, value, self.variant)
+        key = LevelKey(bucket.name, mode, value, self.knee_variant if variant is None else variant)
         level = Level(key, bucket_index, tuple(self.sampled[bucket.name]))
         records = _Records(level, stop_on_preemption)
         try:
@@ -102,7 +108,7 @@ class Prober:
 
         def probe(mode: str, value: float) -> LevelSummary:
             if (mode, value) not in probes:
-                probes[mode, value] = self.level(bucket_index, mode, value)
+                probes[mode, value] = self.level(bucket_index, mode, value, variant=self.slo_variant)
             return probes[mode, value]
 
         def meets(mode: str, value: float) -> bool:
