@@ -141,11 +141,12 @@ def _point(summary: LevelSummary) -> SloPoint:
 
 
 def _highest_int(ok: Callable[[int], bool], top: int) -> int | None:
-    """The highest n in [1, top] with ok(n), by bisection (ok assumed to hold below some n)."""
-    if not ok(1):
-        return None
+    """The highest n in [1, top] with ok(n), by bisection (ok assumed to hold below some n): top
+    first, the common answer on a GPU with room to spare, and the cheapest level to simulate."""
     if ok(top):
         return top
+    if top == 1 or not ok(1):
+        return None
     low, high = 1, top
     while high - low > 1:
         mid = (low + high) // 2

@@ -24,7 +24,7 @@ def test_the_highest_concurrency_meeting_a_threshold(limit, top, expected):
         return n <= limit
 
     assert _highest_int(ok, top) == expected
-    assert len(asked) <= 2 + math.ceil(math.log2(top))  # 1, top, then bisection
+    assert len(asked) <= 2 + math.ceil(math.log2(top))  # top, 1, then bisection
 
 
 @pytest.mark.parametrize("limit, start", [(3.7, 1.0), (3.7, 50.0), (0.013, 1.0), (1.0, 1.0)])
