@@ -9,6 +9,7 @@ clock of a simulated one); only differences are meaningful.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, fields
 from typing import Any, Literal
 
@@ -139,8 +140,15 @@ class StepRecord:
         """A record of one step: ``stats`` is anything with StepStats' field names (the engine's,
         or a simulated step's); ``sizes`` are the four KV sizes in bytes."""
         own = {**level_fields(key), **sizes}
-        values = {f.name: own[f.name] if f.name in own else getattr(stats, f.name) for f in fields(cls)}
+        values = {name: own[name] if name in own else getattr(stats, name) for name in field_names(cls)}
         return cls(**values)
+
+
+@functools.cache
+def field_names(record_type: type) -> tuple[str, ...]:
+    """A record dataclass's field names, in order (read once per type: records are written by the
+    thousand)."""
+    return tuple(f.name for f in fields(record_type))
 
 
 def level_fields(key: LevelKey) -> dict[str, Any]:

@@ -20,13 +20,12 @@ import datetime as dt
 import json
 import os
 import secrets
-from dataclasses import fields
 from pathlib import Path
 
 from pydantic import TypeAdapter, ValidationError
 
 from kvplan.errors import KvplanError, describe_error
-from kvplan.results.records import RequestRecord, StepRecord
+from kvplan.results.records import RequestRecord, StepRecord, field_names
 
 REQUESTS_FILE, STEPS_FILE = "requests.jsonl", "steps.jsonl"
 REPORTS_ROOT = Path("reports")
@@ -68,7 +67,7 @@ class RunWriter:
 
     def _append(self, handle, record) -> None:
         # a shallow dict: asdict would deep-copy every tuple of token times first
-        handle.write(json.dumps({f.name: getattr(record, f.name) for f in fields(record)}) + "\n")
+        handle.write(json.dumps({name: getattr(record, name) for name in field_names(type(record))}) + "\n")
         if self._flush:
             handle.flush()
 
