@@ -30,6 +30,29 @@ from dataclasses import dataclass
 from engine.request import Request
 
 
+class _Blocks:
+    """The pool's blocks by id, as a read-only sequence; each KVBlock is made on first use, so a
+    pool of a million blocks costs nothing until it is used."""
+
+    def __init__(self, num_blocks: int):
+        self._made: dict[int, KVBlock] = {}
+        self._num_blocks = num_blocks
+
+    def __getitem__(self, block_id: int) -> KVBlock:
+        block = self._made.get(block_id)
+        if block is None:
+            if not 0 <= block_id < self._num_blocks:
+                raise IndexError(f"block id {block_id} is outside the pool of {self._num_blocks}")
+            block = self._made[block_id] = KVBlock(block_id)
+        return block
+
+    def __len__(self) -> int:
+        return self._num_blocks
+
+    def __iter__(self):
+        return (self[i] for i in range(self._num_blocks))
+
+
 @dataclass(eq=False)
 class KVBlock:
     block_id: int
@@ -64,10 +87,14 @@ class BlockManager:
         self.num_blocks = num_blocks
         self.block_size = block_size
         self.enable_prefix_caching = enable_prefix_caching
-        self.blocks = [KVBlock(i) for i in range(num_blocks)]
-        self._free: OrderedDict[int, None] = OrderedDict((i, None) for i in range(num_blocks))
+        self.blocks = _Blocks(num_blocks)
+        # The free queue is the never-used ids [_next_unused, num_blocks) in order, then the freed
+        # ones in the order they were freed: built in O(1) however large the pool.
+        self._next_unused = 0
+        self._free: OrderedDict[int, None] = OrderedDict()
         self._cached: dict[bytes, int] = {}
         self._tables: dict[str, list[int]] = {}
+        self._frozen_tables: dict[str, tuple[int, ...]] = {}  # block_table's answers until the table changes
         self._hashes: dict[str, list[bytes]] = {}  # chained hashes of a request's full blocks
         self._num_checked: dict[str, int] = {}  # leading table entries already offered to the cache
         self.num_evictions = 0
@@ -76,19 +103,22 @@ class BlockManager:
     @property
     def num_free_blocks(self) -> int:
         """Blocks with ref count 0, cached ones included (they are evicted on demand)."""
-        return len(self._free)
+        return self.num_blocks - self._next_unused + len(self._free)
 
     @property
     def num_used_blocks(self) -> int:
         """Blocks with ref count >= 1; a block shared by several requests counts once."""
-        return self.num_blocks - len(self._free)
+        return self._next_unused - len(self._free)
 
     def free_queue(self) -> list[int]:
         """Free block ids, next to be reused first."""
-        return list(self._free)
+        return [*range(self._next_unused, self.num_blocks), *self._free]
 
     def block_table(self, request_id: str) -> tuple[int, ...]:
-        return tuple(self._tables.get(request_id, ()))
+        table = self._frozen_tables.get(request_id)
+        if table is None:
+            table = self._frozen_tables[request_id] = tuple(self._tables.get(request_id, ()))
+        return table
 
     def num_blocks_for(self, num_tokens: int) -> int:
         return -(-num_tokens // self.block_size)
@@ -130,9 +160,11 @@ class BlockManager:
         """
         if not self.enable_prefix_caching:
             return
+        start = self._num_checked.get(request.request_id, 0)
+        if request.num_computed_tokens // self.block_size == start:  # no block filled since
+            return
         table = self._tables.get(request.request_id, [])
         hashes = self._block_hashes(request, request.num_computed_tokens)
-        start = self._num_checked.get(request.request_id, 0)
         self._num_checked[request.request_id] = len(hashes)
         for i in range(start, len(hashes)):
             block_hash, block = hashes[i], self.blocks[table[i]]
@@ -149,11 +181,14 @@ class BlockManager:
         queue cannot supply every block needed.
         """
         table = self._tables.get(request_id, [])
+        num_new = -(-num_tokens // self.block_size) - len(table)
+        if num_new <= 0 and not cached_block_ids:  # the common decode step: its last block has room
+            return True
         if cached_block_ids and table:
             raise ValueError(f"{request_id}: cached blocks can only start an empty block table")
-        num_new = self.num_blocks_for(num_tokens) - len(table) - len(cached_block_ids)
+        num_new -= len(cached_block_ids)
         num_revived = sum(1 for b in cached_block_ids if self.blocks[b].ref_count == 0)
-        if max(num_new, 0) + num_revived > len(self._free):
+        if max(num_new, 0) + num_revived > self.num_free_blocks:
             return False
         for block_id in cached_block_ids:
             block = self.blocks[block_id]
@@ -164,10 +199,15 @@ class BlockManager:
         for _ in range(num_new):
             table.append(self._pop_free().block_id)
         self._tables[request_id] = table
+        self._frozen_tables.pop(request_id, None)
         return True
 
     def _pop_free(self) -> KVBlock:
-        block_id, _ = self._free.popitem(last=False)
+        if self._next_unused < self.num_blocks:
+            block_id = self._next_unused
+            self._next_unused += 1
+        else:
+            block_id, _ = self._free.popitem(last=False)
         block = self.blocks[block_id]
         if block.block_hash is not None:  # evict: the content is about to be overwritten
             del self._cached[block.block_hash]
@@ -180,6 +220,7 @@ class BlockManager:
         """Release the request's blocks (finish, abort, preemption). ``forget=False`` keeps its
         block hashes for a later lookup (preemption: the tokens will be the same)."""
         self._num_checked.pop(request_id, None)
+        self._frozen_tables.pop(request_id, None)
         for block_id in reversed(self._tables.pop(request_id, [])):
             block = self.blocks[block_id]
             block.ref_count -= 1

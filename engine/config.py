@@ -6,6 +6,17 @@ from dataclasses import dataclass
 
 DEFAULT_MODEL = "SmolLM2-135M-Instruct"
 TINY_RANDOM_MODEL = "tiny-random-llama"  # 2 layers, GQA, random weights: for fast tests
+# The tiny test model of ../shared/ENVIRONMENT.md (a LlamaConfig's keys): 2 layers, 4 query heads
+# over 2 KV heads (GQA). Here, torch-free, so a simulation can size its KV without the loader.
+TINY_LLAMA = dict(
+    vocab_size=512,
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=256,
+)
 
 DTYPES = ("auto", "bfloat16", "float16", "float32")
 KV_CACHE_DTYPES = ("auto", "bfloat16", "float16", "float32", "fp8")

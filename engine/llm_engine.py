@@ -186,7 +186,6 @@ class LLMEngine:
         aborted or rejected since the last one) and this step's stats."""
         start = time.perf_counter()
         sched = self.scheduler.schedule(start)
-        num_held_blocks = self.scheduler.num_used_blocks  # the step's peak: finishing only frees
         num_oom = 0
         if not sched.is_empty:
             try:
@@ -206,28 +205,7 @@ class LLMEngine:
                 self.scheduler.update_from_output(sched, dict(zip(out.request_ids, token_ids)),
                                                   time.perf_counter())
         outputs = [self._output(r) for r in self.scheduler.take_finished()]
-        s = self.scheduler
-        resident_ids, resident_tokens = s.kv_residents()
-        stats = StepStats(
-            step_index=self._step_index,
-            start_time=start,
-            end_time=time.perf_counter(),
-            num_prefill_tokens=sched.num_prefill_tokens,
-            num_decode_tokens=sched.num_decode_tokens,
-            num_running=s.num_running,
-            num_waiting=s.num_waiting,
-            num_used_blocks=s.num_used_blocks,
-            num_free_blocks=s.num_free_blocks,
-            num_total_blocks=s.num_total_blocks,
-            num_preemptions=len(sched.preempted_request_ids),
-            num_finished=len(outputs),
-            num_oom=num_oom,
-            kv_resident_tokens=resident_tokens,
-            kv_resident_request_ids=resident_ids,
-            num_prefix_queried_tokens=sched.num_prefix_queried_tokens,
-            num_prefix_hit_tokens=sched.num_prefix_hit_tokens,
-            num_peak_used_blocks=max(num_held_blocks, s.num_used_blocks),
-        )
+        stats = self.scheduler.step_stats(self._step_index, start, time.perf_counter(), sched, len(outputs), num_oom)
         self._step_index += 1
         return outputs, stats
 

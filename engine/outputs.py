@@ -9,7 +9,7 @@ All frozen: a receiver can keep them without copying.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 from engine.request import Request
 
@@ -17,9 +17,9 @@ if TYPE_CHECKING:
     import torch
 
 
-@dataclass(frozen=True)
-class ScheduledRequest:
-    """One request's share of a step.
+class ScheduledRequest(NamedTuple):
+    """One request's share of a step (a NamedTuple: built once per request per step, it must be
+    cheap; frozen all the same).
 
     ``token_ids`` are ``all_token_ids[num_computed_tokens : num_computed_tokens + len(token_ids)]``;
     their positions start at ``num_computed_tokens``. ``block_ids`` is the request's block table
@@ -61,10 +61,31 @@ class SchedulerOutput:
     preempted_request_ids: tuple[str, ...] = ()
     num_prefix_queried_tokens: int = 0  # prompt tokens looked up in the prefix cache this step
     num_prefix_hit_tokens: int = 0  # of those, found cached
+    # what the step computes (a step-time model's features), counted once at construction
+    num_context_tokens: int = field(init=False)
+    num_attended_tokens: int = field(init=False)
+
+    def __post_init__(self) -> None:
+        """``num_context_tokens``: sum over scheduled requests of ``seq_len`` (cached + new tokens),
+        the K/V the step's attention reads, in tokens per layer. ``num_attended_tokens``: query-key
+        pairs of the step's causal attention, per head: a request with ``c`` cached and ``n`` new
+        tokens attends ``n x c + n x (n + 1) / 2`` (new token i sees c + i + 1 keys)."""
+        context = attended = 0
+        for s in self.scheduled:
+            n, c = len(s.token_ids), s.num_computed_tokens
+            context += c + n
+            attended += n * c + n * (n + 1) // 2
+        object.__setattr__(self, "num_context_tokens", context)  # frozen: set once, here
+        object.__setattr__(self, "num_attended_tokens", attended)
 
     @property
     def is_empty(self) -> bool:
         return not self.scheduled
+
+    @property
+    def num_prefill_seqs(self) -> int:
+        """Requests computing more than a decode token this step (prompt chunks, recomputes)."""
+        return len(self.scheduled) - self.num_decode_tokens
 
 
 @dataclass(frozen=True)
@@ -79,6 +100,9 @@ class StepStats:
     holding blocks at that moment, its tokens with K/V in the cache (``num_computed_tokens``),
     and ``kv_resident_request_ids`` names those requests in the same order: an estimator turns
     these into bytes and compares with ``num_used_blocks``.
+
+    The last three describe the work the step ran (``SchedulerOutput``'s properties of the same
+    names), for fitting a step-time model; 0 in stats written before they existed.
     """
 
     step_index: int
@@ -99,6 +123,9 @@ class StepStats:
     num_prefix_queried_tokens: int = 0
     num_prefix_hit_tokens: int = 0
     num_peak_used_blocks: int | None = None
+    num_prefill_seqs: int = 0
+    num_context_tokens: int = 0
+    num_attended_tokens: int = 0
 
 
 @dataclass(frozen=True)

@@ -133,6 +133,15 @@ class Request:
     def all_token_ids(self) -> list[int]:
         return [*self.prompt_token_ids, *self.output_token_ids]
 
+    def token_ids_between(self, start: int, end: int) -> tuple[int, ...]:
+        """``all_token_ids[start:end]`` without building the whole list (a decode step asks for
+        one token of a long request every step)."""
+        num_prompt = len(self.prompt_token_ids)
+        if end <= num_prompt:
+            return self.prompt_token_ids[start:end]
+        outputs = tuple(self.output_token_ids[max(start - num_prompt, 0) : end - num_prompt])
+        return self.prompt_token_ids[start:] + outputs if start < num_prompt else outputs
+
     @property
     def is_finished(self) -> bool:
         return self.status is RequestStatus.FINISHED

@@ -21,7 +21,7 @@ from collections.abc import Iterable, Mapping
 
 from engine.block_manager import BlockManager
 from engine.config import EngineConfig
-from engine.outputs import ScheduledRequest, SchedulerOutput
+from engine.outputs import ScheduledRequest, SchedulerOutput, StepStats
 from engine.request import FinishReason, Request, RequestStatus
 
 
@@ -54,6 +54,7 @@ class Scheduler:
         # Prefix-cache lookups of admitted requests (cumulative): tokens looked up, tokens found.
         self.num_prefix_queried_tokens = 0
         self.num_prefix_hit_tokens = 0
+        self._blocks_held = 0  # used blocks once the last schedule() allocated: the step's peak
 
     # ---- views -------------------------------------------------------------------------
     num_waiting = property(lambda self: len(self.waiting))
@@ -80,6 +81,36 @@ class Scheduler:
         """The requests holding blocks (running ones), in admission order, and the tokens each
         has with K/V in the cache: (request ids, num_computed_tokens)."""
         return tuple(r.request_id for r in self.running), tuple(r.num_computed_tokens for r in self.running)
+
+    def step_stats(self, step_index: int, start: float, end: float, output: SchedulerOutput, num_finished: int,
+                   num_oom: int = 0) -> StepStats:
+        """The stats of a step that ran ``output`` from ``start`` to ``end``, read now (after its
+        update): the engine's and a simulation's steps are described by this one function. The
+        peak used blocks are those held right after ``schedule()`` allocated (or now, if more)."""
+        resident_ids, resident_tokens = self.kv_residents()
+        return StepStats(
+            step_index=step_index,
+            start_time=start,
+            end_time=end,
+            num_prefill_tokens=output.num_prefill_tokens,
+            num_decode_tokens=output.num_decode_tokens,
+            num_running=self.num_running,
+            num_waiting=self.num_waiting,
+            num_used_blocks=self.num_used_blocks,
+            num_free_blocks=self.num_free_blocks,
+            num_total_blocks=self.num_total_blocks,
+            num_preemptions=len(output.preempted_request_ids),
+            num_finished=num_finished,
+            num_oom=num_oom,
+            kv_resident_tokens=resident_tokens,
+            kv_resident_request_ids=resident_ids,
+            num_prefix_queried_tokens=output.num_prefix_queried_tokens,
+            num_prefix_hit_tokens=output.num_prefix_hit_tokens,
+            num_peak_used_blocks=max(self._blocks_held, self.num_used_blocks),
+            num_prefill_seqs=output.num_prefill_seqs,
+            num_context_tokens=output.num_context_tokens,
+            num_attended_tokens=output.num_attended_tokens,
+        )
 
     # ---- requests in and out -----------------------------------------------------------
     def add_request(self, request: Request, now: float) -> None:
@@ -149,6 +180,7 @@ class Scheduler:
         preempted: list[Request] = []
         queried0, hit0 = self.num_prefix_queried_tokens, self.num_prefix_hit_tokens
 
+        num_decode = 0  # scheduled requests computing one token past their prompt
         index = 0
         while index < len(self.running) and budget > 0:
             request = self.running[index]
@@ -161,6 +193,7 @@ class Scheduler:
                     break
             if request.status is not RequestStatus.RUNNING:
                 break
+            num_decode += num_new == 1 and request.num_computed_tokens >= request.num_prompt_tokens
             scheduled.append(self._scheduled(request, num_new))
             budget -= num_new
             index += 1
@@ -183,13 +216,14 @@ class Scheduler:
             if request.first_scheduled_time is None:
                 request.first_scheduled_time = now
                 request.num_cached_tokens = num_cached
+            num_decode += num_new == 1 and num_cached >= request.num_prompt_tokens
             scheduled.append(self._scheduled(request, num_new))
             budget -= num_new
 
-        num_decode = sum(1 for s in scheduled if self._is_decode(s))
+        self._blocks_held = bm.num_used_blocks  # finishing requests only free blocks after this
         return SchedulerOutput(
             scheduled=tuple(scheduled),
-            num_prefill_tokens=sum(s.num_new_tokens for s in scheduled) - num_decode,
+            num_prefill_tokens=self.max_num_batched_tokens - budget - num_decode,
             num_decode_tokens=num_decode,
             preempted_request_ids=tuple(r.request_id for r in preempted),
             num_prefix_queried_tokens=self.num_prefix_queried_tokens - queried0,
@@ -199,19 +233,16 @@ class Scheduler:
     def _scheduled(self, request: Request, num_new: int) -> ScheduledRequest:
         start = request.num_computed_tokens
         end = start + num_new
-        num_prompt = request.num_prompt_tokens
+        num_logits = request.sampling_params.num_prompt_logits
+        num_prompt = len(request.prompt_token_ids)
         return ScheduledRequest(
             request_id=request.request_id,
-            token_ids=tuple(request.all_token_ids[start:end]),
+            token_ids=request.token_ids_between(start, end),
             num_computed_tokens=start,
             block_ids=self.block_manager.block_table(request.request_id),
-            sample=end == request.num_tokens,
-            prompt_logits_positions=range(num_prompt - request.sampling_params.num_prompt_logits, num_prompt),
+            sample=end == num_prompt + len(request.output_token_ids),
+            prompt_logits_positions=range(num_prompt - num_logits, num_prompt) if num_logits else range(0),
         )
-
-    def _is_decode(self, s: ScheduledRequest) -> bool:
-        request = self._requests[s.request_id]
-        return s.num_new_tokens == 1 and s.num_computed_tokens >= request.num_prompt_tokens
 
     def _preempt(self, request: Request) -> None:
         self.block_manager.free(request.request_id, forget=False)

@@ -216,6 +216,58 @@ def loadtest(
         raise typer.Exit(130)
 
 
+@app.command()
+def simulate(
+    workload: Annotated[Path, typer.Argument(help="Workload YAML, e.g. workloads/chat.yaml.")],
+    out: Annotated[Optional[Path], typer.Option(help="Report folder (default: reports/<name>-<timestamp>/).")] = None,
+    calibrate: Annotated[Optional[Path], typer.Option(help="A load test's run folder of this engine to fit the step time on (default: the calibration shipped for the engine).")] = None,
+    model: Annotated[Optional[str], typer.Option(help="Simulate this model (preset, config.json or .gguf) on --gpu instead of the engine section's model and pool.")] = None,
+    gpu: Annotated[Optional[str], typer.Option(help="GPU to simulate --model on, timed by its FLOP/s and bandwidth (the GPU table's names).")] = None,
+    tp: Annotated[int, typer.Option(help="Tensor-parallel size on --gpu.")] = 1,
+    kv_cache_dtype: Annotated[str, typer.Option(help="KV dtype on --gpu: auto (model dtype), fp16, bf16, fp8.")] = "auto",
+    weight_dtype: Annotated[str, typer.Option(help="Weight dtype on --gpu: auto (checkpoint), bf16, fp16, fp8, int8, int4.")] = "auto",
+    gpu_memory_utilization: Annotated[Optional[float], typer.Option(help="Fraction of --gpu's memory the server may use (default 0.9, vLLM's).")] = None,
+    replay: Annotated[Optional[Path], typer.Option(help="Time every step as this measured run of the workload did (the simulator's exactness check).")] = None,
+    attainment: Annotated[float, typer.Option(help="SLO attainment target of the capacity search: the fraction of requests meeting every SLO.")] = 0.95,
+    charts: Annotated[bool, typer.Option(help="Draw the report's PNG charts too (seconds; `kvplan report DIR` draws them later).")] = False,
+    json_output: Annotated[bool, typer.Option("--json", help="Print one JSON object (the shape of `kvplan report --json`) instead of tables.")] = False,
+    quiet: Annotated[bool, typer.Option(help="No tables: print only the report folder.")] = False,
+) -> None:
+    """Replay the workload's requests through the engine's own scheduler on a cost-model clock: the knee, latency and SLO capacity, in seconds, without a model or a GPU."""
+    from kvplan.load.sim.cli_setup import setups_for
+    from kvplan.load.sim.run import simulate as run_simulate
+    from kvplan.load.workload_file import load_workload
+    from kvplan.results.run_result import read_result
+
+    console = _console()
+    spec = load_workload(workload)
+    _warn(spec.warnings, spec.source)
+    setup, plan, calibrated = setups_for(spec, calibrate=calibrate, model=model, gpu=gpu, tp=tp,
+                                         kv_cache_dtype=kv_cache_dtype, weight_dtype=weight_dtype,
+                                         gpu_memory_utilization=gpu_memory_utilization, replay=replay,
+                                         attainment=attainment)
+    if calibrated is not None and not (json_output or quiet):
+        from kvplan.load.sim.views import print_calibration
+
+        print_calibration(calibrated, console)
+    elif calibrated is not None:  # the drift warning goes to stderr whatever else is quiet
+        _warn([d.describe() for d in calibrated.drift], str(calibrate))
+    run_dir = run_simulate(spec, setup, out, plan=plan, attainment=attainment, charts=charts)
+    result = read_result(run_dir)
+    if json_output:
+        import json
+
+        from kvplan.results.summary_json import summary_json
+
+        print(json.dumps(summary_json(result), indent=2))
+        return
+    if not quiet:
+        from kvplan.results.report.render import print_summary
+
+        print_summary(result, console)
+    console.print(f"report: {run_dir}", markup=False, highlight=False)
+
+
 def _warn(lines, source: str) -> None:
     from rich.console import Console
 
@@ -227,10 +279,15 @@ def _warn(lines, source: str) -> None:
 @app.command()
 def report(
     run_dir: Annotated[Path, typer.Argument(help="A run folder written by kvplan loadtest.")],
-    json_output: Annotated[bool, typer.Option("--json", help="Print the run's summary as one JSON object (the shape in the README) and write nothing.")] = False,
+    json_output: Annotated[bool, typer.Option("--json", help="Print the run's summary as one JSON object (the shape in the README) instead of re-rendering it.")] = False,
+    compare: Annotated[Optional[Path], typer.Option(help="Another run folder to set this one against, level by level (as `kvplan compare RUN_DIR COMPARE`).")] = None,
 ) -> None:
     """Re-render summary.md, the CSV tables and the charts of a saved run, without re-running it."""
-    if json_output:
+    if compare is not None:
+        from kvplan.results.run_result import read_result
+
+        read_result(compare)  # a bad second folder fails before anything is written
+    if json_output:  # the views are left as they are; only a comparison asked for is written
         import json
 
         from kvplan.results.run_result import check_records, load_run, read_result
@@ -242,14 +299,42 @@ def report(
             data = load_run(run_dir)
             check_records(data)
             result = summarize(data.result, data.requests, data.steps)
+        if compare is not None:
+            _compare(run_dir, compare, quiet=True)
         print(json.dumps(summary_json(result), indent=2))
         return
     from kvplan.results.report.render import print_summary, render_report
 
     data = render_report(run_dir)
+    if compare is not None:
+        _compare(run_dir, compare)
     console = _console()
     print_summary(data.result, console)
     console.print(f"report: {run_dir}", markup=False, highlight=False)
+
+
+@app.command(name="compare")
+def compare_runs(
+    run_a: Annotated[Path, typer.Argument(help="Run folder A (e.g. a simulation).")],
+    run_b: Annotated[Path, typer.Argument(help="Run folder B to set A against (e.g. the measured run); error % = (A - B) / B.")],
+) -> None:
+    """Two runs side by side, level by level: each metric of A and B with A's error in %, a table and a PNG per metric in A/compare-<B>/."""
+    _compare(run_a, run_b)
+
+
+def _compare(run_a: Path, run_b: Path, quiet: bool = False) -> None:
+    from kvplan.results.report.compare import wide_table, write_comparison
+    from kvplan.results.report.tables import to_rich
+
+    out, frame = write_comparison(run_a, run_b)
+    if quiet:
+        return
+    console = _console()
+    for title, metrics in (("latency P50 / P95 (ms)", ("TTFT P50 ms", "TTFT P95 ms", "TPOT P50 ms", "TPOT P95 ms")),
+                           ("throughput, goodput and KV", ("output tok/s", "goodput req/s", "preemptions",
+                                                           "peak used blocks"))):
+        console.print(to_rich(wide_table(frame, metrics), f"A {run_a} vs B {run_b}: {title}; err % = (A - B) / B"))
+    console.print(f"comparison: {out}", markup=False, highlight=False)
 
 
 @app.command()

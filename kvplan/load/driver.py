@@ -21,7 +21,7 @@ progress, and to idle::
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass, fields
 from typing import Any, Protocol
 
 import numpy as np
@@ -50,6 +50,8 @@ def plan_levels(workload: Workload, sampled: dict[str, list[SampledRequest]]) ->
     levels = []
     for i, bucket in enumerate(workload.buckets):
         reqs = tuple(sampled[bucket.name])
+        if bucket.concurrency == "auto":
+            raise ValueError(f"buckets[{i}].concurrency: auto is resolved before the levels are planned")
         for mode, values in (("closed", bucket.concurrency), ("open", bucket.request_rates)):
             levels += [Level(LevelKey(bucket.name, mode, x if mode == "closed" else float(x), v), i, reqs)
                        for x in sorted(values) for v in variants]
@@ -146,7 +148,7 @@ class Recorder:
         for out in finished:
             req, salt = self.submitted.pop(out.request_id)
             self.writer.write_request(RequestRecord(
-                **asdict(out), **level_fields(key), max_tokens=req.max_tokens,
+                **{f.name: getattr(out, f.name) for f in fields(out)}, **level_fields(key), max_tokens=req.max_tokens,
                 prefix_group=req.prefix_group, tenant=req.tenant, cache_salt=salt,
             ))
             self.advance(out, len(self.submitted))

@@ -3,7 +3,9 @@
 ::
 
     workload -> engine (EngineFacts) -> sampled requests -> every request fits? (checks)
-      -> fp8 scales (calibration) -> estimate -> run folder with results.json (status running)
+      -> concurrency: auto resolved around the simulated knee -> fp8 scales (calibration)
+      -> estimate (+ each bucket's knee, the engine's scheduler simulated at every concurrency)
+      -> run folder with results.json (status running)
       -> for bucket, for level: driver + EngineBackend, records appended as they happen
       -> fp8 quality check -> summaries (status complete | interrupted) -> report
 
@@ -26,6 +28,7 @@ from kvplan.load.driver import Backend, Level, Recorder, RunStopped, plan_levels
 from kvplan.load.progress import level_progress
 from kvplan.load.prompts import sample_buckets
 from kvplan.load.run_estimate import compute_estimate, plan_target
+from kvplan.load.sim.search import resolve_auto, simulated_knees, with_knees
 from kvplan.load.workload import Workload
 from kvplan.results.run_result import RunResult, WorkloadRef, load_run, save_result
 from kvplan.results.store import RunWriter, check_out, create_run_dir
@@ -58,12 +61,13 @@ def start_run(workload: Workload, result: RunResult, run_dir: Path | None) -> Pa
 
 
 def run_levels(backend: Backend, levels: Sequence[Level], run_dir: Path, kv_sizes: Callable, seed: int,
-               console=None, hooks=None) -> str:
-    """Every level on ``backend``, records appended to ``run_dir``; returns the run's status:
-    complete, or interrupted (Ctrl-C, or the backend stopped: ``RunStopped``; the records written
-    so far stay). ``hooks``: ``level_started(level)`` / ``level_finished(level)`` around each level."""
+               console=None, hooks=None, flush: bool = True) -> str:
+    """Every level on ``backend``, records appended to ``run_dir`` (each line flushed as written
+    unless ``flush`` is False); returns the run's status: complete, or interrupted (Ctrl-C, or the
+    backend stopped: ``RunStopped``; the records written so far stay). ``hooks``:
+    ``level_started(level)`` / ``level_finished(level)`` around each level."""
     say = console.print if console is not None else (lambda *a, **k: None)
-    with RunWriter(run_dir) as writer:
+    with RunWriter(run_dir, flush) as writer:
         try:
             for level in levels:
                 if hooks is not None:
@@ -81,8 +85,8 @@ def run_levels(backend: Backend, levels: Sequence[Level], run_dir: Path, kv_size
     return "complete"
 
 
-def finish_run(run_dir: Path, result: RunResult, status: str) -> Path:
-    """Summarize the records, save the final result and write the report.
+def finish_run(run_dir: Path, result: RunResult, status: str, charts: bool = True) -> Path:
+    """Summarize the records, save the final result and write the report (``charts``: its PNGs too).
 
     Raises:
         ReportInterrupted: Ctrl-C while doing so.
@@ -95,7 +99,7 @@ def finish_run(run_dir: Path, result: RunResult, status: str) -> Path:
                                                        "report_written": False}))
         from kvplan.results.report.render import render_report
 
-        render_report(run_dir)
+        render_report(run_dir, charts)
     except KeyboardInterrupt:
         raise ReportInterrupted(run_dir) from None
     return run_dir
@@ -126,6 +130,7 @@ def run_loadtest(workload: Workload, run_dir: Path | None = None, *, engine=None
     facts = engine_facts(engine)
     sampled = sample_buckets(workload, tokenizer_function(engine), facts.vocab_size)
     check_requests_fit(workload, facts, sampled.requests)
+    workload = resolve_auto(workload, facts, sampled.requests)  # concurrency: auto -> levels around the knee
     if "num_conversations" in sampled.dataset_info:
         say(f"[dim]sharegpt: read {sampled.dataset_info['num_conversations']:,} whole conversations[/dim]")
     is_fp8 = facts.kv_cache_dtype == "fp8"
@@ -134,6 +139,7 @@ def run_loadtest(workload: Workload, run_dir: Path | None = None, *, engine=None
 
         facts = facts.model_copy(update={"kv_scales": calibrate_for_run(engine, workload, sampled.requests)})
     estimate, pricing = compute_estimate(workload, facts, sampled.requests)
+    estimate = with_knees(estimate, simulated_knees(workload, facts, sampled.requests))
     result = RunResult(
         started_at=started, slo=workload.slo, engine=facts, estimate=estimate, run=run_info(sampled.dataset_info),
         workload=WorkloadRef(name=workload.name, source=workload.source, sha256=workload.sha256,

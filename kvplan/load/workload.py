@@ -38,8 +38,8 @@ from decimal import Decimal, InvalidOperation
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ByteSize, ConfigDict, Field, GetJsonSchemaHandler, PrivateAttr
-from pydantic import field_validator, model_validator
+from pydantic import BaseModel, ByteSize, ConfigDict, Field, GetJsonSchemaHandler, PrivateAttr, WithJsonSchema
+from pydantic import WrapValidator, field_validator, model_validator
 from pydantic_core import core_schema
 
 from engine.config import ATTENTION_BACKENDS, DEVICES, DTYPES, KV_CACHE_DTYPES, EngineConfig
@@ -231,15 +231,29 @@ class Lengths(_Strict):
         return self.mean if self.mean is not None else (self.min + self.max) / 2
 
 
+def _auto_or_levels(value: Any, handler: Any) -> Any:
+    """``auto`` as it is; anything else validated as the list of levels it must be, so an error
+    names the list or its item (a union would name both branches)."""
+    return value if value == "auto" else handler(value)
+
+
+# a list of concurrency levels, or "auto" (the levels around the simulated knee)
+Concurrency = Annotated[list[Count], WrapValidator(_auto_or_levels), WithJsonSchema(
+    {"anyOf": [{"type": "array", "items": {"type": "integer", "minimum": 1}}, {"const": "auto"}]})]
+
+
 class Bucket(_Strict):
     """One request shape, run at each load level: closed-loop ``concurrency`` levels (N in
     flight) then open-loop ``request_rates`` (Poisson arrivals, requests/s), each with
-    ``num_requests`` requests."""
+    ``num_requests`` requests. ``concurrency: auto`` picks the levels around the bucket's knee as
+    the engine's scheduler, simulated on the sampled requests, finds it (1 and knee - 2 .. knee + 1;
+    kvplan.load.sim.search.levels_around), so a load test measures the knee at single-request
+    resolution."""
 
     name: Name
     input_tokens: Lengths
     output_tokens: Lengths
-    concurrency: list[Count] = []
+    concurrency: Concurrency = []
     request_rates: list[Rate] = []
     num_requests: Count
 
@@ -249,7 +263,7 @@ class Bucket(_Strict):
             raise ValueError("give concurrency levels and/or request_rates")
         for field in ("concurrency", "request_rates"):
             values = getattr(self, field)
-            if len(set(values)) != len(values):
+            if values != "auto" and len(set(values)) != len(values):
                 raise ValueError(f"{field} has duplicate levels: {values}")
         labels = [f"{rate:g}" for rate in self.request_rates]  # how reports and cache salts name a level
         if len(set(labels)) != len(labels):

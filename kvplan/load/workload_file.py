@@ -123,7 +123,7 @@ def _check_buckets(workload: Workload) -> None:
         if max_len is not None and bucket.input_tokens.min + bucket.output_tokens.min > max_len:
             raise _error(workload, at, f"shortest request ({bucket.input_tokens.min} + {bucket.output_tokens.min}"
                          f" tokens) exceeds engine.max_model_len {max_len}")
-        for j, level in enumerate(bucket.concurrency):
+        for j, level in enumerate(bucket.concurrency if bucket.concurrency != "auto" else []):
             if level > bucket.num_requests:
                 raise _error(workload, f"{at}.concurrency[{j}]",
                              f"{level} in flight needs at least {level} requests, the bucket has num_requests"

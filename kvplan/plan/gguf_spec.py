@@ -1,8 +1,9 @@
 """GGUF metadata mapped onto Hugging Face config keys, so that ``ModelSpec.from_hf_config`` reads
 GGUF files and config.json files alike; errors name the GGUF key (``key_names``).
 
-Keys follow llama.cpp's GGUF naming (``<arch>.block_count``, ``<arch>.attention.head_count_kv``,
-...; gguf-py's ``Keys``). Per-layer arrays (a KV head count per layer, 0 on layers without
+The header is read by :mod:`kvplan.plan.gguf_reader` (no tensors, no numpy). Keys follow
+llama.cpp's GGUF naming (``<arch>.block_count``, ``<arch>.attention.head_count_kv``, ...;
+gguf-py's ``Keys``). Per-layer arrays (a KV head count per layer, 0 on layers without
 attention) stay per layer. Which layers are recurrent, and which attention layers slide, follows
 llama.cpp (src/llama-model.cpp): Qwen3-Next/Qwen3.5 by ``full_attention_interval``; LFM2, Granite
 hybrid, Nemotron-H and Jamba by 0 KV heads; Mamba models throughout; sliding layers by
@@ -17,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from kvplan.errors import KvplanError
+from kvplan.plan.gguf_reader import read_gguf_header
 
 GGUF_MAGIC = b"GGUF"  # the first 4 bytes of every GGUF file (gguf-py's GGUF_MAGIC, little-endian)
 # llama.cpp's set_swa_pattern(n) per architecture: layer il is local when il % n < n - 1
@@ -47,17 +49,10 @@ def read_gguf_config(path: Path) -> tuple[dict[str, Any], str, dict[str, str]]:
         KvplanError: not a readable GGUF file, or metadata without the architecture, block count or
             embedding length (named by their GGUF keys).
     """
-    import gguf  # numpy-only; kept out of the import path of presets and config.json files
-
-    try:
-        reader = gguf.GGUFReader(str(path))
-    except Exception as err:  # the reader raises ValueError, struct or numpy errors on bad files
-        first_line = (str(err).splitlines() or [type(err).__name__])[0]
-        raise KvplanError("", f"not a readable GGUF file ({first_line})", source=str(path)) from None
+    header = read_gguf_header(path)
 
     def raw(key: str) -> Any:
-        field = reader.fields.get(key)
-        return None if field is None else field.contents()
+        return header.metadata.get(key)
 
     arch = raw("general.architecture")
     if not arch:
@@ -77,12 +72,12 @@ def read_gguf_config(path: Path) -> tuple[dict[str, Any], str, dict[str, str]]:
     for hf_key, gguf_key in (("num_hidden_layers", "block_count"), ("hidden_size", "embedding_length")):
         if put(hf_key, gguf_key) is None:
             raise KvplanError("", f"missing field {arch}.{gguf_key}", source=str(path))
-    tokens = reader.fields.get("tokenizer.ggml.tokens")
+    tokens = header.metadata.get("tokenizer.ggml.tokens")
     ffn = get("feed_forward_length")
     config.update(
         model_type="falcon_h1" if arch == "falcon-h1" else arch,
-        vocab_size=get("vocab_size") or (len(tokens.data) if tokens else None),
-        tie_word_embeddings=not any(t.name == "output.weight" for t in reader.tensors),
+        vocab_size=get("vocab_size") or (len(tokens) if tokens else None),
+        tie_word_embeddings="output.weight" not in header.tensor_names,
         torch_dtype="float16",
     )
     put("num_attention_heads", "attention.head_count")

@@ -13,7 +13,7 @@ import json
 import re
 from functools import lru_cache
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from kvplan.errors import KvplanError
 from kvplan.plan.gguf_spec import is_gguf, read_gguf_config
@@ -56,6 +56,17 @@ def load_preset(name: str) -> tuple[ModelSpec, dict[str, Any]]:
     return ModelSpec.from_hf_config(entry["config"], entry["name"]), entry
 
 
+class ModelConfig(NamedTuple):
+    """A model's Hugging Face style config dict as read, its name, the file it came from (None for
+    a preset) and, for a GGUF or params.json file, which key of that file each config key came
+    from (errors name the file's own keys)."""
+
+    config: dict[str, Any]
+    name: str
+    path: Path | None = None
+    key_names: dict[str, str] | None = None
+
+
 def load_model_spec(model: str) -> ModelSpec:
     """A ModelSpec from a preset name or Hugging Face id (case-insensitive), a config.json or
     Meta params.json file, a folder holding config.json (or params.json, or one .gguf), or a .gguf
@@ -65,8 +76,20 @@ def load_model_spec(model: str) -> ModelSpec:
 
     Raises:
         KvplanError: an empty or unknown name, a missing or unreadable file, or a config with a
-            missing or bad field.
+            missing or bad field (named by the file's own key).
     """
+    found = load_model_config(model)
+    if found.path is None:
+        return ModelSpec.from_hf_config(found.config, found.name)
+    try:
+        return ModelSpec.from_hf_config(found.config, found.name, found.key_names)
+    except KvplanError as err:  # name the file the user gave, not the model
+        raise err.within(source=str(found.path)) from None
+
+
+def load_model_config(model: str) -> ModelConfig:
+    """The config behind :func:`load_model_spec`'s spec of ``model`` (see ModelConfig). Raises as
+    load_model_spec does for the name and the file."""
     if not model.strip():  # Path("") is the current folder
         raise KvplanError("model", "the model name is empty",
                           "give a preset name such as llama-3.1-8b, a config.json path or folder, or a .gguf file")
@@ -74,16 +97,21 @@ def load_model_spec(model: str) -> ModelSpec:
     if path.is_dir():
         for name in ("config.json", "params.json"):
             if (path / name).is_file():
-                return _from_json(path / name)
+                return _read_json(path / name)
         ggufs = sorted(child for child in path.glob("*") if child.is_file() and is_gguf(child))
         if len(ggufs) == 1:
-            return _from_gguf(ggufs[0])
-        raise KvplanError("", "holds no config.json or params.json (nor exactly one .gguf file)", source=str(path))
+            path = ggufs[0]  # read below as a GGUF file
+        else:
+            raise KvplanError("", "holds no config.json or params.json (nor exactly one .gguf file)", source=str(path))
     if path.is_file():
-        return _from_gguf(path) if is_gguf(path) else _from_json(path)
+        if is_gguf(path):
+            config, name, key_names = read_gguf_config(path)
+            return ModelConfig(config, name, path, key_names)
+        return _read_json(path)
     if path.suffix.lower() in (".json", ".gguf"):
         raise KvplanError("", "no such file", source=str(path))
-    return load_preset(model)[0]
+    entry = load_preset(model)[1]
+    return ModelConfig(entry["config"], entry["name"])
 
 
 def _config_name(path: Path, config: dict[str, Any]) -> str:
@@ -103,7 +131,8 @@ def _config_name(path: Path, config: dict[str, Any]) -> str:
     return folder.name or str(folder)
 
 
-def _from_json(path: Path) -> ModelSpec:
+def _read_json(path: Path) -> ModelConfig:
+    """A config.json, or Meta's params.json mapped onto Hugging Face keys."""
     try:
         config = json.loads(path.read_text())
     except OSError as err:
@@ -114,16 +143,5 @@ def _from_json(path: Path) -> ModelSpec:
         raise KvplanError("", "not a config.json object", source=str(path))
     if is_meta_params(config):
         hf_config, key_names = meta_params_config(config)
-        return _from_file(path, hf_config, _config_name(path, {}), key_names)
-    return _from_file(path, config, _config_name(path, config))
-
-
-def _from_gguf(path: Path) -> ModelSpec:
-    return _from_file(path, *read_gguf_config(path))
-
-
-def _from_file(path: Path, config: dict[str, Any], name: str, key_names: dict[str, str] | None = None) -> ModelSpec:
-    try:
-        return ModelSpec.from_hf_config(config, name, key_names)
-    except KvplanError as err:  # name the file the user gave, not the model
-        raise err.within(source=str(path)) from None
+        return ModelConfig(hf_config, _config_name(path, {}), path, key_names)
+    return ModelConfig(config, _config_name(path, config), path)

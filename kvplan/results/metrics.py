@@ -66,6 +66,13 @@ def kv_cache_usage(s: StepRecord) -> float:
     return s.num_used_blocks / s.num_total_blocks if s.num_total_blocks else 0.0
 
 
+def held_blocks(s: StepRecord) -> int:
+    """Blocks held while the step ran (``num_peak_used_blocks``); a step recorded before that
+    field existed held at least its after-step count, ``num_used_blocks``."""
+    peak = getattr(s, "num_peak_used_blocks", None)
+    return s.num_used_blocks if peak is None else peak
+
+
 class Slo(BaseModel):
     """Service-level objectives in milliseconds; any subset. Goodput counts requests meeting all.
     (The workload YAML's ``slo:`` section.)"""
@@ -188,10 +195,11 @@ def summarize_level(
     span = (max(r.finish_time for r in requests) - min(r.arrival_time for r in requests)) if requests else 0.0
     rate = (lambda n: n / span) if span > 0 else (lambda n: None)
     used = np.array([s.num_used_blocks for s in steps], dtype=np.float64)
-    held = np.array([s.peak_used_blocks for s in steps], dtype=np.float64)  # during each step
+    held = np.array([held_blocks(s) for s in steps], dtype=np.float64)  # during each step
     waiting = np.array([s.num_waiting for s in steps], dtype=np.float64)
     queried = sum(s.num_prefix_queried_tokens for s in steps)
-    peak = lambda key: max((getattr(s, key) for s in steps), default=0)  # noqa: E731
+    # steps without KV sizes (a simulation's search probes keep the scheduler's stats) count them as 0
+    peak = lambda key: max((getattr(s, key, 0) for s in steps), default=0)  # noqa: E731
     errors = [r for r in requests if r.finish_reason == "error"]
     sent = sorted(r.sent_time if r.sent_time is not None else r.arrival_time for r in requests)
     is_open = key.mode == "open" and any(r.sent_time is not None for r in requests)  # a target's send times
@@ -220,7 +228,7 @@ def summarize_level(
         num_total_blocks=peak("num_total_blocks"),
         peak_used_blocks=int(held.max()) if held.size else 0,
         mean_used_blocks=float(used.mean()) if used.size else 0.0,
-        peak_kv_usage=max((s.peak_used_blocks / s.num_total_blocks for s in steps if s.num_total_blocks),
+        peak_kv_usage=max((held_blocks(s) / s.num_total_blocks for s in steps if s.num_total_blocks),
                           default=0.0),
         mean_kv_usage=float(np.mean([kv_cache_usage(s) for s in steps])) if steps else 0.0,
         mean_queue_len=float(waiting.mean()) if waiting.size else 0.0,
@@ -229,7 +237,8 @@ def summarize_level(
         peak_paged_bytes=peak("paged_bytes"),
         peak_contiguous_bytes=peak("contiguous_bytes"),
         peak_measured_bytes=peak("measured_bytes"),
-        max_paged_error_bytes=max((abs(s.measured_bytes - s.paged_bytes) for s in steps), default=0),
+        max_paged_error_bytes=max((abs(getattr(s, "measured_bytes", 0) - getattr(s, "paged_bytes", 0)) for s in steps),
+                                  default=0),
         prefix_hit_rate=(sum(s.num_prefix_hit_tokens for s in steps) / queried) if queried else None,
         variant=key.variant,
         num_planned=num_planned,

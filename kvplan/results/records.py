@@ -9,7 +9,8 @@ clock of a simulated one); only differences are meaningful.
 
 from __future__ import annotations
 
-from dataclasses import MISSING, dataclass, fields
+import functools
+from dataclasses import dataclass, fields
 from typing import Any, Literal
 
 Mode = Literal["closed", "open"]
@@ -102,7 +103,9 @@ class StepRecord:
     ``ideal_bytes`` = sum(resident tokens) x bytes per token; ``paged_bytes`` = sum of whole
     blocks per request x bytes per block; ``contiguous_bytes`` = requests holding KV x
     max_model_len x bytes per token (kvplan's estimate, all three); ``measured_bytes`` = used
-    blocks x the engine's real bytes per block.
+    blocks x the engine's real bytes per block. ``num_prefill_seqs``, ``num_context_tokens`` and
+    ``num_attended_tokens``: the work the step ran (engine.outputs.StepStats), what a step-time
+    model is fitted on; 0 in runs recorded before they existed.
     """
 
     step_index: int
@@ -131,26 +134,28 @@ class StepRecord:
     variant: str = ""  # the level's variant, as in RequestRecord
     kv_resident_request_ids: tuple[str, ...] = ()
     num_peak_used_blocks: int | None = None  # blocks held during the step; None in older runs
+    num_prefill_seqs: int = 0
+    num_context_tokens: int = 0
+    num_attended_tokens: int = 0
 
     @property
     def key(self) -> LevelKey:
         return LevelKey.of(self)
 
-    @property
-    def peak_used_blocks(self) -> int:
-        """Blocks held while the step ran (StepStats' ``num_peak_used_blocks``); a step recorded
-        before that field existed gives its after-step ``num_used_blocks``."""
-        return self.num_used_blocks if self.num_peak_used_blocks is None else self.num_peak_used_blocks
-
     @classmethod
     def from_stats(cls, key: LevelKey, stats: Any, **sizes: int) -> StepRecord:
         """A record of one step: ``stats`` is anything with StepStats' field names (the engine's,
-        or a simulated step's; fields with a default may be missing); ``sizes`` are the four KV
-        sizes in bytes."""
+        or a simulated step's); ``sizes`` are the four KV sizes in bytes."""
         own = {**level_fields(key), **sizes}
-        values = {f.name: own[f.name] if f.name in own else getattr(stats, f.name) for f in fields(cls)
-                  if f.name in own or hasattr(stats, f.name) or f.default is MISSING}
+        values = {name: own[name] if name in own else getattr(stats, name) for name in field_names(cls)}
         return cls(**values)
+
+
+@functools.cache
+def field_names(record_type: type) -> tuple[str, ...]:
+    """A record dataclass's field names, in order (read once per type: records are written by the
+    thousand)."""
+    return tuple(f.name for f in fields(record_type))
 
 
 def level_fields(key: LevelKey) -> dict[str, Any]:

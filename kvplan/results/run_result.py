@@ -32,6 +32,7 @@ from kvplan.results.metrics import LevelSummary, Slo
 from kvplan.results.prefix_metrics import PrefixComparison
 from kvplan.results.records import RequestRecord, StepRecord
 from kvplan.results.server_samples import ServerSample
+from kvplan.results.simulated import CostModelInfo, TargetCapacity
 from kvplan.results.store import REQUESTS_FILE, STEPS_FILE, read_jsonl, write_atomic
 
 SCHEMA_VERSION = 2
@@ -130,6 +131,7 @@ class BucketEstimate(_Part):
     p95_request_tokens: int
     blocks_per_request: int
     max_concurrency: int
+    simulated_knee: int | None = None  # the lowest concurrency the engine's scheduler preempts at (simulated)
 
 
 class PlanBucket(_Part):
@@ -178,12 +180,14 @@ class RunEstimate(_Part):
 
 
 class BucketSummary(_Part):
-    """Per bucket: kvplan's predicted max concurrency against the measured knee (the lowest
+    """Per bucket: kvplan's predicted max concurrency (P95 bound) and the simulated knee (the
+    engine's scheduler replayed at every concurrency) against the measured knee (the lowest
     closed-loop level that preempted) and the highest clean level below it."""
 
     name: str
     p95_request_tokens: int | None = None
     predicted_max_concurrency: int | None = None
+    simulated_knee: int | None = None
     measured_knee: int | None = None
     max_clean_concurrency: int | None = None
     levels_run: list[int | float] = []
@@ -293,6 +297,8 @@ class RunResult(BaseModel):
     records: RecordFiles = RecordFiles()
     client: list[ClientLevel] = []  # a target run's client overhead per level
     stop_reason: str | None = None  # why a run stopped early other than Ctrl-C (a server that went away)
+    cost_model: CostModelInfo | None = None  # a simulation's step timing (kvplan.results.simulated)
+    capacity: list[TargetCapacity] = []  # a simulation's knee and SLO capacity answers, per target
 
     @property
     def summarized(self) -> bool:

@@ -20,13 +20,12 @@ import datetime as dt
 import json
 import os
 import secrets
-from dataclasses import asdict
 from pathlib import Path
 
 from pydantic import TypeAdapter, ValidationError
 
 from kvplan.errors import KvplanError, describe_error
-from kvplan.results.records import RequestRecord, StepRecord
+from kvplan.results.records import RequestRecord, StepRecord, field_names
 
 REQUESTS_FILE, STEPS_FILE = "requests.jsonl", "steps.jsonl"
 REPORTS_ROOT = Path("reports")
@@ -57,17 +56,20 @@ def write_atomic(path: Path, text: str) -> None:
 
 
 class RunWriter:
-    """Appends records to the run folder's JSONL files, flushing each line as it is written."""
+    """Appends records to the run folder's JSONL files, flushing each line as it is written
+    (``flush`` False: when the file closes, for a simulation that writes thousands a second)."""
 
-    def __init__(self, run_dir: Path):
+    def __init__(self, run_dir: Path, flush: bool = True):
         run_dir.mkdir(parents=True, exist_ok=True)
         self._requests = open(run_dir / REQUESTS_FILE, "a", encoding="utf-8")
         self._steps = open(run_dir / STEPS_FILE, "a", encoding="utf-8")
+        self._flush = flush
 
-    @staticmethod
-    def _append(handle, record) -> None:
-        handle.write(json.dumps(asdict(record)) + "\n")
-        handle.flush()
+    def _append(self, handle, record) -> None:
+        # a shallow dict: asdict would deep-copy every tuple of token times first
+        handle.write(json.dumps({name: getattr(record, name) for name in field_names(type(record))}) + "\n")
+        if self._flush:
+            handle.flush()
 
     def write_request(self, record: RequestRecord) -> None:
         self._append(self._requests, record)

@@ -62,6 +62,7 @@ def summarize(result: RunResult, requests: Sequence[RequestRecord], steps: Seque
             name=name,
             p95_request_tokens=estimate.p95_request_tokens if estimate else None,
             predicted_max_concurrency=estimate.max_concurrency if estimate else None,
+            simulated_knee=estimate.simulated_knee if estimate else None,
             measured_knee=metrics.measured_knee(own),
             max_clean_concurrency=metrics.max_clean_concurrency(own),
             levels_run=[s.level for s in own],

@@ -9,8 +9,16 @@ for scripts and CI. Keys are a contract: fields may be added, never renamed::
                               "peak_used_blocks", "output_throughput_tok_s", "goodput_req_s",
                               "ttft_ms": {"mean", "p50", "p95", "p99"}, "tpot_ms", "itl_ms", "e2e_ms"}]}]}
 
-``knee``: the lowest closed-loop concurrency that preempted (null: none did). The SLO capacity
-fields are null in a run that did not search for them.
+``knee``: the lowest closed-loop concurrency that preempted (null: none did): in a simulation that
+searched every concurrency (kvplan.results.simulated), the exact one; otherwise the lowest level
+of the run that preempted. ``slo_max_concurrency`` / ``slo_max_request_rate``: the highest
+concurrency and request rate at which the SLO attainment target was met, null in a run that did
+not search for them. Added since: per bucket ``measured_knee``, ``simulated_knee``,
+``predicted_max_concurrency`` and ``slo_capacity`` (knee, attainment target, and at each maximum
+its level, attainment, output tok/s and goodput, and ``burst_meets_slo``: all of the bucket's
+requests at once meet it, so no rate is too high for them and ``slo_max_request_rate`` is null);
+per run ``targets``, the same answers for every target a simulation searched (the engine, and
+each ``plan:`` entry it could time).
 
 A run against a remote server (``source: target``) fills ``server`` (``url``, ``model``,
 ``metrics_available``, ``num_gpu_blocks``, ``block_size``) and per level ``server_preemptions``
@@ -26,6 +34,7 @@ from typing import Any
 
 from kvplan.results.metrics import LatencyStats, LevelSummary, preemptions
 from kvplan.results.run_result import RunResult
+from kvplan.results.simulated import BucketCapacity, SloPoint
 
 _STATS = ("mean", "p50", "p95", "p99")
 
@@ -50,18 +59,48 @@ def level_json(level: LevelSummary) -> dict[str, Any]:
     }
 
 
+def _point(point: SloPoint | None) -> dict[str, Any] | None:
+    if point is None:
+        return None
+    return {"level": point.level, "slo_attainment": point.slo_attainment,
+            "output_throughput_tok_s": point.output_tokens_per_s, "goodput_req_s": point.goodput_rps}
+
+
+def capacity_json(bucket: BucketCapacity | None, attainment: float | None) -> dict[str, Any]:
+    """A bucket's searched answers: knee, and the SLO maxima with throughput and goodput there."""
+    if bucket is None:
+        return {"knee": None, "attainment_target": attainment, "max_concurrency": None, "max_request_rate": None,
+                "burst_meets_slo": None}
+    return {"knee": bucket.knee, "attainment_target": attainment, "max_concurrency": _point(bucket.max_concurrency),
+            "max_request_rate": _point(bucket.max_request_rate), "burst_meets_slo": bucket.burst_meets_slo}
+
+
 def summary_json(result: RunResult) -> dict[str, Any]:
     """The run's summary as plain JSON types (see the module docstring)."""
+    engine = next((t for t in result.capacity if t.target == "engine"), None)
+    buckets = []
+    for bucket in result.buckets:
+        searched = engine.bucket(bucket.name) if engine else None
+        top = lambda point: None if point is None else point.level  # noqa: E731
+        buckets.append({
+            "name": bucket.name,
+            "knee": searched.knee if searched else bucket.measured_knee,
+            "slo_max_concurrency": top(searched.max_concurrency) if searched else None,
+            "slo_max_request_rate": top(searched.max_request_rate) if searched else None,
+            "levels": [level_json(lv) for lv in result.levels if lv.bucket == bucket.name],
+            "measured_knee": bucket.measured_knee,
+            "simulated_knee": bucket.simulated_knee,
+            "predicted_max_concurrency": bucket.predicted_max_concurrency,
+            "slo_capacity": capacity_json(searched, engine.attainment_target if engine else None),
+        })
     return {
         "source": result.source,
         "workload": result.workload.name,
         "status": result.status,
         "server": None if result.server is None else {
             key: getattr(result.server, key) for key in ("url", "model", "metrics_available", "num_gpu_blocks", "block_size")},
-        "buckets": [
-            {"name": bucket.name, "knee": bucket.measured_knee, "slo_max_concurrency": None,
-             "slo_max_request_rate": None,
-             "levels": [level_json(lv) for lv in result.levels if lv.bucket == bucket.name]}
-            for bucket in result.buckets
-        ],
+        "buckets": buckets,
+        "targets": [{"target": t.target, "model": t.model, "gpu": t.gpu, "tp": t.tp, "kv_cache_dtype": t.kv_cache_dtype,
+                     "buckets": [{"name": b.name, **capacity_json(b, t.attainment_target)} for b in t.buckets]}
+                    for t in result.capacity],
     }

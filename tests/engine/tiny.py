@@ -1,6 +1,6 @@
 """The tiny random Llama for fast engine tests, and transformers' greedy generate as the reference.
 
-``tiny-random-llama`` (engine.models.loader.TINY_LLAMA): 2 layers, hidden 64, 4 query heads over
+``tiny-random-llama`` (engine.config.TINY_LLAMA): 2 layers, hidden 64, 4 query heads over
 2 KV heads (GQA), head_dim 16, vocab 512, max_position_embeddings 256, weights drawn after
 ``torch.manual_seed(seed)``. The reference model here is built by transformers from the same seed,
 so the engine and ``generate`` run the same weights without sharing any object.
@@ -26,7 +26,7 @@ def tiny_hf_model(seed: int = 0) -> torch.nn.Module:
     """transformers' own LlamaForCausalLM with the tiny config and seed, fp32, eval mode."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from engine.models.loader import TINY_LLAMA
+    from engine.config import TINY_LLAMA
 
     torch.manual_seed(seed)
     return LlamaForCausalLM(LlamaConfig(**TINY_LLAMA)).eval()

@@ -8,12 +8,13 @@ Data come from the saved result only: the run result's summaries and StepRecords
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
-
-from matplotlib.axes import Axes
+from typing import TYPE_CHECKING, Any
 
 from kvplan.results.metrics import LevelSummary
 from kvplan.results.run_result import BucketSummary
+
+if TYPE_CHECKING:  # matplotlib loads only where a chart is drawn
+    from matplotlib.axes import Axes
 
 MIB = 2**20
 _PERCENTILE_STYLES = (("p50", "-"), ("p90", "--"), ("p99", ":"))

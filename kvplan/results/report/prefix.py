@@ -9,16 +9,18 @@ Charts follow kvplan.results.report.plots: one ``plot_*(ax, data)`` each, "no da
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pandas as pd
-from matplotlib.axes import Axes
 
 from kvplan.results.metrics import LevelSummary
 from kvplan.results.prefix_metrics import CACHED, UNCACHED, PrefixComparison, hit_rate
 from kvplan.results.report import tables
 from kvplan.results.report.plots import MIB, level_axis, no_data
 from kvplan.results.run_result import RunResult
+
+if TYPE_CHECKING:  # matplotlib loads only where a chart is drawn
+    from matplotlib.axes import Axes
 
 VARIANT_COLORS = {CACHED: "tab:blue", UNCACHED: "tab:red"}
 

@@ -90,8 +90,9 @@ def render_prefix_charts(data: RunData) -> list[str]:
     return ["prefix_caching.png", "prefix_hit_rate.png"]
 
 
-def render_report(run_dir: str | Path) -> RunData:
-    """(Re)write summary.md, requests.csv, steps.csv and the PNGs of ``run_dir``.
+def render_report(run_dir: str | Path, charts: bool = True) -> RunData:
+    """(Re)write summary.md, requests.csv, steps.csv and the PNGs of ``run_dir`` (``charts``
+    False: no PNGs, the seconds a simulation spends otherwise; ``kvplan report`` draws them).
 
     Raises:
         KvplanError: the folder holds no readable results.json of this schema version, a record
@@ -108,7 +109,7 @@ def render_report(run_dir: str | Path) -> RunData:
                        data.requests, data.steps, data.server_samples)
         save_result(data.run_dir, data.result)
     write_tables(data.run_dir, data.requests, data.steps)
-    charts = render_charts(data)
+    charts = render_charts(data) if charts else []
     write_atomic(data.run_dir / "summary.md", summary_markdown(data.result, charts))
     if not data.result.report_written:  # an older run's file is otherwise left as it was
         data = RunData(data.run_dir, data.result.model_copy(update={"report_written": True}), data.requests, data.steps,
@@ -124,6 +125,7 @@ def print_summary(result: RunResult, console) -> None:
     for title, frame in (
         ("Knee: predicted max concurrency vs measured", tables.knee_table(result)),
         ("Per level (ms; goodput req/s)", tables.console_table(result)),
+        ("Capacity within the SLO (simulated; goodput req/s)", tables.capacity_table(result)),
         ("Prefix caching: TTFT (ms) cached vs uncached", prefix.prefix_table(result).iloc[:, :7]),
     ):
         if not frame.empty:

@@ -59,14 +59,28 @@ def _exactness(result: RunResult) -> str:
             " (expected with prefix caching on: shared blocks are counted once by the engine).")
 
 
+def _simulation(result: RunResult) -> str:
+    """How a simulation timed its steps, and what the capacity search means."""
+    cost = result.cost_model
+    if cost is None:
+        return ""
+    source = f" ({cost.source})" if cost.source else ""
+    return (f"Steps timed by a {cost.kind} cost model: {cost.description}{source}. Knee: the lowest concurrency"
+            " that preempts. Max concurrency and max req/s: the highest closed-loop concurrency and Poisson request"
+            " rate at which the attainment target of requests meet every SLO, with output tokens/s and goodput"
+            " (req/s) there.")
+
+
 def summary_markdown(result: RunResult, charts: list[str]) -> str:
     """The whole summary.md for one run's result and the chart files beside it."""
     sections = [
         ("KV pool: kvplan's estimate against the engine", tables.estimate_table(result), ""),
         ("Knee: predicted max concurrency against measured", tables.knee_table(result),
          "Predicted: how many requests of the bucket's P95 length (prompt + output tokens) fit the pool"
-         " in whole blocks at once. Measured knee: the lowest concurrency level at which the engine"
-         " preempted a request."),
+         " in whole blocks at once. Simulated knee: the lowest concurrency at which the engine's own"
+         " scheduler, replayed on the bucket's requests at every concurrency, preempts. Measured knee:"
+         " the lowest concurrency level at which the engine preempted a request."),
+        ("Capacity within the SLO (simulated)", tables.capacity_table(result), _simulation(result)),
         ("Latency (ms, completed requests)", tables.latency_table(result), ""),
         ("Throughput and goodput", tables.throughput_table(result), ""),
         ("KV cache per level", tables.kv_table(result), _exactness(result)),
@@ -75,7 +89,7 @@ def summary_markdown(result: RunResult, charts: list[str]) -> str:
     ]
     lines = _header(result)
     for title, frame, note in sections:
-        if title.startswith("Production") and frame.empty:
+        if title.startswith(("Production", "Capacity")) and frame.empty:
             continue
         lines += ["", f"## {title}", ""]
         if note:
@@ -85,7 +99,7 @@ def summary_markdown(result: RunResult, charts: list[str]) -> str:
     lines += fp8_markdown(result)
     lines += prefix_markdown(result)
     lines += ["", "## Charts", ""]
-    lines += [f"![{name}]({name})" for name in charts]
+    lines += [f"![{name}]({name})" for name in charts] or ["Not drawn: `kvplan report DIR` draws them."]
     definitions = DEFINITIONS + (TARGET_DEFINITIONS if result.server is not None else "")
     lines += ["", "## Metric definitions", "", definitions.rstrip("\n"),
               "- Ideal KV = sum over requests holding KV of resident tokens x kvplan's bytes per token;"

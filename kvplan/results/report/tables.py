@@ -9,7 +9,7 @@ and counts its completed requests against the planned ones (the bucket's num_req
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, fields
+from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
@@ -59,18 +59,45 @@ def estimate_table(result: RunResult) -> pd.DataFrame:
 
 
 def knee_table(result: RunResult) -> pd.DataFrame:
-    """Per bucket: the estimate's max concurrency for its P95 request against the measured knee."""
+    """Per bucket: the estimate's max concurrency for its P95 request (the P95 bound), the knee the
+    engine's scheduler shows when simulated at every concurrency, and the knee of the levels run
+    (measured in a load test)."""
+    measured = "measured knee" if result.source == "measured" else f"knee of the {result.source} levels"
     rows = [
         {
             "bucket": b.name,
             "P95 request tokens": b.p95_request_tokens,
             "predicted max concurrency": b.predicted_max_concurrency,
-            "measured knee": b.measured_knee,
+            "simulated knee": b.simulated_knee,
+            measured: b.measured_knee,
             "highest level without preemption": b.max_clean_concurrency,
         }
         for b in result.buckets
     ]
     return pd.DataFrame(rows)
+
+
+def capacity_table(result: RunResult) -> pd.DataFrame:
+    """A simulation's searched answers per target and bucket: the knee, and the highest
+    concurrency and request rate meeting the SLO attainment target with output tok/s and goodput
+    there (empty for a run that did not search)."""
+    rows = []
+    for target in result.capacity:
+        on = target.gpu if target.tp == 1 else f"{target.gpu} x{target.tp}"
+        for b in target.buckets:
+            c, r = b.max_concurrency, b.max_request_rate
+            rows.append({
+                "target": target.target, "model": target.model, "GPU": on or "", "bucket": b.name, "knee": b.knee,
+                f"max c ({target.attainment_target:.0%} in SLO)": c and int(c.level),
+                "out tok/s": c and _round(c.output_tokens_per_s), "goodput": c and _round(c.goodput_rps),
+                "max req/s": "any" if b.burst_meets_slo else r and r.level,
+                "out tok/s at rate": r and _round(r.output_tokens_per_s), "goodput at rate": r and _round(r.goodput_rps),
+            })
+    return pd.DataFrame(rows)
+
+
+def _round(value: float | None) -> float | None:
+    return None if value is None else float(f"{value:.3g}")
 
 
 def latency_table(result: RunResult) -> pd.DataFrame:
@@ -156,7 +183,7 @@ def console_table(result: RunResult) -> pd.DataFrame:
 # ---- the records as CSV -----------------------------------------------------------------------
 def request_row(rec: RequestRecord) -> dict[str, Any]:
     """The requests.csv row: scalars plus derived latencies in ms (empty when undefined)."""
-    row = {k: v for k, v in asdict(rec).items() if k != "token_times"}
+    row = {f.name: getattr(rec, f.name) for f in fields(rec) if f.name != "token_times"}
     ms = lambda s: None if s is None else s * 1e3  # noqa: E731
     row.update(ttft_ms=ms(metrics.ttft_s(rec)), tpot_ms=ms(metrics.tpot_s(rec)), e2e_ms=ms(metrics.e2e_s(rec)))
     return row
@@ -164,7 +191,8 @@ def request_row(rec: RequestRecord) -> dict[str, Any]:
 
 def step_row(rec: StepRecord) -> dict[str, Any]:
     """The steps.csv row: resident tokens summed, KV usage added."""
-    row = {k: v for k, v in asdict(rec).items() if k not in ("kv_resident_tokens", "kv_resident_request_ids")}
+    row = {f.name: getattr(rec, f.name) for f in fields(rec)
+           if f.name not in ("kv_resident_tokens", "kv_resident_request_ids")}
     row["num_kv_requests"] = len(rec.kv_resident_tokens)
     row["kv_resident_tokens"] = sum(rec.kv_resident_tokens)
     row["kv_cache_usage"] = metrics.kv_cache_usage(rec)

@@ -44,7 +44,7 @@ def results_head(**fields):
         "estimate": RunEstimate(model="tiny", kv_cache_dtype="fp32", bytes_per_token=256, bytes_per_block=1024,
                                 block_size=4, num_blocks=10, pool_tokens=40, pool_bytes=10240,
                                 buckets=[BucketEstimate(name="b", num_requests=2, p95_request_tokens=14,
-                                                        blocks_per_request=4, max_concurrency=2)]),
+                                                        blocks_per_request=4, max_concurrency=2, simulated_knee=3)]),
         **fields})
 
 
@@ -75,7 +75,7 @@ def test_report_rebuilds_summaries_of_an_unfinished_run(tmp_path):
         assert (tmp_path / name).read_bytes()[:8] == PNG_MAGIC
     summary = (tmp_path / "summary.md").read_text()
     assert "incomplete" in summary
-    assert "| b | 14 | 2 | 4 | 1 |" in summary  # P95 tokens, predicted, measured knee, highest clean level
+    assert "| b | 14 | 2 | 3 | 4 | 1 |" in summary  # P95 tokens, predicted, simulated knee, measured knee, highest clean
     assert "TPOT = (E2E latency - TTFT) / (output tokens - 1)" in summary
     assert "Measured KV bytes equal the paged estimate at every one of 6 steps" in summary
     assert "![kv_over_time.png](kv_over_time.png)" in summary

@@ -116,7 +116,7 @@ def test_summarize_pairs_each_bucket_estimate_with_its_knee():
     out = summarize(before, reqs, steps)
     assert not before.summarized and out.summarized
     assert [b.model_dump() for b in out.buckets] == [{
-        "name": "b", "p95_request_tokens": 40, "predicted_max_concurrency": 3, "measured_knee": 4,
+        "name": "b", "p95_request_tokens": 40, "predicted_max_concurrency": 3, "simulated_knee": None, "measured_knee": 4,
         "max_clean_concurrency": 2, "levels_run": [2.0, 4.0],
     }]
     assert out.kv.model_dump() == {"num_steps": 2, "max_paged_error_bytes": 1024, "num_requests": 2,

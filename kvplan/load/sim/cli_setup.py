@@ -1,0 +1,52 @@
+"""``kvplan simulate``'s options turned into what to simulate: one function the CLI calls.
+
+One of three clocks for the workload's own engine (the shipped calibration, ``calibrate`` on a run
+folder, ``replay`` of a measured run), or a GPU the engine never ran on (``model`` and ``gpu``);
+plus, for the workload's engine, the ``plan:`` entries whose GPUs have speed figures.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from kvplan.errors import KvplanError
+from kvplan.load.sim.calibrations import Calibrated
+from kvplan.load.sim.run import SimSetup
+from kvplan.load.workload import Workload
+
+
+def setups_for(workload: Workload, *, calibrate: Path | None = None, model: str | None = None,
+               gpu: str | None = None, tp: int = 1, kv_cache_dtype: str = "auto", weight_dtype: str = "auto",
+               gpu_memory_utilization: float | None = None, replay: Path | None = None,
+               attainment: float = 0.95) -> tuple[SimSetup, tuple[SimSetup, ...], Calibrated | None]:
+    """(the setup to simulate, the plan targets to answer for, the calibration fitted on
+    ``calibrate`` if given). Options are named by their fields.
+
+    Raises:
+        KvplanError: options that contradict (``model`` without ``gpu``, ``calibrate`` with ``gpu``
+            or ``replay``, GPU options without ``gpu``), an attainment outside (0, 1], and whatever
+            the chosen setup raises.
+    """
+    from kvplan.load.sim import gpu_target, setups
+
+    if not 0 < attainment <= 1:
+        raise KvplanError("attainment", f"must be in (0, 1] (got {attainment})", "give a fraction such as 0.95")
+    if (model is None) != (gpu is None):
+        given, missing = ("model", "gpu") if gpu is None else ("gpu", "model")
+        raise KvplanError(missing, f"`{given}` needs `{missing}` too",
+                          "give both, or neither to simulate the workload's engine")
+    clocks = [name for name, value in (("calibrate", calibrate), ("replay", replay), ("gpu", gpu)) if value]
+    if len(clocks) > 1:
+        raise KvplanError(clocks[1], f"given with `{clocks[0]}`; each sets how steps are timed", "give one of them")
+    if gpu is None:
+        unused = [name for name, value, default in (("tp", tp, 1), ("kv_cache_dtype", kv_cache_dtype, "auto"),
+                  ("weight_dtype", weight_dtype, "auto"), ("gpu_memory_utilization", gpu_memory_utilization, None))
+                  if value != default]
+        if unused:
+            raise KvplanError(unused[0], "applies to a simulated GPU only", "give `model` and `gpu`, or drop it")
+        if replay is not None:
+            return setups.replay_setup(workload, replay), (), None
+        setup, calibrated = setups.engine_setup(workload, calibrate)
+        return setup, tuple(gpu_target.plan_setups(workload)[0]), calibrated
+    setup = gpu_target.gpu_setup(workload, model, gpu, tp, kv_cache_dtype, weight_dtype, gpu_memory_utilization)
+    return setup, (), None

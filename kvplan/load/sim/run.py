@@ -1,0 +1,119 @@
+"""``kvplan simulate``: a workload through the engine's own scheduler on a cost-model clock.
+
+::
+
+    workload -> what to simulate (SimSetup: engine facts + a clock: calibrated | GPU | replay)
+      -> the load test's sampled requests (same seed, same token ids; cached) -> every request fits?
+      -> concurrency: auto resolved around the simulated knee -> estimate (+ simulated knees)
+      -> run folder with results.json (source simulated, status running)
+      -> every level on a SimBackend through the load test's driver, records appended
+      -> knee and SLO capacity per bucket and target (search) -> summaries -> report
+
+The run folder is the load test's (``start_run``, ``run_levels``, ``finish_run`` of
+kvplan.load.loadtest), so ``kvplan report``, ``compare`` and ``gate`` read it unchanged. Nothing
+here imports torch or transformers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from kvplan.errors import KvplanError
+from kvplan.load.backends.sim import SimBackend
+from kvplan.load.checks import check_requests_fit
+from kvplan.load.driver import plan_levels
+from kvplan.load.loadtest import finish_run, now_iso, run_levels, start_run
+from kvplan.load.requests import SampledBuckets
+from kvplan.load.run_estimate import compute_estimate
+from kvplan.load.sim.cost import StepClock
+from kvplan.load.sim.facts import simulated_run_info
+from kvplan.load.sim.samples import cached_sample
+from kvplan.load.sim.search import resolve_auto, search_capacity, simulated_knees, with_knees
+from kvplan.load.sim.tokenizer import tokenize_function, tokenizer_identity
+from kvplan.load.workload import Workload
+from kvplan.results.run_result import EngineFacts, RunResult, WorkloadRef
+from kvplan.results.simulated import DEFAULT_ATTAINMENT, CostModelInfo, TargetCapacity
+from kvplan.results.store import check_out
+
+
+@dataclass(frozen=True)
+class SimSetup:
+    """One thing to simulate: the engine it stands for (``facts``: pool, limits, model dims), a
+    factory of fresh clocks (one per simulation), how they time steps, and which target it is
+    (``engine`` or ``plan[i]``, with its GPU and tp)."""
+
+    facts: EngineFacts
+    clock: Callable[[], StepClock]
+    cost_model: CostModelInfo
+    target: str = "engine"
+    gpu: str | None = None
+    tp: int = 1
+    timed: bool = True  # its clock times any level (False for a replay, which knows the measured levels only)
+
+    def sized(self, workload: Workload) -> Workload:
+        """``workload`` with this target's pool (what the estimate reads)."""
+        engine = workload.engine.model_copy(update={"num_blocks": self.facts.num_blocks, "kv_cache_memory": None})
+        return workload.model_copy(update={"engine": engine})
+
+
+def sample(workload: Workload, facts: EngineFacts) -> SampledBuckets:
+    """The requests a load test of ``workload`` sends (same seed, same token ids), every one
+    checked to fit ``facts``' pool and max_model_len.
+
+    Raises:
+        KvplanError: what sampling and the fit checks raise (kvplan.load.prompts, kvplan.load.checks).
+    """
+    model = workload.engine.model
+    sampled = cached_sample(workload, lambda: tokenize_function(model), facts.vocab_size or 1,
+                            tokenizer_identity(model))
+    check_requests_fit(workload, facts, sampled.requests)
+    return sampled
+
+
+def simulate(workload: Workload, setup: SimSetup, run_dir: Path | None = None, *, console=None,
+             plan: tuple[SimSetup, ...] = (), attainment: float = DEFAULT_ATTAINMENT,
+             search: bool = True, charts: bool = False) -> Path:
+    """Simulate ``workload`` on ``setup`` and write its run folder; returns the folder.
+
+    plan: more targets (the workload's ``plan:`` entries) to answer the capacity questions for,
+        without records. search: False skips the capacity search (knees stay in the estimate).
+    charts: draw the report's PNGs too (seconds of matplotlib; ``kvplan report DIR`` draws them later).
+
+    Raises:
+        KvplanError: an ``out`` that cannot be a new run folder, prompts that cannot fill a bucket, a
+            request that could never fit; all before the run folder exists.
+    """
+    started = now_iso()
+    check_out(run_dir)
+    sampled = sample(workload, setup.facts)
+    for target in plan:  # every request must fit every target before the run folder exists
+        try:
+            check_requests_fit(workload, target.facts, sampled.requests)
+        except KvplanError as err:
+            raise KvplanError(target.target, f"on {target.facts.model} / {target.facts.device}: {err.field}: "
+                              f"{err.problem}", err.fix, source=workload.source) from None
+    workload = resolve_auto(workload, setup.facts, sampled.requests)
+    knees = simulated_knees(workload, setup.facts, sampled.requests)
+    estimate, pricing = compute_estimate(setup.sized(workload), setup.facts, sampled.requests)
+    estimate = with_knees(estimate, knees)
+    result = RunResult(
+        source="simulated", started_at=started, slo=workload.slo, engine=setup.facts, estimate=estimate,
+        run=simulated_run_info(sampled.dataset_info), cost_model=setup.cost_model,
+        workload=WorkloadRef(name=workload.name, source=workload.source, sha256=workload.sha256,
+                             config=workload.model_dump(mode="json")),
+    )
+    run_dir = start_run(workload, result, run_dir)
+    status = run_levels(SimBackend(setup.facts, setup.clock()), plan_levels(workload, sampled.requests), run_dir,
+                        pricing.step_bytes, workload.seed, console, flush=False)
+    if search and status == "complete" and setup.timed:
+        targets = []
+        for target in (setup, *plan):
+            own_knees = knees if target is setup else simulated_knees(workload, target.facts, sampled.requests)
+            buckets = search_capacity(workload, target.facts, sampled.requests, target.clock, attainment, own_knees)
+            targets.append(TargetCapacity(target=target.target, model=target.facts.model, gpu=target.gpu,
+                                          tp=target.tp, kv_cache_dtype=target.facts.kv_cache_dtype,
+                                          attainment_target=attainment, buckets=buckets))
+        result = result.model_copy(update={"capacity": targets})
+    return finish_run(run_dir, result, status, charts)

@@ -1,0 +1,42 @@
+"""Calibrated on one SmolLM2 run, predicting another run with other levels: the shipped calibration
+(fitted on a workloads/chat.yaml load test) predicts the measured workloads/chat_other_levels.yaml
+run (other concurrencies and open-loop rates, tests/kvplan/data/chat_other_levels_measured.json):
+TTFT and TPOT P50 within 10 % for at least 90 % of levels, P95 within 20 %. It also reproduces that
+run's preemptions and peak blocks at every closed-loop level."""
+
+import json
+from pathlib import Path
+
+import pytest
+
+from kvplan.load.sim.run import simulate
+from kvplan.load.sim.setups import engine_setup
+from kvplan.load.workload_file import load_workload
+from kvplan.results.run_result import read_result
+
+ROOT = Path(__file__).resolve().parents[4]
+MEASURED = json.loads((ROOT / "tests" / "kvplan" / "data" / "chat_other_levels_measured.json").read_text())
+
+
+@pytest.mark.smollm2
+def test_the_shipped_calibration_predicts_a_run_at_other_levels(tmp_path):
+    workload = load_workload(ROOT / "workloads" / "chat_other_levels.yaml")
+    setup, _ = engine_setup(workload)
+    predicted = read_result(simulate(workload, setup, tmp_path / "sim", search=False))
+    by_key = {(lv.bucket, lv.mode, lv.level): lv for lv in predicted.levels}
+    within = {"p50": [], "p95": []}
+    rows = []
+    for measured in MEASURED["levels"]:
+        lv = by_key[measured["bucket"], measured["mode"], measured["level"]]
+        if measured["mode"] == "closed":
+            assert (lv.num_preemptions, lv.peak_used_blocks) == (measured["num_preemptions"], measured["peak_used_blocks"])
+        for metric in ("ttft_ms", "tpot_ms"):
+            for q, limit in (("p50", 10), ("p95", 20)):
+                error = (getattr(getattr(lv, metric), q) / measured[metric][q] - 1) * 100
+                within[q].append(abs(error) <= limit)
+                rows.append(f"{lv.key.name:16s} {metric} {q}: measured {measured[metric][q]:9.1f} ms, "
+                            f"predicted {getattr(getattr(lv, metric), q):9.1f} ms ({error:+.1f} %)")
+    print("\n".join(rows))
+    assert len(MEASURED["levels"]) == 8
+    assert sum(within["p50"]) >= 0.9 * len(within["p50"])
+    assert all(within["p95"])

@@ -1,0 +1,67 @@
+"""The searches' arithmetic: bisection for the highest concurrency, doubling then bisection for the
+highest rate, the levels ``concurrency: auto`` picks, and a load test that picks them."""
+
+import math
+from pathlib import Path
+
+import pytest
+import yaml
+
+from kvplan.load.loadtest import run_loadtest
+from kvplan.load.sim.search import _highest_int, _highest_rate, levels_around
+from kvplan.load.workload_file import load_workload, parse_workload
+from kvplan.results.run_result import load_run
+
+SMOKE = Path(__file__).resolve().parents[4] / "workloads" / "smoke.yaml"
+
+
+@pytest.mark.parametrize("limit, top, expected", [(0, 10, None), (1, 10, 1), (7, 10, 7), (10, 10, 10), (13, 10, 10)])
+def test_the_highest_concurrency_meeting_a_threshold(limit, top, expected):
+    asked = []
+
+    def ok(n):
+        asked.append(n)
+        return n <= limit
+
+    assert _highest_int(ok, top) == expected
+    assert len(asked) <= 2 + math.ceil(math.log2(top))  # top, 1, then bisection
+
+
+@pytest.mark.parametrize("limit, start", [(3.7, 1.0), (3.7, 50.0), (0.013, 1.0), (1.0, 1.0)])
+def test_the_highest_rate_meeting_a_threshold_to_within_2_percent(limit, start):
+    found = _highest_rate(lambda r: r <= limit, start)
+    assert found <= limit and found >= limit / 1.02
+    assert found == float(f"{found:.4g}")  # named as a workload would name it
+
+
+def test_no_rate_meets_it_when_even_the_lowest_fails():
+    assert _highest_rate(lambda r: False, 1.0) is None
+
+
+@pytest.mark.parametrize("knee, num_requests, levels", [
+    (9, 48, [1, 7, 8, 9, 10]), (2, 8, [1, 2, 3]), (1, 8, [1, 2]), (8, 8, [1, 6, 7, 8]), (None, 8, [1, 8])])
+def test_levels_around_the_knee(knee, num_requests, levels):
+    assert levels_around(knee, num_requests) == levels
+
+
+def test_concurrency_auto_is_read_and_refused_where_it_cannot_stand(tmp_path):
+    data = yaml.safe_load(SMOKE.read_text())
+    data["buckets"][0]["concurrency"] = "auto"
+    assert parse_workload(data).buckets[0].concurrency == "auto"
+    data["buckets"][0]["concurrency"] = "many"
+    with pytest.raises(Exception, match="concurrency"):
+        parse_workload(data)
+
+
+def test_a_load_test_with_concurrency_auto_measures_the_knee_at_single_request_resolution(tmp_path):
+    data = yaml.safe_load(SMOKE.read_text())
+    data["buckets"][0]["concurrency"] = "auto"
+    data["buckets"][0]["request_rates"] = []
+    path = tmp_path / "auto.yaml"
+    path.write_text(yaml.safe_dump(data))
+    run = load_run(run_loadtest(load_workload(path), tmp_path / "run"))
+    bucket = run.result.buckets[0]
+    # smoke's requests first preempt at 8 in flight in simulation: levels 1, 6, 7, 8 are run
+    assert bucket.simulated_knee == 8 and bucket.levels_run == [1, 6, 7, 8]
+    assert (bucket.measured_knee, bucket.max_clean_concurrency) == (8, 7)
+    assert run.result.workload.config["buckets"][0]["concurrency"] == [1, 6, 7, 8]

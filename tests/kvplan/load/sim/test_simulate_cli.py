@@ -1,0 +1,105 @@
+"""`kvplan simulate` from the command line: no torch on its path, its JSON, report and gate on its
+run folder, and one red line with exit 2 for every bad input."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.kvplan.cli_runner import run_cli
+
+ROOT = Path(__file__).resolve().parents[4]
+SMOKE = ROOT / "workloads" / "smoke.yaml"
+CHAT = ROOT / "workloads" / "chat.yaml"
+TORCH_FREE = """
+import sys
+from kvplan.cli import main
+sys.argv = ["kvplan", *sys.argv[1:]]
+try:
+    main()
+except SystemExit as done:
+    assert not done.code, done.code
+heavy = sorted(m for m in ("torch", "transformers", "triton", "accelerate") if m in sys.modules)
+print("HEAVY", heavy)
+"""
+
+
+def run_fresh(*args: str) -> subprocess.CompletedProcess:
+    """``kvplan ARGS`` in a fresh interpreter, printing which heavy packages it imported."""
+    return subprocess.run([sys.executable, "-c", TORCH_FREE, *args], capture_output=True, text=True, cwd=ROOT,
+                          timeout=600)
+
+
+@pytest.mark.smollm2
+def test_simulating_chat_yaml_imports_neither_torch_nor_transformers(tmp_path):
+    done = run_fresh("simulate", str(CHAT), "--out", str(tmp_path / "run"), "--quiet")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines()[-1] == "HEAVY []"
+    result = json.loads((tmp_path / "run" / "results.json").read_text())
+    assert result["source"] == "simulated" and result["cost_model"]["kind"] == "calibrated"
+    assert result["run"]["torch"] is None and result["run"]["transformers"] is None
+
+
+def test_simulating_a_gpu_imports_no_torch_and_prints_the_report_json(tmp_path):
+    run_dir = tmp_path / "run"
+    done = run_fresh("simulate", str(SMOKE), "--model", "llama-3.1-8b", "--gpu", "H100-SXM", "--out", str(run_dir),
+                     "--json")
+    assert done.returncode == 0, done.stderr
+    printed, heavy = done.stdout.rsplit("HEAVY", 1)
+    assert heavy.strip() == "[]"
+    simulated = json.loads(printed)
+    assert simulated["source"] == "simulated"
+    bucket = simulated["buckets"][0]
+    for key in ("name", "knee", "slo_max_concurrency", "slo_max_request_rate", "levels"):
+        assert key in bucket
+    for key in ("mode", "level", "num_completed", "num_failed", "preemptions", "peak_used_blocks",
+                "output_throughput_tok_s", "goodput_req_s", "ttft_ms", "tpot_ms", "itl_ms", "e2e_ms"):
+        assert key in bucket["levels"][0]
+    assert set(bucket["levels"][0]["ttft_ms"]) == {"mean", "p50", "p95", "p99"}
+    # An 8B model's pool on an 80 GB GPU holds every smoke request at once: no knee; the SLO is met
+    # with all of the bucket's 8 requests in flight, so by any rate of them too.
+    assert bucket["knee"] is None and bucket["slo_max_concurrency"] == 8 and bucket["slo_max_request_rate"] is None
+    capacity = bucket["slo_capacity"]
+    assert capacity["burst_meets_slo"] is True and capacity["max_concurrency"]["slo_attainment"] >= 0.95
+    # `kvplan report DIR --json` prints the same object from the saved run.
+    code, out, err = run_cli("report", str(run_dir), "--json")
+    assert (code, err) == (0, "") and json.loads(out) == simulated
+
+
+def test_report_and_gate_read_a_simulated_run_unchanged(tmp_path, smoke_run):
+    run_dir = tmp_path / "sim"
+    code, out, err = run_cli("simulate", str(SMOKE), "--calibrate", str(smoke_run), "--out", str(run_dir), "--quiet")
+    assert (code, err) == (0, "") and out.strip() == f"report: {run_dir}"
+    code, out, err = run_cli("report", str(run_dir))
+    assert (code, err) == (0, "") and (run_dir / "kv_over_time.png").is_file()
+    baseline = tmp_path / "baseline.yaml"
+    assert run_cli("gate", str(run_dir), "--baseline", str(baseline), "--update-baseline")[0] == 0
+    code, out, _ = run_cli("gate", str(run_dir), "--baseline", str(baseline))
+    assert code == 0 and out.splitlines()[-1].endswith("0 failed")
+
+
+@pytest.mark.parametrize("args, line", [
+    (["--model", "llama-3.1-8b", "--gpu", "X100"], "error: --gpu: unknown GPU 'X100'; use one of A100-40GB, "),
+    (["--model", "llama-3.1-8b", "--gpu", "A10G"],
+     "error: --gpu: no FLOP/s or bandwidth figures for A10G; use one of A100-40GB, "),
+    (["--model", "llama-3.1-8b"], "error: --gpu: --model needs --gpu too"),
+    (["--tp", "2"], "error: --tp: applies to a simulated GPU only"),
+    (["--attainment", "1.5"], "error: --attainment: must be in (0, 1] (got 1.5)"),
+    (["--model", "no-such-model", "--gpu", "H100-SXM"], "error: --model: unknown model 'no-such-model'"),
+])
+def test_bad_options_get_one_line_and_exit_2(args, line):
+    code, out, err = run_cli("simulate", str(SMOKE), *args)
+    assert code == 2 and out == "" and err.startswith(line) and err.count("\n") == 1, err
+
+
+def test_a_calibration_of_another_engine_is_refused_by_the_field(tmp_path, smoke_run):
+    other = tmp_path / "bf16.yaml"
+    other.write_text(SMOKE.read_text().replace("dtype: float32", "dtype: bfloat16"))
+    code, out, err = run_cli("simulate", str(other), "--calibrate", str(smoke_run))
+    assert code == 2 and err.count("\n") == 1
+    assert err.startswith(f"error: {other}: engine.dtype: is bfloat16, the calibration ({smoke_run} (smoke, ")
+    assert "ran float32; calibrate on a load test of this engine (--calibrate), or simulate a GPU" in err
+    code, _, err = run_cli("simulate", str(SMOKE), "--calibrate", str(tmp_path / "nothing"))
+    assert code == 2 and err.startswith(f"error: {tmp_path / 'nothing'}: no results.json here")
