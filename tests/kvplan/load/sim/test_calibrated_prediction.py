@@ -12,7 +12,7 @@ import pytest
 from kvplan.load.sim.run import simulate
 from kvplan.load.sim.setups import engine_setup
 from kvplan.load.workload_file import load_workload
-from kvplan.results.run_result import read_result
+from kvplan.results.run_result import load_run
 
 ROOT = Path(__file__).resolve().parents[4]
 MEASURED = json.loads((ROOT / "tests" / "kvplan" / "data" / "chat_other_levels_measured.json").read_text())
@@ -22,14 +22,23 @@ MEASURED = json.loads((ROOT / "tests" / "kvplan" / "data" / "chat_other_levels_m
 def test_the_shipped_calibration_predicts_a_run_at_other_levels(tmp_path):
     workload = load_workload(ROOT / "workloads" / "chat_other_levels.yaml")
     setup, _ = engine_setup(workload)
-    predicted = read_result(simulate(workload, setup, tmp_path / "sim", search=False))
+    run = load_run(simulate(workload, setup, tmp_path / "sim", search=False))
+    predicted = run.result
     by_key = {(lv.bucket, lv.mode, lv.level): lv for lv in predicted.levels}
+    # The measured run was recorded before steps kept the blocks held within a step, so its peak
+    # is the after-step count: compare the simulation's after-step count with it.
+    after_step = {}
+    for s in run.steps:
+        key = (s.bucket, s.mode, s.level)
+        after_step[key] = max(after_step.get(key, 0), s.num_used_blocks)
     within = {"p50": [], "p95": []}
     rows = []
     for measured in MEASURED["levels"]:
         lv = by_key[measured["bucket"], measured["mode"], measured["level"]]
         if measured["mode"] == "closed":
-            assert (lv.num_preemptions, lv.peak_used_blocks) == (measured["num_preemptions"], measured["peak_used_blocks"])
+            key = (lv.bucket, lv.mode, lv.level)
+            assert (lv.num_preemptions, after_step[key]) == (measured["num_preemptions"], measured["peak_used_blocks"])
+            assert lv.peak_used_blocks >= after_step[key]  # within a step at least as many as after it
         for metric in ("ttft_ms", "tpot_ms"):
             for q, limit in (("p50", 10), ("p95", 20)):
                 error = (getattr(getattr(lv, metric), q) / measured[metric][q] - 1) * 100
