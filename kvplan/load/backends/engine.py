@@ -27,11 +27,18 @@ def build_engine(workload: Workload):
 
     Raises:
         KvplanError: a setting the engine refuses, named ``engine.<field>`` of the workload file
-            (the engine's errors are ``engine.config.SettingError``s carrying their field), or a
-            model that cannot load (``engine.model``).
+            (the engine's errors are ``engine.config.SettingError``s carrying their field), a
+            model that cannot load (``engine.model``), or a base install without the engine
+            extra (``engine``: torch, transformers or triton missing).
     """
     from engine.config import SettingError
-    from engine.llm_engine import LLMEngine
+
+    try:
+        from engine.llm_engine import LLMEngine
+    except ModuleNotFoundError as err:  # `pip install .` alone: the torch-free base
+        raise KvplanError("engine", f"the bundled engine needs {err.name}, which is not installed",
+                          "pip install 'kvplan[engine]' (torch==2.13.0 first), or load-test a running server"
+                          " with `target`", source=workload.source) from None
 
     try:
         return LLMEngine(workload.engine.to_engine_config(workload.seed))

@@ -13,13 +13,16 @@ misbehaves: ``role_chunk`` (a role-only first chunk, as transformers serve sends
 served, and ``cache_config_info`` with 48 blocks of 4 tokens). ``GET /v1/models`` lists ``model``.
 
 Run it in a thread (``FakeServer(...).start()``) or alone:
-``python tests/kvplan/load/fake_server.py --interval-ms 50`` prints its URL.
+``python tests/kvplan/load/fake_server.py --interval-ms 50`` prints its URL (alone it runs on
+uvloop where installed). Each stream keeps a schedule (chunk i at its start + i x interval) and
+writes pre-encoded chunk bytes, so its rate holds and its own cost per chunk stays a few us.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import json
 import threading
 import time
@@ -133,27 +136,36 @@ class FakeServer:
         chat = path.endswith("chat/completions")
         writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nConnection: close\r\n\r\n")
         n, sent, k = int(request.get("max_tokens", 16)), 0, o.tokens_per_chunk
-        clock = time.perf_counter
         if chat and o.role_chunk:
             writer.write(b'data: {"choices":[{"index":0,"delta":{"role":"assistant"},"finish_reason":null}]}\n\n')
+        clock, loop = time.perf_counter, asyncio.get_running_loop()
+        start = loop.time()
         while sent < n:
-            await asyncio.sleep(o.interval_s)
+            # chunk i is due at start + i * interval (a schedule, so the rate holds however long a write took)
+            await asyncio.sleep(max(0.0, start + (sent // k + 1) * o.interval_s - loop.time()))
             if o.drop_after is not None and sent >= o.drop_after:
                 self.served += 1
                 return False
             take = min(k, n - sent)
             sent += take
-            text = "x " * take
-            done = "\"length\"" if sent >= n else "null"
-            choice = (f'{{"index":0,"delta":{{"content":"{text}"}},"finish_reason":{done}}}' if chat
-                      else f'{{"index":0,"text":"{text}","finish_reason":{done}}}')
-            writer.write(f'data: {{"choices":[{choice}],"t":{clock()!r}}}\n\n'.encode())
-            await writer.drain()
+            head = _chunk_head(chat, take, sent >= n)
+            writer.write(b"%s%r}\n\n" % (head, clock()))  # t: just before the write
+            if writer.transport.get_write_buffer_size():
+                await writer.drain()
         if o.usage and (request.get("stream_options") or {}).get("include_usage"):
             writer.write(f'data: {{"choices":[],"usage":{{"prompt_tokens":7,"completion_tokens":{n}}}}}\n\n'.encode())
         writer.write(b"data: [DONE]\n\n")
         self.served += 1
         return False
+
+
+@functools.lru_cache(maxsize=None)
+def _chunk_head(chat: bool, num_tokens: int, last: bool) -> bytes:
+    """A chunk's bytes up to its ``t`` value (pre-encoded: the server's cost per chunk stays small)."""
+    text, done = "x " * num_tokens, '"length"' if last else "null"
+    choice = (f'{{"index":0,"delta":{{"content":"{text}"}},"finish_reason":{done}}}' if chat
+              else f'{{"index":0,"text":"{text}","finish_reason":{done}}}')
+    return f'data: {{"choices":[{choice}],"t":'.encode()
 
 
 def main() -> None:
@@ -162,7 +174,12 @@ def main() -> None:
     p.add_argument("--interval-ms", type=float, default=1.0)
     args = p.parse_args()
     server = FakeServer(Options(interval_s=args.interval_ms / 1e3), port=args.port)
-    asyncio.run(server.serve_forever())
+    try:  # a fast local server: uvloop where installed
+        import uvloop
+    except ImportError:
+        asyncio.run(server.serve_forever())
+    else:
+        uvloop.run(server.serve_forever())
 
 
 if __name__ == "__main__":
