@@ -1,15 +1,18 @@
 """Linear layers of a bf16/fp16 model on a CPU whose matmul units have no bf16/fp16 instructions.
 
-There (x86 CPUs with AVX2 but no AVX512_BF16 / AMX, as the project's CI machine), oneDNN emulates a
-bf16 GEMM and a decode-sized one runs about 4x slower than the same GEMM in fp32 (measured
-2026-11-30 on the project's 2-core AVX2 machine: [32, 576] x [576, 1536] in 7.3 ms bf16 against
-2.0 ms fp32, one thread). So each linear layer keeps its weight as fp32 (the bf16 values, exactly
-widened) and computes ``x.float() @ W.T`` in fp32, rounding its output back to the model dtype.
+There (x86 CPUs with AVX2 but no AVX512 / AMX, as the project's CI machine), oneDNN emulates a bf16
+GEMM at a cost that grows with every row, while an fp32 GEMM on the same numbers costs about the
+same for 4 rows as for 1 (it streams twice the weight bytes, then computes fast). Measured
+2026-11-30 on the project's 2-core AVX2 machine, one thread, 53M weights of SmolLM2's shapes:
+1 row 18.9 ms bf16 / 27.6 ms fp32, 4 rows 57 / 59 ms, 8 rows 120 / 58 ms, 32 rows 433 / 88 ms.
+So each linear layer keeps its bf16 weight and an fp32 copy (the same values, exactly widened) and
+computes a call of ``FP32_MIN_ROWS`` rows or more as ``x.float() @ W.T`` in fp32, rounding the
+output back to the model dtype; fewer rows (a decode step of 1-3 requests) take the native GEMM.
 Everything between the linear layers (activations, norms, attention, the KV cache) stays in the
 model dtype, so the KV cache's bytes and every block count are those of the bf16 model. A bf16
-GEMM also accumulates in fp32; the two differ only in summation order, so greedy outputs can part
-where two logits nearly tie (as they can between any two GEMM libraries). CPUs with bf16/fp16
-matmul instructions, and CUDA, keep the native half-precision GEMM.
+GEMM also accumulates in fp32; the two differ in summation order, so greedy outputs can part where
+two logits nearly tie (as they can between any two GEMM libraries). CPUs with bf16/fp16 matmul
+instructions, and CUDA, keep the native half-precision GEMM throughout.
 """
 
 from __future__ import annotations
@@ -28,18 +31,25 @@ def half_matmul_is_native(dtype: torch.dtype) -> bool:
     return True
 
 
-class Fp32Linear(nn.Module):
-    """``y = x @ W.T + b`` computed in fp32 and returned in ``x``'s dtype.
+FP32_MIN_ROWS = 4  # the measured crossover above
 
-    x: [..., in_features] (bf16/fp16) -> y: [..., out_features] (same dtype as x).
+
+class Fp32Linear(nn.Module):
+    """``y = x @ W.T + b``: in fp32 for ``FP32_MIN_ROWS`` rows or more, else natively in the
+    weight's dtype; returned in ``x``'s dtype.
+
+    x: [rows, in_features] (bf16/fp16) -> y: [rows, out_features] (same dtype as x).
     """
 
     def __init__(self, linear: nn.Linear):
         super().__init__()
+        self.half_weight, self.half_bias = linear.weight, linear.bias
         self.weight = nn.Parameter(linear.weight.detach().float(), requires_grad=False)
         self.bias = None if linear.bias is None else nn.Parameter(linear.bias.detach().float(), requires_grad=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.numel() < FP32_MIN_ROWS * x.shape[-1]:
+            return F.linear(x, self.half_weight, self.half_bias)
         return F.linear(x.float(), self.weight, self.bias).to(x.dtype)
 
 

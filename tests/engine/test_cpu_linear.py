@@ -20,6 +20,9 @@ def test_fp32_linear_is_the_fp32_product_of_the_bf16_values_rounded_to_bf16():
     assert y.dtype == torch.bfloat16 and y.shape == (5, 40)
     # fp32 accumulation differs from float64 by far less than one bf16 step: at most one rounding apart
     assert ((y.float() - ref.float()).abs() <= 2 ** -7 * ref.float().abs()).all()
+    # fewer than FP32_MIN_ROWS rows (a small decode batch) take the native bf16 GEMM, bit for bit
+    small = x[: cpu_linear.FP32_MIN_ROWS - 1]
+    assert torch.equal(Fp32Linear(linear)(small), torch.nn.functional.linear(small, linear.weight, linear.bias))
 
 
 @pytest.mark.parametrize("native", [True, False])
