@@ -25,25 +25,26 @@ from __future__ import annotations
 import hashlib
 from array import array
 from collections import OrderedDict
+from collections.abc import Mapping
 from dataclasses import dataclass
+from types import MappingProxyType
 
 from engine.request import Request
 
 
-class _Blocks:
-    """The pool's blocks by id, as a read-only sequence; each KVBlock is made on first use, so a
-    pool of a million blocks costs nothing until it is used."""
+class _Blocks(dict):
+    """The pool's blocks by id, read as a sequence of ``num_blocks`` KVBlocks; each is made on
+    first use, so a pool of a million blocks costs nothing until it is used. (A dict underneath:
+    a block already made is found at dict speed; only a missing one calls ``__missing__``.)"""
 
     def __init__(self, num_blocks: int):
-        self._made: dict[int, KVBlock] = {}
+        super().__init__()
         self._num_blocks = num_blocks
 
-    def __getitem__(self, block_id: int) -> KVBlock:
-        block = self._made.get(block_id)
-        if block is None:
-            if not 0 <= block_id < self._num_blocks:
-                raise IndexError(f"block id {block_id} is outside the pool of {self._num_blocks}")
-            block = self._made[block_id] = KVBlock(block_id)
+    def __missing__(self, block_id: int) -> KVBlock:
+        if not 0 <= block_id < self._num_blocks:
+            raise IndexError(f"block id {block_id} is outside the pool of {self._num_blocks}")
+        block = self[block_id] = KVBlock(block_id)
         return block
 
     def __len__(self) -> int:
@@ -53,7 +54,7 @@ class _Blocks:
         return (self[i] for i in range(self._num_blocks))
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class KVBlock:
     block_id: int
     ref_count: int = 0
@@ -93,8 +94,10 @@ class BlockManager:
         self._next_unused = 0
         self._free: OrderedDict[int, None] = OrderedDict()
         self._cached: dict[bytes, int] = {}
-        self._tables: dict[str, list[int]] = {}
-        self._frozen_tables: dict[str, tuple[int, ...]] = {}  # block_table's answers until the table changes
+        # Tables are tuples, replaced when they grow (every block_size tokens), so readers can
+        # keep them; block_tables is the read-only view of all of them.
+        self._tables: dict[str, tuple[int, ...]] = {}
+        self.block_tables: Mapping[str, tuple[int, ...]] = MappingProxyType(self._tables)
         self._hashes: dict[str, list[bytes]] = {}  # chained hashes of a request's full blocks
         self._num_checked: dict[str, int] = {}  # leading table entries already offered to the cache
         self.num_evictions = 0
@@ -115,10 +118,8 @@ class BlockManager:
         return [*range(self._next_unused, self.num_blocks), *self._free]
 
     def block_table(self, request_id: str) -> tuple[int, ...]:
-        table = self._frozen_tables.get(request_id)
-        if table is None:
-            table = self._frozen_tables[request_id] = tuple(self._tables.get(request_id, ()))
-        return table
+        """The request's block ids in token order; () for a request holding none."""
+        return self._tables.get(request_id, ())
 
     def num_blocks_for(self, num_tokens: int) -> int:
         return -(-num_tokens // self.block_size)
@@ -128,13 +129,11 @@ class BlockManager:
         """Chained hashes of the request's first ``num_tokens // block_size`` full blocks."""
         hashes = self._hashes.setdefault(request.request_id, [])
         num_full = num_tokens // self.block_size
-        if len(hashes) < num_full:
-            tokens = request.all_token_ids
-            bs = self.block_size
-            for i in range(len(hashes), num_full):
-                parent = hashes[i - 1] if i else None
-                extra = request.cache_salt if i == 0 else None
-                hashes.append(hash_block(parent, tokens[i * bs : (i + 1) * bs], extra))
+        bs = self.block_size
+        for i in range(len(hashes), num_full):  # a block at a time: a long request's tokens are not copied whole
+            parent = hashes[i - 1] if i else None
+            extra = request.cache_salt if i == 0 else None
+            hashes.append(hash_block(parent, request.token_ids_between(i * bs, (i + 1) * bs), extra))
         return hashes[:num_full]
 
     def find_cached_prefix(self, request: Request) -> list[int]:
@@ -163,7 +162,7 @@ class BlockManager:
         start = self._num_checked.get(request.request_id, 0)
         if request.num_computed_tokens // self.block_size == start:  # no block filled since
             return
-        table = self._tables.get(request.request_id, [])
+        table = self._tables[request.request_id]
         hashes = self._block_hashes(request, request.num_computed_tokens)
         self._num_checked[request.request_id] = len(hashes)
         for i in range(start, len(hashes)):
@@ -180,7 +179,7 @@ class BlockManager:
         the table and are shared (ref count + 1). Returns False, changing nothing, when the free
         queue cannot supply every block needed.
         """
-        table = self._tables.get(request_id, [])
+        table = self._tables.get(request_id, ())
         num_new = -(-num_tokens // self.block_size) - len(table)
         if num_new <= 0 and not cached_block_ids:  # the common decode step: its last block has room
             return True
@@ -195,11 +194,8 @@ class BlockManager:
             if block.ref_count == 0:
                 del self._free[block_id]
             block.ref_count += 1
-            table.append(block_id)
-        for _ in range(num_new):
-            table.append(self._pop_free().block_id)
-        self._tables[request_id] = table
-        self._frozen_tables.pop(request_id, None)
+        new_ids = [self._pop_free().block_id for _ in range(num_new)]
+        self._tables[request_id] = (*table, *cached_block_ids, *new_ids)
         return True
 
     def _pop_free(self) -> KVBlock:
@@ -220,8 +216,7 @@ class BlockManager:
         """Release the request's blocks (finish, abort, preemption). ``forget=False`` keeps its
         block hashes for a later lookup (preemption: the tokens will be the same)."""
         self._num_checked.pop(request_id, None)
-        self._frozen_tables.pop(request_id, None)
-        for block_id in reversed(self._tables.pop(request_id, [])):
+        for block_id in reversed(self._tables.pop(request_id, ())):
             block = self.blocks[block_id]
             block.ref_count -= 1
             if block.ref_count == 0:
