@@ -65,7 +65,7 @@ def hash_block(parent: bytes | None, token_ids: list[int] | tuple[int, ...], ext
     """16-byte chained hash of one full block (blake2b over parent hash, int64 token ids, extra key)."""
     h = hashlib.blake2b(digest_size=16)
     h.update(parent or b"\0" * 16)
-    h.update(array("q", token_ids).tobytes())
+    h.update(array("q", token_ids))
     if extra is not None:
         h.update(b"\x01salt:" + extra.encode())
     return h.digest()
@@ -126,7 +126,8 @@ class BlockManager:
 
     # ---- prefix cache ------------------------------------------------------------------
     def _block_hashes(self, request: Request, num_tokens: int) -> list[bytes]:
-        """Chained hashes of the request's first ``num_tokens // block_size`` full blocks."""
+        """Chained hashes of the request's first ``num_tokens // block_size`` full blocks (the
+        manager's own list when it holds exactly those: read it, never change it)."""
         hashes = self._hashes.setdefault(request.request_id, [])
         num_full = num_tokens // self.block_size
         bs = self.block_size
@@ -134,7 +135,7 @@ class BlockManager:
             parent = hashes[i - 1] if i else None
             extra = request.cache_salt if i == 0 else None
             hashes.append(hash_block(parent, request.token_ids_between(i * bs, (i + 1) * bs), extra))
-        return hashes[:num_full]
+        return hashes if len(hashes) == num_full else hashes[:num_full]
 
     def find_cached_prefix(self, request: Request) -> list[int]:
         """Block ids of the longest cached prefix of ``request``'s tokens; changes nothing.
@@ -199,11 +200,12 @@ class BlockManager:
         return True
 
     def _pop_free(self) -> KVBlock:
-        if self._next_unused < self.num_blocks:
+        if self._next_unused < self.num_blocks:  # a block never used: made here, holding nothing
             block_id = self._next_unused
             self._next_unused += 1
-        else:
-            block_id, _ = self._free.popitem(last=False)
+            block = self.blocks[block_id] = KVBlock(block_id, ref_count=1)
+            return block
+        block_id, _ = self._free.popitem(last=False)
         block = self.blocks[block_id]
         if block.block_hash is not None:  # evict: the content is about to be overwritten
             del self._cached[block.block_hash]
