@@ -274,22 +274,13 @@ class Scheduler:
         return budget, num_decode
 
     def _scheduled(self, request: Request, start: int, num_new: int) -> ScheduledRequest:
-        """The request's share of the step: ``num_new`` tokens from ``start`` (its
-        num_computed_tokens). Built for every running request every step, so it reads each field
-        once (a decode's one token straight from the output list)."""
+        """An admitted request's share of the step: ``num_new`` tokens from ``start`` (running
+        requests get theirs in ``_schedule_running``'s loop, the same fields read inline)."""
         end = start + num_new
-        prompt, outputs = request.prompt_token_ids, request.output_token_ids
-        num_prompt = len(prompt)
-        if end <= num_prompt:
-            token_ids = prompt[start:end]
-        elif num_new == 1:  # a decode: its last output token
-            token_ids = (outputs[start - num_prompt],)
-        else:
-            token_ids = request.token_ids_between(start, end)
-        num_logits = request.sampling_params.num_prompt_logits
+        num_prompt, num_logits = len(request.prompt_token_ids), request.sampling_params.num_prompt_logits
         return _new_scheduled((
-            request.request_id, token_ids, start, self.block_manager.block_tables[request.request_id],
-            end == num_prompt + len(outputs),
+            request.request_id, request.token_ids_between(start, end), start,
+            self.block_manager.block_tables[request.request_id], end == request.num_tokens,
             range(num_prompt - num_logits, num_prompt) if num_logits else _NO_POSITIONS,
         ))
 
