@@ -215,8 +215,11 @@ class Scheduler:
             num_prompt = len(prompt)
             num_tokens = num_prompt + len(outputs)
             end = num_tokens if num_tokens - start <= budget else start + budget
-            if end > len(tables[request.request_id]) * block_size and not self._make_room(request, end, preempted):
-                break
+            table = tables[request.request_id]
+            if end > len(table) * block_size:  # needs a block: most steps the last one has room
+                if not self._make_room(request, end, preempted):
+                    break
+                table = tables[request.request_id]
             if end <= num_prompt:
                 token_ids = prompt[start:end]
             elif end - start == 1:  # a decode: one token past the prompt, the last one sampled
@@ -226,7 +229,7 @@ class Scheduler:
                 token_ids = request.token_ids_between(start, end)
             num_logits = request.sampling_params.num_prompt_logits
             scheduled.append(_new_scheduled((
-                request.request_id, token_ids, start, tables[request.request_id], end == num_tokens,
+                request.request_id, token_ids, start, table, end == num_tokens,
                 range(num_prompt - num_logits, num_prompt) if num_logits else _NO_POSITIONS,
             )))
             budget -= end - start
