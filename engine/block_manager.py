@@ -54,6 +54,9 @@ class _Blocks(dict):
         return (self[i] for i in range(self._num_blocks))
 
 
+_NO_PARENT = b"\0" * 16  # the first block's parent hash
+
+
 @dataclass(eq=False, slots=True)
 class KVBlock:
     block_id: int
@@ -63,12 +66,10 @@ class KVBlock:
 
 def hash_block(parent: bytes | None, token_ids: list[int] | tuple[int, ...], extra: str | None) -> bytes:
     """16-byte chained hash of one full block (blake2b over parent hash, int64 token ids, extra key)."""
-    h = hashlib.blake2b(digest_size=16)
-    h.update(parent or b"\0" * 16)
-    h.update(array("q", token_ids))
+    data = (parent or _NO_PARENT) + array("q", token_ids).tobytes()
     if extra is not None:
-        h.update(b"\x01salt:" + extra.encode())
-    return h.digest()
+        data += b"\x01salt:" + extra.encode()
+    return hashlib.blake2b(data, digest_size=16).digest()
 
 
 class BlockManager:
@@ -182,9 +183,14 @@ class BlockManager:
         """
         table = self._tables.get(request_id, ())
         num_new = -(-num_tokens // self.block_size) - len(table)
-        if num_new <= 0 and not cached_block_ids:  # the common decode step: its last block has room
+        if not cached_block_ids:  # a running request growing (every block_size tokens of a decode)
+            if num_new <= 0:
+                return True
+            if num_new > self.num_free_blocks:
+                return False
+            self._tables[request_id] = table + self._take_free(num_new)
             return True
-        if cached_block_ids and table:
+        if table:
             raise ValueError(f"{request_id}: cached blocks can only start an empty block table")
         num_new -= len(cached_block_ids)
         num_revived = sum(1 for b in cached_block_ids if self.blocks[b].ref_count == 0)
@@ -195,24 +201,29 @@ class BlockManager:
             if block.ref_count == 0:
                 del self._free[block_id]
             block.ref_count += 1
-        new_ids = [self._pop_free().block_id for _ in range(num_new)]
-        self._tables[request_id] = (*table, *cached_block_ids, *new_ids)
+        self._tables[request_id] = (*cached_block_ids, *self._take_free(num_new))
         return True
 
-    def _pop_free(self) -> KVBlock:
-        if self._next_unused < self.num_blocks:  # a block never used: made here, holding nothing
-            block_id = self._next_unused
-            self._next_unused += 1
-            block = self.blocks[block_id] = KVBlock(block_id, ref_count=1)
-            return block
-        block_id, _ = self._free.popitem(last=False)
-        block = self.blocks[block_id]
-        if block.block_hash is not None:  # evict: the content is about to be overwritten
-            del self._cached[block.block_hash]
-            block.block_hash = None
-            self.num_evictions += 1
-        block.ref_count = 1
-        return block
+    def _take_free(self, num: int) -> tuple[int, ...]:
+        """Take ``num`` (<= num_free_blocks; none if below 1) blocks off the front of the free
+        queue, each with ref count 1: never-used ids first (made here, holding nothing), then the
+        least recently freed (a cached one is evicted: its content is about to be overwritten)."""
+        num_fresh = min(max(num, 0), self.num_blocks - self._next_unused)
+        first, blocks = self._next_unused, self.blocks
+        self._next_unused += num_fresh
+        for block_id in range(first, first + num_fresh):
+            blocks[block_id] = KVBlock(block_id, 1)
+        taken = [*range(first, first + num_fresh)]
+        for _ in range(num - num_fresh):
+            block_id, _ = self._free.popitem(last=False)
+            block = blocks[block_id]
+            if block.block_hash is not None:
+                del self._cached[block.block_hash]
+                block.block_hash = None
+                self.num_evictions += 1
+            block.ref_count = 1
+            taken.append(block_id)
+        return tuple(taken)
 
     def free(self, request_id: str, forget: bool = True) -> None:
         """Release the request's blocks (finish, abort, preemption). ``forget=False`` keeps its
