@@ -25,25 +25,26 @@ from __future__ import annotations
 import hashlib
 from array import array
 from collections import OrderedDict
+from collections.abc import Mapping
 from dataclasses import dataclass
+from types import MappingProxyType
 
 from engine.request import Request
 
 
-class _Blocks:
-    """The pool's blocks by id, as a read-only sequence; each KVBlock is made on first use, so a
-    pool of a million blocks costs nothing until it is used."""
+class _Blocks(dict):
+    """The pool's blocks by id, read as a sequence of ``num_blocks`` KVBlocks; each is made on
+    first use, so a pool of a million blocks costs nothing until it is used. (A dict underneath:
+    a block already made is found at dict speed; only a missing one calls ``__missing__``.)"""
 
     def __init__(self, num_blocks: int):
-        self._made: dict[int, KVBlock] = {}
+        super().__init__()
         self._num_blocks = num_blocks
 
-    def __getitem__(self, block_id: int) -> KVBlock:
-        block = self._made.get(block_id)
-        if block is None:
-            if not 0 <= block_id < self._num_blocks:
-                raise IndexError(f"block id {block_id} is outside the pool of {self._num_blocks}")
-            block = self._made[block_id] = KVBlock(block_id)
+    def __missing__(self, block_id: int) -> KVBlock:
+        if not 0 <= block_id < self._num_blocks:
+            raise IndexError(f"block id {block_id} is outside the pool of {self._num_blocks}")
+        block = self[block_id] = KVBlock(block_id)
         return block
 
     def __len__(self) -> int:
@@ -53,7 +54,10 @@ class _Blocks:
         return (self[i] for i in range(self._num_blocks))
 
 
-@dataclass(eq=False)
+_NO_PARENT = b"\0" * 16  # the first block's parent hash
+
+
+@dataclass(eq=False, slots=True)
 class KVBlock:
     block_id: int
     ref_count: int = 0
@@ -62,12 +66,10 @@ class KVBlock:
 
 def hash_block(parent: bytes | None, token_ids: list[int] | tuple[int, ...], extra: str | None) -> bytes:
     """16-byte chained hash of one full block (blake2b over parent hash, int64 token ids, extra key)."""
-    h = hashlib.blake2b(digest_size=16)
-    h.update(parent or b"\0" * 16)
-    h.update(array("q", token_ids).tobytes())
+    data = (parent or _NO_PARENT) + array("q", token_ids).tobytes()
     if extra is not None:
-        h.update(b"\x01salt:" + extra.encode())
-    return h.digest()
+        data += b"\x01salt:" + extra.encode()
+    return hashlib.blake2b(data, digest_size=16).digest()
 
 
 class BlockManager:
@@ -93,8 +95,10 @@ class BlockManager:
         self._next_unused = 0
         self._free: OrderedDict[int, None] = OrderedDict()
         self._cached: dict[bytes, int] = {}
-        self._tables: dict[str, list[int]] = {}
-        self._frozen_tables: dict[str, tuple[int, ...]] = {}  # block_table's answers until the table changes
+        # Tables are tuples, replaced when they grow (every block_size tokens), so readers can
+        # keep them; block_tables is the read-only view of all of them.
+        self._tables: dict[str, tuple[int, ...]] = {}
+        self.block_tables: Mapping[str, tuple[int, ...]] = MappingProxyType(self._tables)
         self._hashes: dict[str, list[bytes]] = {}  # chained hashes of a request's full blocks
         self._num_checked: dict[str, int] = {}  # leading table entries already offered to the cache
         self.num_evictions = 0
@@ -115,27 +119,24 @@ class BlockManager:
         return [*range(self._next_unused, self.num_blocks), *self._free]
 
     def block_table(self, request_id: str) -> tuple[int, ...]:
-        table = self._frozen_tables.get(request_id)
-        if table is None:
-            table = self._frozen_tables[request_id] = tuple(self._tables.get(request_id, ()))
-        return table
+        """The request's block ids in token order; () for a request holding none."""
+        return self._tables.get(request_id, ())
 
     def num_blocks_for(self, num_tokens: int) -> int:
         return -(-num_tokens // self.block_size)
 
     # ---- prefix cache ------------------------------------------------------------------
     def _block_hashes(self, request: Request, num_tokens: int) -> list[bytes]:
-        """Chained hashes of the request's first ``num_tokens // block_size`` full blocks."""
+        """Chained hashes of the request's first ``num_tokens // block_size`` full blocks (the
+        manager's own list when it holds exactly those: read it, never change it)."""
         hashes = self._hashes.setdefault(request.request_id, [])
         num_full = num_tokens // self.block_size
-        if len(hashes) < num_full:
-            tokens = request.all_token_ids
-            bs = self.block_size
-            for i in range(len(hashes), num_full):
-                parent = hashes[i - 1] if i else None
-                extra = request.cache_salt if i == 0 else None
-                hashes.append(hash_block(parent, tokens[i * bs : (i + 1) * bs], extra))
-        return hashes[:num_full]
+        bs = self.block_size
+        for i in range(len(hashes), num_full):  # a block at a time: a long request's tokens are not copied whole
+            parent = hashes[i - 1] if i else None
+            extra = request.cache_salt if i == 0 else None
+            hashes.append(hash_block(parent, request.token_ids_between(i * bs, (i + 1) * bs), extra))
+        return hashes if len(hashes) == num_full else hashes[:num_full]
 
     def find_cached_prefix(self, request: Request) -> list[int]:
         """Block ids of the longest cached prefix of ``request``'s tokens; changes nothing.
@@ -163,7 +164,7 @@ class BlockManager:
         start = self._num_checked.get(request.request_id, 0)
         if request.num_computed_tokens // self.block_size == start:  # no block filled since
             return
-        table = self._tables.get(request.request_id, [])
+        table = self._tables[request.request_id]
         hashes = self._block_hashes(request, request.num_computed_tokens)
         self._num_checked[request.request_id] = len(hashes)
         for i in range(start, len(hashes)):
@@ -180,11 +181,16 @@ class BlockManager:
         the table and are shared (ref count + 1). Returns False, changing nothing, when the free
         queue cannot supply every block needed.
         """
-        table = self._tables.get(request_id, [])
+        table = self._tables.get(request_id, ())
         num_new = -(-num_tokens // self.block_size) - len(table)
-        if num_new <= 0 and not cached_block_ids:  # the common decode step: its last block has room
+        if not cached_block_ids:  # a running request growing (every block_size tokens of a decode)
+            if num_new <= 0:
+                return True
+            if num_new > self.num_free_blocks:
+                return False
+            self._tables[request_id] = table + self._take_free(num_new)
             return True
-        if cached_block_ids and table:
+        if table:
             raise ValueError(f"{request_id}: cached blocks can only start an empty block table")
         num_new -= len(cached_block_ids)
         num_revived = sum(1 for b in cached_block_ids if self.blocks[b].ref_count == 0)
@@ -195,33 +201,35 @@ class BlockManager:
             if block.ref_count == 0:
                 del self._free[block_id]
             block.ref_count += 1
-            table.append(block_id)
-        for _ in range(num_new):
-            table.append(self._pop_free().block_id)
-        self._tables[request_id] = table
-        self._frozen_tables.pop(request_id, None)
+        self._tables[request_id] = (*cached_block_ids, *self._take_free(num_new))
         return True
 
-    def _pop_free(self) -> KVBlock:
-        if self._next_unused < self.num_blocks:
-            block_id = self._next_unused
-            self._next_unused += 1
-        else:
+    def _take_free(self, num: int) -> tuple[int, ...]:
+        """Take ``num`` (<= num_free_blocks; none if below 1) blocks off the front of the free
+        queue, each with ref count 1: never-used ids first (made here, holding nothing), then the
+        least recently freed (a cached one is evicted: its content is about to be overwritten)."""
+        num_fresh = min(max(num, 0), self.num_blocks - self._next_unused)
+        first, blocks = self._next_unused, self.blocks
+        self._next_unused += num_fresh
+        for block_id in range(first, first + num_fresh):
+            blocks[block_id] = KVBlock(block_id, 1)
+        taken = [*range(first, first + num_fresh)]
+        for _ in range(num - num_fresh):
             block_id, _ = self._free.popitem(last=False)
-        block = self.blocks[block_id]
-        if block.block_hash is not None:  # evict: the content is about to be overwritten
-            del self._cached[block.block_hash]
-            block.block_hash = None
-            self.num_evictions += 1
-        block.ref_count = 1
-        return block
+            block = blocks[block_id]
+            if block.block_hash is not None:
+                del self._cached[block.block_hash]
+                block.block_hash = None
+                self.num_evictions += 1
+            block.ref_count = 1
+            taken.append(block_id)
+        return tuple(taken)
 
     def free(self, request_id: str, forget: bool = True) -> None:
         """Release the request's blocks (finish, abort, preemption). ``forget=False`` keeps its
         block hashes for a later lookup (preemption: the tokens will be the same)."""
         self._num_checked.pop(request_id, None)
-        self._frozen_tables.pop(request_id, None)
-        for block_id in reversed(self._tables.pop(request_id, [])):
+        for block_id in reversed(self._tables.pop(request_id, ())):
             block = self.blocks[block_id]
             block.ref_count -= 1
             if block.ref_count == 0:

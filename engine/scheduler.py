@@ -18,11 +18,19 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Iterable, Mapping
+from functools import partial
+from operator import attrgetter
 
 from engine.block_manager import BlockManager
 from engine.config import EngineConfig
 from engine.outputs import ScheduledRequest, SchedulerOutput, StepStats
 from engine.request import FinishReason, Request, RequestStatus
+
+_NO_POSITIONS = range(0)
+# ScheduledRequest(*fields) without NamedTuple's Python-level __new__: one is built per running
+# request per step
+_new_scheduled = partial(tuple.__new__, ScheduledRequest)
+_REQUEST_ID, _NUM_COMPUTED = attrgetter("request_id"), attrgetter("num_computed_tokens")
 
 
 class Scheduler:
@@ -80,7 +88,7 @@ class Scheduler:
     def kv_residents(self) -> tuple[tuple[str, ...], tuple[int, ...]]:
         """The requests holding blocks (running ones), in admission order, and the tokens each
         has with K/V in the cache: (request ids, num_computed_tokens)."""
-        return tuple(r.request_id for r in self.running), tuple(r.num_computed_tokens for r in self.running)
+        return tuple(map(_REQUEST_ID, self.running)), tuple(map(_NUM_COMPUTED, self.running))
 
     def step_stats(self, step_index: int, start: float, end: float, output: SchedulerOutput, num_finished: int,
                    num_oom: int = 0) -> StepStats:
@@ -174,31 +182,78 @@ class Scheduler:
     # ---- one step ----------------------------------------------------------------------
     def schedule(self, now: float) -> SchedulerOutput:
         """Pick this step's requests and token counts; allocate their blocks; preempt if needed."""
-        bm = self.block_manager
-        budget = self.max_num_batched_tokens
         scheduled: list[ScheduledRequest] = []
         preempted: list[Request] = []
         queried0, hit0 = self.num_prefix_queried_tokens, self.num_prefix_hit_tokens
+        budget, num_decode = self._schedule_running(self.max_num_batched_tokens, scheduled, preempted)
+        if not preempted:  # no request is admitted in a step that preempted
+            budget, num_decode = self._admit_waiting(now, budget, num_decode, scheduled)
+        self._blocks_held = self.block_manager.num_used_blocks  # finishing requests only free blocks after this
+        return SchedulerOutput(
+            scheduled=tuple(scheduled),
+            num_prefill_tokens=self.max_num_batched_tokens - budget - num_decode,
+            num_decode_tokens=num_decode,
+            preempted_request_ids=tuple(r.request_id for r in preempted),
+            num_prefix_queried_tokens=self.num_prefix_queried_tokens - queried0,
+            num_prefix_hit_tokens=self.num_prefix_hit_tokens - hit0,
+        )
 
-        num_decode = 0  # scheduled requests computing one token past their prompt
-        index = 0
-        while index < len(self.running) and budget > 0:
-            request = self.running[index]
-            num_new = min(request.num_tokens - request.num_computed_tokens, budget)
-            while not bm.allocate(request.request_id, request.num_computed_tokens + num_new):
-                victim = self.running.pop()
-                self._preempt(victim)
-                preempted.append(victim)
-                if victim is request:
-                    break
-            if request.status is not RequestStatus.RUNNING:
+    def _schedule_running(self, budget: int, scheduled: list[ScheduledRequest],
+                          preempted: list[Request]) -> tuple[int, int]:
+        """Give running requests, in admission order, their remaining tokens (a decode's one, a
+        prefill's chunk) within ``budget``; appends to ``scheduled`` and ``preempted``. Returns
+        (the budget left, the decodes among them). This loop runs for every running request every
+        step, so its common case (a decode whose last block has room) reads each field once."""
+        bm = self.block_manager
+        tables, block_size = bm.block_tables, bm.block_size
+        num_decode = 0
+        for request in self.running:  # a preemption pops from the back: the loop then ends sooner
+            if not budget:
                 break
-            num_decode += num_new == 1 and request.num_computed_tokens >= request.num_prompt_tokens
-            scheduled.append(self._scheduled(request, num_new))
-            budget -= num_new
-            index += 1
+            start = request.num_computed_tokens
+            prompt, outputs = request.prompt_token_ids, request.output_token_ids
+            num_prompt = len(prompt)
+            num_tokens = num_prompt + len(outputs)
+            end = num_tokens if num_tokens - start <= budget else start + budget
+            table = tables[request.request_id]
+            if end > len(table) * block_size:  # needs a block: most steps the last one has room
+                if not self._make_room(request, end, preempted):
+                    break
+                table = tables[request.request_id]
+            if end <= num_prompt:
+                token_ids = prompt[start:end]
+            elif end - start == 1:  # a decode: one token past the prompt, the last one sampled
+                token_ids = (outputs[start - num_prompt],)
+                num_decode += 1
+            else:
+                token_ids = request.token_ids_between(start, end)
+            num_logits = request.sampling_params.num_prompt_logits
+            scheduled.append(_new_scheduled((
+                request.request_id, token_ids, start, table, end == num_tokens,
+                range(num_prompt - num_logits, num_prompt) if num_logits else _NO_POSITIONS,
+            )))
+            budget -= end - start
+        return budget, num_decode
 
-        while not preempted and self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
+    def _make_room(self, request: Request, num_tokens: int, preempted: list[Request]) -> bool:
+        """Grow ``request``'s blocks to ``num_tokens``, preempting running requests from the back
+        (appended to ``preempted``) while none is free. False: ``request`` itself was preempted."""
+        while not self.block_manager.allocate(request.request_id, num_tokens):
+            victim = self.running.pop()
+            self._preempt(victim)
+            preempted.append(victim)
+            if victim is request:
+                return False
+        return True
+
+    def _admit_waiting(self, now: float, budget: int, num_decode: int,
+                       scheduled: list[ScheduledRequest]) -> tuple[int, int]:
+        """Admit waiting requests first come, first served while blocks, ``budget`` and
+        max_num_seqs allow, each from its longest cached prefix; appends to ``scheduled``.
+        Returns (the budget left, ``num_decode`` plus the decodes admitted: a re-admitted request
+        whose cached prefix leaves one token past its prompt)."""
+        bm = self.block_manager
+        while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
             request = self.waiting[0]
             # A request that wants prompt logits computes every prompt position itself.
             cached = [] if request.sampling_params.num_prompt_logits else bm.find_cached_prefix(request)
@@ -217,32 +272,20 @@ class Scheduler:
                 request.first_scheduled_time = now
                 request.num_cached_tokens = num_cached
             num_decode += num_new == 1 and num_cached >= request.num_prompt_tokens
-            scheduled.append(self._scheduled(request, num_new))
+            scheduled.append(self._scheduled(request, num_cached, num_new))
             budget -= num_new
+        return budget, num_decode
 
-        self._blocks_held = bm.num_used_blocks  # finishing requests only free blocks after this
-        return SchedulerOutput(
-            scheduled=tuple(scheduled),
-            num_prefill_tokens=self.max_num_batched_tokens - budget - num_decode,
-            num_decode_tokens=num_decode,
-            preempted_request_ids=tuple(r.request_id for r in preempted),
-            num_prefix_queried_tokens=self.num_prefix_queried_tokens - queried0,
-            num_prefix_hit_tokens=self.num_prefix_hit_tokens - hit0,
-        )
-
-    def _scheduled(self, request: Request, num_new: int) -> ScheduledRequest:
-        start = request.num_computed_tokens
+    def _scheduled(self, request: Request, start: int, num_new: int) -> ScheduledRequest:
+        """An admitted request's share of the step: ``num_new`` tokens from ``start`` (running
+        requests get theirs in ``_schedule_running``'s loop, the same fields read inline)."""
         end = start + num_new
-        num_logits = request.sampling_params.num_prompt_logits
-        num_prompt = len(request.prompt_token_ids)
-        return ScheduledRequest(
-            request_id=request.request_id,
-            token_ids=request.token_ids_between(start, end),
-            num_computed_tokens=start,
-            block_ids=self.block_manager.block_table(request.request_id),
-            sample=end == num_prompt + len(request.output_token_ids),
-            prompt_logits_positions=range(num_prompt - num_logits, num_prompt) if num_logits else range(0),
-        )
+        num_prompt, num_logits = len(request.prompt_token_ids), request.sampling_params.num_prompt_logits
+        return _new_scheduled((
+            request.request_id, request.token_ids_between(start, end), start,
+            self.block_manager.block_tables[request.request_id], end == request.num_tokens,
+            range(num_prompt - num_logits, num_prompt) if num_logits else _NO_POSITIONS,
+        ))
 
     def _preempt(self, request: Request) -> None:
         self.block_manager.free(request.request_id, forget=False)
@@ -256,20 +299,25 @@ class Scheduler:
     ) -> None:
         """Advance every scheduled request by its computed tokens; append sampled tokens; finish
         requests that hit EOS (unless ignore_eos, or before min_tokens) or max_tokens."""
+        requests, bm, eos_token_ids = self._requests, self.block_manager, self.eos_token_ids
+        block_size, running = bm.block_size, RequestStatus.RUNNING  # an enum member costs a lookup per read
         for s in output.scheduled:
-            request = self._requests.get(s.request_id)
-            if request is None or request.status is not RequestStatus.RUNNING:
+            request_id = s.request_id
+            request = requests.get(request_id)
+            if request is None or request.status is not running:
                 continue  # finished in between (abort, oom)
-            request.num_computed_tokens += s.num_new_tokens
-            self.block_manager.cache_computed_blocks(request)
+            before = request.num_computed_tokens
+            request.num_computed_tokens = after = before + len(s.token_ids)
+            if after // block_size != before // block_size:  # a block filled: offer it to the prefix cache
+                bm.cache_computed_blocks(request)
             if not s.sample:
                 continue
-            token_id = sampled_token_ids[s.request_id]
-            request.output_token_ids.append(token_id)
+            token_id = sampled_token_ids[request_id]
+            outputs = request.output_token_ids
+            outputs.append(token_id)
             request.token_times.append(now)
             params = request.sampling_params
-            early = len(request.output_token_ids) < params.min_tokens
-            if token_id in self.eos_token_ids and not params.ignore_eos and not early:
+            if token_id in eos_token_ids and not params.ignore_eos and len(outputs) >= params.min_tokens:
                 self._finish(request, FinishReason.STOP, now)
-            elif len(request.output_token_ids) >= params.max_tokens:
+            elif len(outputs) >= params.max_tokens:
                 self._finish(request, FinishReason.LENGTH, now)

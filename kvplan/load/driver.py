@@ -21,7 +21,7 @@ progress, and to idle::
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 import numpy as np
@@ -29,7 +29,7 @@ import numpy as np
 from kvplan.load.requests import SampledRequest
 from kvplan.load.workload import Workload
 from kvplan.results.prefix_metrics import CACHED, UNCACHED, VARIANTS
-from kvplan.results.records import LevelKey, RequestRecord, StepRecord, level_fields
+from kvplan.results.records import LevelKey, RequestRecord, StepRecord, field_names, level_fields
 from kvplan.results.store import RunWriter
 
 
@@ -148,8 +148,8 @@ class Recorder:
         for out in finished:
             req, salt = self.submitted.pop(out.request_id)
             self.writer.write_request(RequestRecord(
-                **{f.name: getattr(out, f.name) for f in fields(out)}, **level_fields(key), max_tokens=req.max_tokens,
-                prefix_group=req.prefix_group, tenant=req.tenant, cache_salt=salt,
+                **{name: getattr(out, name) for name in field_names(type(out))}, **level_fields(key),
+                max_tokens=req.max_tokens, prefix_group=req.prefix_group, tenant=req.tenant, cache_salt=salt,
             ))
             self.advance(out, len(self.submitted))
 

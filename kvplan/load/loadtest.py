@@ -30,7 +30,7 @@ from kvplan.load.prompts import sample_buckets
 from kvplan.load.run_estimate import compute_estimate, plan_target
 from kvplan.load.sim.search import resolve_auto, simulated_knees, with_knees
 from kvplan.load.workload import Workload
-from kvplan.results.run_result import RunResult, WorkloadRef, load_run, save_result
+from kvplan.results.run_result import RunData, RunResult, WorkloadRef, load_run, save_result
 from kvplan.results.store import RunWriter, check_out, create_run_dir
 from kvplan.results.summarize import summarize
 
@@ -95,11 +95,11 @@ def finish_run(run_dir: Path, result: RunResult, status: str, charts: bool = Tru
         data = load_run(run_dir)
         result = summarize(result, data.requests, data.steps, data.server_samples)
         # report_written: render_report sets it once every view is written
-        save_result(run_dir, result.model_copy(update={"status": status, "finished_at": now_iso(),
-                                                       "report_written": False}))
+        result = result.model_copy(update={"status": status, "finished_at": now_iso(), "report_written": False})
+        save_result(run_dir, result)
         from kvplan.results.report.render import render_report
 
-        render_report(run_dir, charts)
+        render_report(run_dir, charts, RunData(run_dir, result, data.requests, data.steps, data.server_samples))
     except KeyboardInterrupt:
         raise ReportInterrupted(run_dir) from None
     return run_dir

@@ -34,6 +34,9 @@ class GGUFHeader:
     tensor_names: tuple[str, ...]
 
 
+_U64 = struct.Struct("<Q")
+
+
 class _Cursor:
     def __init__(self, data: bytes | mmap.mmap):
         self.data, self.pos = data, 0
@@ -43,13 +46,23 @@ class _Cursor:
         self.pos += struct.calcsize("<" + fmt)
         return value
 
+    def strings(self, count: int) -> list[str]:
+        """``count`` strings in a row (a tokenizer's vocabulary and merges: about 100,000 in
+        SmolLM2's file, so one tight loop)."""
+        data, pos, end_of_file = self.data, self.pos, len(self.data)
+        unpack_size = _U64.unpack_from
+        texts = []
+        for _ in range(count):
+            (size,), pos = unpack_size(data, pos), pos + 8
+            if size > end_of_file - pos:
+                raise ValueError(f"a string of {size} bytes runs past the end of the file at byte {pos}")
+            texts.append(data[pos : pos + size].decode("utf-8", errors="replace"))
+            pos += size
+        self.pos = pos
+        return texts
+
     def string(self) -> str:
-        size = self.take("Q")
-        if size > len(self.data) - self.pos:
-            raise ValueError(f"a string of {size} bytes runs past the end of the file at byte {self.pos}")
-        text = bytes(self.data[self.pos : self.pos + size]).decode("utf-8", errors="replace")
-        self.pos += size
-        return text
+        return self.strings(1)[0]
 
     def value(self, kind: int) -> Any:
         if kind == _STRING:
@@ -57,7 +70,7 @@ class _Cursor:
         if kind == _ARRAY:
             item, count = self.take("I"), self.take("Q")
             if item == _STRING:
-                return [self.string() for _ in range(count)]
+                return self.strings(count)
             if item not in _SCALARS:
                 return [self.value(item) for _ in range(count)]
             fmt = f"<{count}{_SCALARS[item]}"

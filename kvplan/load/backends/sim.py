@@ -18,6 +18,7 @@ engine. Requests run with ignore_eos, so each produces exactly max_tokens tokens
 
 from __future__ import annotations
 
+from operator import attrgetter
 from typing import Any
 
 from engine.config import EngineConfig
@@ -28,6 +29,7 @@ from kvplan.load.sim.cost import StepClock, StepWork
 from kvplan.results.run_result import EngineFacts
 
 SIMULATED_TOKEN_ID = -1  # outside every vocabulary: an output block never hashes like a prompt block
+_REQUEST_ID = attrgetter("request_id")
 
 
 def scheduler_for(facts: EngineFacts) -> Scheduler:
@@ -77,8 +79,9 @@ class SimBackend:
         if output.is_empty and not scheduler.has_untaken_finished():
             raise RuntimeError("simulation: a step scheduled nothing while requests wait")
         end = self.clock.step_end(start, StepWork.of(output)) if not output.is_empty else start
-        scheduler.update_from_output(output, {s.request_id: SIMULATED_TOKEN_ID for s in output.scheduled if s.sample},
-                                     end)
+        # every scheduled request "samples" -1 (one that does not sample never reads it)
+        sampled = dict.fromkeys(map(_REQUEST_ID, output.scheduled), SIMULATED_TOKEN_ID)
+        scheduler.update_from_output(output, sampled, end)
         finished = [_finished(r) for r in scheduler.take_finished()]
         stats = scheduler.step_stats(self.num_steps, start, end, output, len(finished))
         self.num_steps += 1

@@ -90,9 +90,10 @@ def render_prefix_charts(data: RunData) -> list[str]:
     return ["prefix_caching.png", "prefix_hit_rate.png"]
 
 
-def render_report(run_dir: str | Path, charts: bool = True) -> RunData:
+def render_report(run_dir: str | Path, charts: bool = True, data: RunData | None = None) -> RunData:
     """(Re)write summary.md, requests.csv, steps.csv and the PNGs of ``run_dir`` (``charts``
     False: no PNGs, the seconds a simulation spends otherwise; ``kvplan report`` draws them).
+    ``data``: the run as just saved, when the caller holds it (else it is read from ``run_dir``).
 
     Raises:
         KvplanError: the folder holds no readable results.json of this schema version, a record
@@ -102,7 +103,7 @@ def render_report(run_dir: str | Path, charts: bool = True) -> RunData:
     from kvplan.results.report.summary import summary_markdown
     from kvplan.results.report.tables import write_tables
 
-    data = load_run(run_dir)
+    data = load_run(run_dir) if data is None else data
     check_records(data)
     if not data.result.summarized:
         data = RunData(data.run_dir, summarize(data.result, data.requests, data.steps, data.server_samples),
