@@ -1,13 +1,15 @@
 """Linear layers of a bf16/fp16 model on a CPU whose matmul units have no bf16/fp16 instructions.
 
 There (x86 CPUs with AVX2 but no AVX512 / AMX, as the project's CI machine), oneDNN emulates a bf16
-GEMM at a cost that grows with every row, while an fp32 GEMM on the same numbers costs about the
-same for 4 rows as for 1 (it streams twice the weight bytes, then computes fast). Measured
-2026-11-30 on the project's 2-core AVX2 machine, one thread, 53M weights of SmolLM2's shapes:
-1 row 18.9 ms bf16 / 27.6 ms fp32, 4 rows 57 / 59 ms, 8 rows 120 / 58 ms, 32 rows 433 / 88 ms.
-So each linear layer keeps its bf16 weight and an fp32 copy (the same values, exactly widened) and
-computes a call of ``FP32_MIN_ROWS`` rows or more as ``x.float() @ W.T`` in fp32, rounding the
-output back to the model dtype; fewer rows (a decode step of 1-3 requests) take the native GEMM.
+GEMM at a cost that grows with every row, while an fp32 GEMM on the same numbers streams twice the
+weight bytes and then computes fast. So each linear layer keeps its bf16 weight and an fp32 copy
+(the same values, exactly widened) and computes a call of ``FP32_MIN_ROWS`` rows or more (prefill
+chunks, decode batches of 10 or more) as ``x.float() @ W.T`` in fp32, rounding the output back to
+the model dtype; fewer rows take the native GEMM. The crossover was measured in the engine itself
+(SmolLM2-135M, bf16, 2 threads, median decode-only step of a `workloads/chat.yaml` run, 2026-11-30
+on the project's 2-core AVX2 machine), native bf16 against fp32 at each decode batch size:
+4 -> 112 / 169 ms, 8 -> 200 / 204 ms, 10 -> 245 / 234 ms, 12 -> 290 / 215 ms, 16 -> 384 / 241 ms;
+at 32 streams the engine's output tok/s went from 27.1 to 59.2 (bench/serve_throughput.py).
 Everything between the linear layers (activations, norms, attention, the KV cache) stays in the
 model dtype, so the KV cache's bytes and every block count are those of the bf16 model. A bf16
 GEMM also accumulates in fp32; the two differ in summation order, so greedy outputs can part where
@@ -31,7 +33,7 @@ def half_matmul_is_native(dtype: torch.dtype) -> bool:
     return True
 
 
-FP32_MIN_ROWS = 4  # the measured crossover above
+FP32_MIN_ROWS = 10  # the measured crossover above
 
 
 class Fp32Linear(nn.Module):
