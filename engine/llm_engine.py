@@ -21,7 +21,6 @@ from engine.calibration import KVScales, measure_kv_scales
 from engine.config import DEFAULT_KV_CACHE_MEMORY_BYTES, EngineConfig, SettingError
 from engine.kv_cache import KVCache, is_oom_error
 from engine.model_runner import ModelRunner, PromptLogits
-from engine.models.cpu_linear import compute_linear_in_fp32_where_emulated
 from engine.models.llama import Transformer, config_head_dim
 from engine.models.loader import load_model
 from engine.outputs import RequestOutput, StepStats
@@ -77,7 +76,6 @@ class LLMEngine:
         self.eos_token_ids = loaded.eos_token_ids
         self._hf_config = loaded.hf_model.config
         self.model = Transformer.from_hf(loaded.hf_model.to(self._device), backend)
-        compute_linear_in_fp32_where_emulated(self.model, self._dtype, self._device)
         del loaded  # our modules hold the weights now; drop transformers' copies of q/k/v and gate/up
 
         cfg = self._hf_config

@@ -1,7 +1,7 @@
 """The load client's workers: streaming HTTP requests on an asyncio loop, chunks timestamped as
 they arrive, and nothing else on the hot path.
 
-A worker is one event loop (aiohttp, one connection per stream) on its own thread, in this
+A worker is one event loop (aiohttp on uvloop, one connection per stream) on its own thread, in this
 process or in a worker process of its own; kvplan.load.backends.http spreads requests over
 workers. Messages in and out are plain picklable tuples::
 
