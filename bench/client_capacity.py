@@ -34,8 +34,7 @@ sys.path.insert(0, str(ROOT))
 def percentiles(values_ms: np.ndarray) -> str:
     if not values_ms.size:
         return "none"
-    return (f"p50 {np.percentile(values_ms, 50):.3f}, p99 {np.percentile(values_ms, 99):.3f},"
-            f" max {values_ms.max():.3f}")
+    return f"p50 {np.percentile(values_ms, 50):.3f}, p99 {np.percentile(values_ms, 99):.3f}, max {values_ms.max():.3f}"
 
 
 def main() -> None:
@@ -43,19 +42,28 @@ def main() -> None:
     parser.add_argument("--streams", type=int, default=1000)
     parser.add_argument("--tokens", type=int, default=100)
     parser.add_argument("--interval-ms", type=float, default=50.0)
-    parser.add_argument("--workers", type=int, default=1, help="client event loops (1: in this process;"
-                        " more: a process each)")
-    parser.add_argument("--spread-ms", type=float, default=None,
-                        help="start the streams evenly over this long (default: one interval; 0: all at once)")
+    parser.add_argument(
+        "--workers", type=int, default=1, help="client event loops (1: in this process; more: a process each)"
+    )
+    parser.add_argument(
+        "--spread-ms",
+        type=float,
+        default=None,
+        help="start the streams evenly over this long (default: one interval; 0: all at once)",
+    )
     parser.add_argument("--by-second", action="store_true", help="also the error per second of the run")
     args = parser.parse_args()
     spread_s = (args.interval_ms if args.spread_ms is None else args.spread_ms) / 1e3
 
-    from kvplan.load.backends.http import BodySpec, HttpBackend
     from kvplan.load.driver import Submission
+    from kvplan.load.target.backend import BodySpec, HttpBackend
 
-    server = subprocess.Popen([sys.executable, "tests/kvplan/load/fake_server.py", "--interval-ms",
-                               str(args.interval_ms)], cwd=ROOT, stdout=subprocess.PIPE, text=True)
+    server = subprocess.Popen(
+        [sys.executable, "tests/kvplan/load/fake_server.py", "--interval-ms", str(args.interval_ms)],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     url = server.stdout.readline().split()[-1]
     spec = BodySpec(url, "completions", "fake-model", exact=False, salt=False, extra_body={}, decode=None)
     backend = HttpBackend(spec, {}, 600.0, args.workers, None)
@@ -91,8 +99,10 @@ def main() -> None:
     hi = min(r.events[-1][0] for r in backend.raw if r.events)
     window = (stamps >= lo) & (stamps <= hi)
     rate = window.sum() / (hi - lo) if hi > lo else float("nan")
-    print(f"{args.streams - failed}/{args.streams} streams completed ({failed} failed), {stamps.size:,} chunks;"
-          f" {args.workers} client event loop(s){' in processes' if args.workers > 1 else ' in this process'}")
+    print(
+        f"{args.streams - failed}/{args.streams} streams completed ({failed} failed), {stamps.size:,} chunks;"
+        f" {args.workers} client event loop(s){' in processes' if args.workers > 1 else ' in this process'}"
+    )
     print(f"chunks/s with every stream live: {rate:,.0f} (target >= 20,000) over {hi - lo:.1f} s")
     print(f"timestamp error ms, every stream live: {percentiles(error_ms[window])} (target <= 1)")
     print(f"timestamp error ms, every chunk (start-up and wind-down too): {percentiles(error_ms)}")
@@ -102,9 +112,11 @@ def main() -> None:
             chosen = (stamps - t0 >= second) & (stamps - t0 < second + 1)
             print(f"  second {second}: {chosen.sum():,} chunks, {percentiles(error_ms[chosen])}")
     lag = np.asarray(lags) * 1e3
-    print(f"client loop lag ms (how late a 5 ms timer fired): {percentiles(lag)};"
-          f" client CPU {loop_cpu:.1f} s in the loops = {loop_cpu / max(stamps.size, 1) * 1e6:.0f} us per chunk"
-          f" (this process {cpu1.user - cpu0.user + cpu1.system - cpu0.system:.1f} s) [load {os.getloadavg()[0]:.1f}]")
+    print(
+        f"client loop lag ms (how late a 5 ms timer fired): {percentiles(lag)};"
+        f" client CPU {loop_cpu:.1f} s in the loops = {loop_cpu / max(stamps.size, 1) * 1e6:.0f} us per chunk"
+        f" (this process {cpu1.user - cpu0.user + cpu1.system - cpu0.system:.1f} s) [load {os.getloadavg()[0]:.1f}]"
+    )
 
 
 if __name__ == "__main__":

@@ -41,8 +41,9 @@ def sample_requests(tokenizer, num_prompts: int, max_output: int) -> list[tuple[
     """(prompt ids, max_tokens) for the first conversations that pass vLLM's ShareGPT filter."""
     requests = []
     for _, human, reply in sharegpt_pairs(read_sharegpt()):
-        prompt = tokenizer.apply_chat_template([{"role": "user", "content": human}],
-                                               add_generation_prompt=True, tokenize=True)["input_ids"]
+        prompt = tokenizer.apply_chat_template(
+            [{"role": "user", "content": human}], add_generation_prompt=True, tokenize=True
+        )["input_ids"]
         reply_len = len(tokenizer(reply)["input_ids"])
         if len(prompt) < 4 or reply_len < 4 or len(prompt) > 1024 or len(prompt) + reply_len > 2048:
             continue
@@ -55,8 +56,9 @@ def sample_requests(tokenizer, num_prompts: int, max_output: int) -> list[tuple[
 def run_engine(engine: LLMEngine, requests) -> tuple[int, float]:
     """All requests queued at once; returns (output tokens, seconds)."""
     start = time.perf_counter()
-    outputs = engine.generate([p for p, _ in requests],
-                              [SamplingParams(max_tokens=n, ignore_eos=True) for _, n in requests])
+    outputs = engine.generate(
+        [p for p, _ in requests], [SamplingParams(max_tokens=n, ignore_eos=True) for _, n in requests]
+    )
     elapsed = time.perf_counter() - start
     assert all(len(o.output_token_ids) == n for o, (_, n) in zip(outputs, requests))
     return sum(len(o.output_token_ids) for o in outputs), elapsed
@@ -93,15 +95,18 @@ def main() -> None:
     parser.add_argument("--profile", action="store_true", help="cProfile the engine run (top 25 by own time)")
     args = parser.parse_args()
 
-    engine = LLMEngine(EngineConfig(model=DEFAULT_MODEL, dtype="bfloat16", max_num_seqs=args.concurrency,
-                                    kv_cache_memory_bytes=2**30))
+    engine = LLMEngine(
+        EngineConfig(model=DEFAULT_MODEL, dtype="bfloat16", max_num_seqs=args.concurrency, kv_cache_memory_bytes=2**30)
+    )
     tokenizer = engine.tokenizer
     requests = sample_requests(tokenizer, args.num_prompts, args.max_output)
     prompt_lens = [len(p) for p, _ in requests]
-    print(f"{len(requests)} ShareGPT requests: prompt tokens mean {sum(prompt_lens) / len(requests):.0f} "
-          f"(max {max(prompt_lens)}), output tokens {sum(n for _, n in requests)} "
-          f"(mean {sum(n for _, n in requests) / len(requests):.0f}); "
-          f"torch threads {torch.get_num_threads()}")
+    print(
+        f"{len(requests)} ShareGPT requests: prompt tokens mean {sum(prompt_lens) / len(requests):.0f} "
+        f"(max {max(prompt_lens)}), output tokens {sum(n for _, n in requests)} "
+        f"(mean {sum(n for _, n in requests) / len(requests):.0f}); "
+        f"torch threads {torch.get_num_threads()}"
+    )
 
     warmup = requests[:4]
     engine.generate([p for p, _ in warmup], SamplingParams(max_tokens=8, ignore_eos=True))
@@ -112,17 +117,21 @@ def main() -> None:
     if profiler:
         profiler.disable()
     engine_tps = engine_tokens / engine_s
-    print(f"engine:       {engine_tokens} tokens in {engine_s:.1f} s = {engine_tps:.1f} tok/s {load()} "
-          f"(bytes/block {engine.bytes_per_block}, {engine.num_blocks} blocks, "
-          f"backend {engine.attention_backend})")
+    print(
+        f"engine:       {engine_tokens} tokens in {engine_s:.1f} s = {engine_tps:.1f} tok/s {load()} "
+        f"(bytes/block {engine.bytes_per_block}, {engine.num_blocks} blocks, "
+        f"backend {engine.attention_backend})"
+    )
     del engine
 
     hf = load_model(DEFAULT_MODEL, torch.bfloat16).hf_model
     run_transformers(hf, tokenizer, [(p, 8) for p, _ in warmup], len(warmup))
     hf_tokens, hf_s = run_transformers(hf, tokenizer, requests, args.concurrency)
     hf_tps = hf_tokens / hf_s
-    print(f"transformers: {hf_tokens} tokens in {hf_s:.1f} s = {hf_tps:.1f} tok/s {load()} "
-          f"(static batches of {args.concurrency})")
+    print(
+        f"transformers: {hf_tokens} tokens in {hf_s:.1f} s = {hf_tps:.1f} tok/s {load()} "
+        f"(static batches of {args.concurrency})"
+    )
     print(f"ratio engine / transformers = {engine_tps / hf_tps:.2f}x (target >= 1.5x)")
     if profiler:
         pstats.Stats(profiler).sort_stats("tottime").print_stats(25)

@@ -42,10 +42,13 @@ def predict(case: Case, fit: ServingFit) -> dict[str, float | None]:
     bucket = case.workload.buckets[0]
     mode, value = ("closed", bucket.concurrency[0]) if bucket.concurrency else ("open", bucket.request_rates[0])
     level = Prober(case.workload, setup.facts, setup.clock, sample(case.workload, setup.facts).requests).level(
-        0, mode, value)
-    return {"output_tok_s": level.output_tokens_per_s,
-            "tpot_ms": getattr(level.tpot_ms, case.tpot_stat) if level.tpot_ms else None,
-            "ttft_ms": getattr(level.ttft_ms, case.ttft_stat) if level.ttft_ms else None}
+        0, mode, value
+    )
+    return {
+        "output_tok_s": level.output_tokens_per_s,
+        "tpot_ms": getattr(level.tpot_ms, case.tpot_stat) if level.tpot_ms else None,
+        "ttft_ms": getattr(level.ttft_ms, case.ttft_stat) if level.ttft_ms else None,
+    }
 
 
 def error_pct(predicted: float | None, published: float | None) -> float | None:
@@ -57,45 +60,67 @@ def evaluate(cases: list[Case], fit: ServingFit) -> list[dict]:
     rows = []
     for case in cases:
         got = predict(case, fit)
-        rows.append({"case": case, **{f"pred_{k}": v for k, v in got.items()},
-                     **{f"err_{k}": error_pct(got[k], getattr(case, k)) for k in got}})
+        rows.append(
+            {
+                "case": case,
+                **{f"pred_{k}": v for k, v in got.items()},
+                **{f"err_{k}": error_pct(got[k], getattr(case, k)) for k in got},
+            }
+        )
     return rows
 
 
 def loss(rows: list[dict]) -> float:
     """Mean squared log error of output tok/s and TPOT over every record that prints them."""
-    logs = [math.log1p(r[f"err_{k}"] / 100) ** 2 for r in rows for k in ("output_tok_s", "tpot_ms")
-            if r[f"err_{k}"] is not None]
+    logs = [
+        math.log1p(r[f"err_{k}"] / 100) ** 2
+        for r in rows
+        for k in ("output_tok_s", "tpot_ms")
+        if r[f"err_{k}"] is not None
+    ]
     return float(np.mean(logs))
 
 
 def medians(rows: list[dict]) -> dict[str, float]:
-    return {k: float(np.median([abs(r[f"err_{k}"]) for r in rows if r[f"err_{k}"] is not None]))
-            for k in ("output_tok_s", "tpot_ms", "ttft_ms")}
+    return {
+        k: float(np.median([abs(r[f"err_{k}"]) for r in rows if r[f"err_{k}"] is not None]))
+        for k in ("output_tok_s", "tpot_ms", "ttft_ms")
+    }
 
 
 def print_rows(rows: list[dict], fit: ServingFit) -> None:
-    print(f"fit: compute efficiency {fit.compute_efficiency:.3f}, memory efficiency {fit.memory_efficiency:.3f}, "
-          f"step overhead {fit.step_overhead_s * 1e3:.2f} ms")
-    head = f"{'record':58s} {'out tok/s pred/pub':>22s} {'err%':>6s} {'TPOT ms pred/pub':>20s} {'err%':>6s} " \
-           f"{'TTFT ms pred/pub':>22s} {'err%':>6s}"
+    print(
+        f"fit: compute efficiency {fit.compute_efficiency:.3f}, memory efficiency {fit.memory_efficiency:.3f}, "
+        f"step overhead {fit.step_overhead_s * 1e3:.2f} ms"
+    )
+    head = (
+        f"{'record':58s} {'out tok/s pred/pub':>22s} {'err%':>6s} {'TPOT ms pred/pub':>20s} {'err%':>6s} "
+        f"{'TTFT ms pred/pub':>22s} {'err%':>6s}"
+    )
     print(head)
     fmt = lambda v, d=1: "-" if v is None else f"{v:.{d}f}"  # noqa: E731
     for r in rows:
         c = r["case"]
-        print(f"{c.id[:58]:58s} {fmt(r['pred_output_tok_s']):>10s}/{fmt(c.output_tok_s):<11s} "
-              f"{fmt(r['err_output_tok_s'], 0):>6s} {fmt(r['pred_tpot_ms'], 2):>9s}/{fmt(c.tpot_ms, 2):<10s} "
-              f"{fmt(r['err_tpot_ms'], 0):>6s} {fmt(r['pred_ttft_ms']):>10s}/{fmt(c.ttft_ms):<11s} "
-              f"{fmt(r['err_ttft_ms'], 0):>6s}")
+        print(
+            f"{c.id[:58]:58s} {fmt(r['pred_output_tok_s']):>10s}/{fmt(c.output_tok_s):<11s} "
+            f"{fmt(r['err_output_tok_s'], 0):>6s} {fmt(r['pred_tpot_ms'], 2):>9s}/{fmt(c.tpot_ms, 2):<10s} "
+            f"{fmt(r['err_tpot_ms'], 0):>6s} {fmt(r['pred_ttft_ms']):>10s}/{fmt(c.ttft_ms):<11s} "
+            f"{fmt(r['err_ttft_ms'], 0):>6s}"
+        )
     m = medians(rows)
-    print(f"median |error|: output tok/s {m['output_tok_s']:.1f} %, TPOT {m['tpot_ms']:.1f} %, "
-          f"TTFT {m['ttft_ms']:.1f} % (TTFT not fitted)")
+    print(
+        f"median |error|: output tok/s {m['output_tok_s']:.1f} %, TPOT {m['tpot_ms']:.1f} %, "
+        f"TTFT {m['ttft_ms']:.1f} % (TTFT not fitted)"
+    )
 
 
 def fit_constants(cases: list[Case], start: ServingFit, rounds: int = 2) -> ServingFit:
     """Coordinate descent over RANGES, golden-section search per constant."""
-    values = {"compute_efficiency": start.compute_efficiency, "memory_efficiency": start.memory_efficiency,
-              "step_overhead_s": start.step_overhead_s}
+    values = {
+        "compute_efficiency": start.compute_efficiency,
+        "memory_efficiency": start.memory_efficiency,
+        "step_overhead_s": start.step_overhead_s,
+    }
     cache: dict[tuple, float] = {}
 
     def cost(v: dict) -> float:
@@ -122,11 +147,13 @@ def fit_constants(cases: list[Case], start: ServingFit, rounds: int = 2) -> Serv
 def write_fit(fit: ServingFit, rows: list[dict]) -> None:
     m = medians(rows)
     text = GPU_PERF_FILE.read_text()
-    block = (f"serving_fit:\n  compute_efficiency: {fit.compute_efficiency:.4f}\n"
-             f"  memory_efficiency: {fit.memory_efficiency:.4f}\n  step_overhead_ms: {fit.step_overhead_s * 1e3:.4f}\n"
-             f"  fitted_on: \"bench/gpu_cost_fit.py --fit on the {len(rows)} records of public_serving_benchmarks.yaml, "
-             f"{time.strftime('%Y-%m-%d')}: median |error| output tok/s {m['output_tok_s']:.1f} %, TPOT "
-             f"{m['tpot_ms']:.1f} %, TTFT {m['ttft_ms']:.1f} % (not fitted)\"\n")
+    block = (
+        f"serving_fit:\n  compute_efficiency: {fit.compute_efficiency:.4f}\n"
+        f"  memory_efficiency: {fit.memory_efficiency:.4f}\n  step_overhead_ms: {fit.step_overhead_s * 1e3:.4f}\n"
+        f'  fitted_on: "bench/gpu_cost_fit.py --fit on the {len(rows)} records of public_serving_benchmarks.yaml, '
+        f"{time.strftime('%Y-%m-%d')}: median |error| output tok/s {m['output_tok_s']:.1f} %, TPOT "
+        f'{m["tpot_ms"]:.1f} %, TTFT {m["ttft_ms"]:.1f} % (not fitted)"\n'
+    )
     GPU_PERF_FILE.write_text(re.sub(r"serving_fit:\n(  .*\n)+", block, text))
 
 

@@ -1,5 +1,5 @@
-"""The public serving benchmarks (tests/kvplan/data/public_serving_benchmarks.yaml, a copy of
-../shared/cases/) as simulations: each record's model, GPU, tp, engine limits and load become a
+"""The public serving benchmarks (tests/kvplan/data/public_serving_benchmarks.yaml) as
+simulations: each record's model, GPU, tp, engine limits and load become a
 workload for ``kvplan simulate``'s GPU roofline, and its published numbers the answers to predict.
 
 How each record is read (the published numbers are never touched; only the load is rebuilt):
@@ -34,45 +34,101 @@ SHAREGPT_OUT = {"min": 4, "max": 1024, "dist": "lognormal", "mean": 221, "std": 
 # record id -> how it is simulated: model preset, GPU, tp, engine section, lengths, load
 SETUPS = {
     "nanovllm-readme-qwen3-0.6b-rtx4070laptop-offline256-vllm": dict(
-        model="qwen3-0.6b", gpu="RTX-4070-Laptop", engine=dict(max_num_seqs=256, max_num_batched_tokens=8192,
-                                                               max_model_len=4096),
-        input=[100, 1024], output=[100, 1024], requests=256, concurrency=256),
+        model="qwen3-0.6b",
+        gpu="RTX-4070-Laptop",
+        engine=dict(max_num_seqs=256, max_num_batched_tokens=8192, max_model_len=4096),
+        input=[100, 1024],
+        output=[100, 1024],
+        requests=256,
+        concurrency=256,
+    ),
     "nanovllm-readme-qwen3-0.6b-rtx4070laptop-offline256-nanovllm": dict(
-        model="qwen3-0.6b", gpu="RTX-4070-Laptop", engine=dict(block_size=256, max_num_seqs=512,
-                                                               max_num_batched_tokens=32768, max_model_len=4096),
-        input=[100, 1024], output=[100, 1024], requests=256, concurrency=256),
-    **{f"qwen25-speed-qwen2.5-{size}-a100-bs1-out2048-vllm063": dict(
-        model=f"qwen2.5-{size.lower()}" if size != "7b" else "qwen2.5-7b", gpu="A100-80GB",
-        engine=dict(max_num_seqs=256, max_num_batched_tokens=32768, max_model_len=32768),
-        input=1, output=2048, requests=1, concurrency=1) for size in ("0.5b", "1.5b", "3b", "7b")},
+        model="qwen3-0.6b",
+        gpu="RTX-4070-Laptop",
+        engine=dict(block_size=256, max_num_seqs=512, max_num_batched_tokens=32768, max_model_len=4096),
+        input=[100, 1024],
+        output=[100, 1024],
+        requests=256,
+        concurrency=256,
+    ),
+    **{
+        f"qwen25-speed-qwen2.5-{size}-a100-bs1-out2048-vllm063": dict(
+            model=f"qwen2.5-{size.lower()}" if size != "7b" else "qwen2.5-7b",
+            gpu="A100-80GB",
+            engine=dict(max_num_seqs=256, max_num_batched_tokens=32768, max_model_len=32768),
+            input=1,
+            output=2048,
+            requests=1,
+            concurrency=1,
+        )
+        for size in ("0.5b", "1.5b", "3b", "7b")
+    },
     "gpustack-qwen3-8b-h100-vllm0110-sharegpt100-c1": dict(
-        model="qwen3-8b", gpu="H100-SXM", engine=dict(max_num_seqs=1024, max_num_batched_tokens=8192,
-                                                      max_model_len=40960),
-        input=SHAREGPT_IN, output=SHAREGPT_OUT, requests=100, concurrency=1),
+        model="qwen3-8b",
+        gpu="H100-SXM",
+        engine=dict(max_num_seqs=1024, max_num_batched_tokens=8192, max_model_len=40960),
+        input=SHAREGPT_IN,
+        output=SHAREGPT_OUT,
+        requests=100,
+        concurrency=1,
+    ),
     "gpustack-qwen3-8b-h100-vllm0110-sharegpt100-c4": dict(
-        model="qwen3-8b", gpu="H100-SXM", engine=dict(max_num_seqs=1024, max_num_batched_tokens=8192,
-                                                      max_model_len=40960),
-        input=SHAREGPT_IN, output=SHAREGPT_OUT, requests=100, concurrency=4),
+        model="qwen3-8b",
+        gpu="H100-SXM",
+        engine=dict(max_num_seqs=1024, max_num_batched_tokens=8192, max_model_len=40960),
+        input=SHAREGPT_IN,
+        output=SHAREGPT_OUT,
+        requests=100,
+        concurrency=4,
+    ),
     "dennislee-qwen2-7b-a100-80g-vllm01011-random1k1k-n1": dict(
-        model="qwen2-7b", gpu="A100-80GB", utilization=0.5,
+        model="qwen2-7b",
+        gpu="A100-80GB",
+        utilization=0.5,
         engine=dict(max_num_seqs=256, max_num_batched_tokens=2048, max_model_len=16384, enable_prefix_caching=True),
-        input=1024, output=1024, requests=1, concurrency=1),
+        input=1024,
+        output=1024,
+        requests=1,
+        concurrency=1,
+    ),
     "dennislee-qwen2-7b-a100-80g-vllm01011-random1k1k-burst100": dict(
-        model="qwen2-7b", gpu="A100-80GB", utilization=0.5,
+        model="qwen2-7b",
+        gpu="A100-80GB",
+        utilization=0.5,
         engine=dict(max_num_seqs=256, max_num_batched_tokens=2048, max_model_len=16384, enable_prefix_caching=True),
-        input=1024, output=1016, requests=100, concurrency=100),
+        input=1024,
+        output=1016,
+        requests=100,
+        concurrency=100,
+    ),
     "trtllm-docs-llama31-8b-h100-trtllm014-467x256-qps2": dict(
-        model="llama-3.1-8b", gpu="H100-SXM", engine=dict(max_num_seqs=256, max_num_batched_tokens=8192,
-                                                          max_model_len=8192),
-        input=467, output=256, requests=500, rate=2.0),
+        model="llama-3.1-8b",
+        gpu="H100-SXM",
+        engine=dict(max_num_seqs=256, max_num_batched_tokens=8192, max_model_len=8192),
+        input=467,
+        output=256,
+        requests=500,
+        rate=2.0,
+    ),
     "trtllm-docs-llama31-8b-h100-trtllm014-467x256-qpsinf": dict(
-        model="llama-3.1-8b", gpu="H100-SXM", engine=dict(max_num_seqs=256, max_num_batched_tokens=8192,
-                                                          max_model_len=8192),
-        input=467, output=256, requests=500, concurrency=500),
+        model="llama-3.1-8b",
+        gpu="H100-SXM",
+        engine=dict(max_num_seqs=256, max_num_batched_tokens=8192, max_model_len=8192),
+        input=467,
+        output=256,
+        requests=500,
+        concurrency=500,
+    ),
     "sglang-bench060-llama31-70b-4xh100-tp4-vllm060-sharegpt-rps4": dict(
-        model="llama-3.1-70b", gpu="H100-SXM", tp=4, engine=dict(max_num_seqs=256, max_num_batched_tokens=4096,
-                                                                 max_model_len=4096),
-        input=SHAREGPT_IN, output=SHAREGPT_OUT, requests=400, rate=4.0),
+        model="llama-3.1-70b",
+        gpu="H100-SXM",
+        tp=4,
+        engine=dict(max_num_seqs=256, max_num_batched_tokens=4096, max_model_len=4096),
+        input=SHAREGPT_IN,
+        output=SHAREGPT_OUT,
+        requests=400,
+        rate=4.0,
+    ),
 }
 
 
@@ -115,14 +171,36 @@ def load_cases(path: Path = CASES_FILE) -> list[Case]:
     for record in yaml.safe_load(path.read_text())["cases"]:
         setup = SETUPS[record["id"]]
         engine = {"model": "tiny-random-llama", "block_size": 16, "enable_prefix_caching": False, **setup["engine"]}
-        level = ({"concurrency": [setup["concurrency"]]} if "concurrency" in setup
-                 else {"request_rates": [setup["rate"]]})
-        workload = parse_workload({
-            "name": record["id"][:200], "seed": 0, "engine": engine, "dataset": "random",
-            "slo": {"ttft_ms": 1e9}, "buckets": [{"name": "b", "input_tokens": setup["input"],
-                                                  "output_tokens": setup["output"], "num_requests": setup["requests"],
-                                                  **level}],
-        })
-        cases.append(Case(record["id"], workload, setup["model"], setup["gpu"], setup.get("tp", 1),
-                          setup.get("utilization"), *_published(record)))
+        level = (
+            {"concurrency": [setup["concurrency"]]} if "concurrency" in setup else {"request_rates": [setup["rate"]]}
+        )
+        workload = parse_workload(
+            {
+                "name": record["id"][:200],
+                "seed": 0,
+                "engine": engine,
+                "dataset": "random",
+                "slo": {"ttft_ms": 1e9},
+                "buckets": [
+                    {
+                        "name": "b",
+                        "input_tokens": setup["input"],
+                        "output_tokens": setup["output"],
+                        "num_requests": setup["requests"],
+                        **level,
+                    }
+                ],
+            }
+        )
+        cases.append(
+            Case(
+                record["id"],
+                workload,
+                setup["model"],
+                setup["gpu"],
+                setup.get("tp", 1),
+                setup.get("utilization"),
+                *_published(record),
+            )
+        )
     return cases

@@ -5,7 +5,7 @@ Workload (../shared/ENVIRONMENT.md's measurement of transformers serve): the fir
 turns that pass bench/engine_throughput.py's filter, chat-templated by SmolLM2's tokenizer and sent as
 that text to ``/v1/completions``; ``max_tokens`` 128, greedy (temperature 0, EOS allowed: transformers
 serve has no ignore_eos), 32 streams in flight (closed loop), bf16, 2912 KV blocks of 16 tokens on
-both servers. The client is kvplan's own (kvplan.load.backends.http, one event loop); output tokens
+both servers. The client is kvplan's own (kvplan.load.target.backend, one event loop); output tokens
 are each server's usage counts. The in-process engine runs the same requests with ``max_num_seqs`` 32,
 all queued at once (32 in flight). Servers run one at a time, as subprocesses. Prints each side's
 tokens/s and the ratios (targets: engine.serve >= 2.5x transformers serve; engine.serve within 15%
@@ -32,7 +32,7 @@ NUM_BLOCKS, BLOCK_SIZE, MAX_TOKENS = 2912, 16, 128
 
 def wait_ready(url: str, proc: subprocess.Popen, timeout_s: float = 300) -> str:
     """The first model id once ``url``/models answers."""
-    from kvplan.load.preflight import get
+    from kvplan.load.target.preflight import get
 
     deadline = time.time() + timeout_s
     while time.time() < deadline:
@@ -56,8 +56,8 @@ def free_port() -> int:
 
 def drive(url: str, model: str, requests, decode, concurrency: int) -> tuple[int, float, int]:
     """Closed loop of ``concurrency`` streams; (output tokens, seconds, failed requests)."""
-    from kvplan.load.backends.http import BodySpec, HttpBackend
     from kvplan.load.driver import Submission
+    from kvplan.load.target.backend import BodySpec, HttpBackend
 
     spec = BodySpec(url, "completions", model, exact=False, salt=False, extra_body={}, decode=decode)
     backend = HttpBackend(spec, {}, 900.0, 1, None)
@@ -89,8 +89,11 @@ def serve(cmd: list[str], url: str, requests, decode, concurrency: int, name: st
         proc.terminate()
         proc.wait(30)
     tps = tokens / seconds
-    print(f"{name:<20} {tokens} tokens in {seconds:.1f} s = {tps:.1f} tok/s ({failed} failed)"
-          f" [load {os.getloadavg()[0]:.1f}]", flush=True)
+    print(
+        f"{name:<20} {tokens} tokens in {seconds:.1f} s = {tps:.1f} tok/s ({failed} failed)"
+        f" [load {os.getloadavg()[0]:.1f}]",
+        flush=True,
+    )
     return tps
 
 
@@ -108,37 +111,91 @@ def main() -> None:
     from engine.models.loader import smollm2_folder
     from engine.request import SamplingParams
 
-    engine = LLMEngine(EngineConfig(model=DEFAULT_MODEL, dtype="bfloat16", max_num_seqs=args.concurrency,
-                                    block_size=BLOCK_SIZE, num_blocks=NUM_BLOCKS))
+    engine = LLMEngine(
+        EngineConfig(
+            model=DEFAULT_MODEL,
+            dtype="bfloat16",
+            max_num_seqs=args.concurrency,
+            block_size=BLOCK_SIZE,
+            num_blocks=NUM_BLOCKS,
+        )
+    )
     tokenizer = engine.tokenizer
     requests = [ids for ids, _ in sample_requests(tokenizer, args.num_prompts, MAX_TOKENS)]
     decode = lambda ids: tokenizer.decode(list(ids))  # noqa: E731  the chat-templated text, special tokens kept
-    print(f"{len(requests)} ShareGPT first turns, prompt tokens mean {sum(map(len, requests)) / len(requests):.0f},"
-          f" max_tokens {MAX_TOKENS}, {args.concurrency} streams, {NUM_BLOCKS} blocks of {BLOCK_SIZE}")
+    print(
+        f"{len(requests)} ShareGPT first turns, prompt tokens mean {sum(map(len, requests)) / len(requests):.0f},"
+        f" max_tokens {MAX_TOKENS}, {args.concurrency} streams, {NUM_BLOCKS} blocks of {BLOCK_SIZE}"
+    )
     params = SamplingParams(max_tokens=MAX_TOKENS)
     engine.generate(requests[:4], SamplingParams(max_tokens=8))
     start = time.perf_counter()
     outputs = engine.generate(requests, params)
     seconds = time.perf_counter() - start
     inproc = sum(len(o.output_token_ids) for o in outputs) / seconds
-    print(f"{'in-process engine':<20} {sum(len(o.output_token_ids) for o in outputs)} tokens in {seconds:.1f} s"
-          f" = {inproc:.1f} tok/s [load {os.getloadavg()[0]:.1f}]", flush=True)
+    print(
+        f"{'in-process engine':<20} {sum(len(o.output_token_ids) for o in outputs)} tokens in {seconds:.1f} s"
+        f" = {inproc:.1f} tok/s [load {os.getloadavg()[0]:.1f}]",
+        flush=True,
+    )
     del engine
 
     port = free_port()
-    ours = serve([sys.executable, "-m", "engine.serve", "--model", DEFAULT_MODEL, "--dtype", "bfloat16",
-                  "--block-size", str(BLOCK_SIZE), "--num-gpu-blocks-override", str(NUM_BLOCKS),
-                  "--max-num-seqs", str(args.concurrency), "--port", str(port)],
-                 f"http://127.0.0.1:{port}/v1", requests, decode, args.concurrency, "engine.serve")
+    ours = serve(
+        [
+            sys.executable,
+            "-m",
+            "engine.serve",
+            "--model",
+            DEFAULT_MODEL,
+            "--dtype",
+            "bfloat16",
+            "--block-size",
+            str(BLOCK_SIZE),
+            "--num-gpu-blocks-override",
+            str(NUM_BLOCKS),
+            "--max-num-seqs",
+            str(args.concurrency),
+            "--port",
+            str(port),
+        ],
+        f"http://127.0.0.1:{port}/v1",
+        requests,
+        decode,
+        args.concurrency,
+        "engine.serve",
+    )
     print(f"engine.serve / in-process: {ours / inproc:.2f} (target >= 0.85)")
     if args.skip_transformers:
         return
     port = free_port()
-    theirs = serve([str(Path(sys.executable).parent / "transformers"), "serve", str(smollm2_folder()),
-                    "--continuous-batching", "--cb-block-size", str(BLOCK_SIZE), "--cb-num-blocks", str(NUM_BLOCKS),
-                    "--dtype", "bfloat16", "--device", "cpu", "--host", "127.0.0.1", "--port", str(port),
-                    "--log-level", "error"],
-                   f"http://127.0.0.1:{port}/v1", requests, decode, args.concurrency, "transformers serve")
+    theirs = serve(
+        [
+            str(Path(sys.executable).parent / "transformers"),
+            "serve",
+            str(smollm2_folder()),
+            "--continuous-batching",
+            "--cb-block-size",
+            str(BLOCK_SIZE),
+            "--cb-num-blocks",
+            str(NUM_BLOCKS),
+            "--dtype",
+            "bfloat16",
+            "--device",
+            "cpu",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--log-level",
+            "error",
+        ],
+        f"http://127.0.0.1:{port}/v1",
+        requests,
+        decode,
+        args.concurrency,
+        "transformers serve",
+    )
     print(f"engine.serve / transformers serve: {ours / theirs:.2f} (target >= 2.5)")
 
 

@@ -21,17 +21,25 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from rich.console import Console  # noqa: E402
 
 from kvplan.load.sim import calibrations  # noqa: E402
-from kvplan.load.sim.calibration import StepSample, fit_samples  # noqa: E402
+from kvplan.load.sim.fit import StepSample, fit_samples  # noqa: E402
 from kvplan.load.sim.views import print_calibration  # noqa: E402
 
 
 def this_machine() -> str:
-    cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                if line.startswith("model name")), platform.processor() or "unknown CPU")
+    cpu = next(
+        (
+            line.split(":", 1)[1].strip()
+            for line in Path("/proc/cpuinfo").read_text().splitlines()
+            if line.startswith("model name")
+        ),
+        platform.processor() or "unknown CPU",
+    )
     flags = Path("/proc/cpuinfo").read_text()
     memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
-    return (f"{cpu}, {os.cpu_count()} cores{' with avx512_bf16' if 'avx512_bf16' in flags else ''}, "
-            f"{memory:.0f} GiB, CPU only; {platform.platform()}")
+    return (
+        f"{cpu}, {os.cpu_count()} cores{' with avx512_bf16' if 'avx512_bf16' in flags else ''}, "
+        f"{memory:.0f} GiB, CPU only; {platform.platform()}"
+    )
 
 
 def main() -> int:
@@ -47,12 +55,15 @@ def main() -> int:
         print("refused: the run drifted (see above); rerun it on a quiet machine or pass --allow-drift")
         return 1
     # fitted again on the samples as the CSV keeps them (0.1 us), so the shipped file refits exactly
-    samples = [StepSample(s.level, s.work, round(s.seconds, 7), None if s.gap_s is None else round(s.gap_s, 7))
-               for s in calibrated.samples]
+    samples = [
+        StepSample(s.level, s.work, round(s.seconds, 7), None if s.gap_s is None else round(s.gap_s, 7))
+        for s in calibrated.samples
+    ]
     fit = fit_samples(samples, held_out=False)
     c = calibrated.calibration
-    shipped = calibrations.Calibration(args.name, fit.model, c.engine, this_machine(), args.source or c.source,
-                                       fit.r2, fit.num_steps)
+    shipped = calibrations.Calibration(
+        args.name, fit.model, c.engine, this_machine(), args.source or c.source, fit.r2, fit.num_steps
+    )
     path = calibrations.save(shipped, samples)
     print(f"written: {path}")
     return 0

@@ -24,8 +24,14 @@ from kvplan.load.sim.setups import engine_setup, replay_setup  # noqa: E402
 from kvplan.load.workload_file import load_workload  # noqa: E402
 from kvplan.results.run_result import load_run  # noqa: E402
 
-SAME = ("num_used_blocks", "num_preemptions", "num_running", "num_prefill_tokens", "num_decode_tokens",
-        "kv_resident_tokens")
+SAME = (
+    "num_used_blocks",
+    "num_preemptions",
+    "num_running",
+    "num_prefill_tokens",
+    "num_decode_tokens",
+    "kv_resident_tokens",
+)
 
 
 def by_level(steps):
@@ -45,8 +51,17 @@ def compare(measured, simulated, closed_only: bool) -> list[tuple]:
         sim = next(s for s in simulated.result.levels if s.key == lv.key)
         a, b = theirs.get(lv.key, []), mine.get(lv.key, [])
         equal = len(a) == len(b) and all(getattr(x, f) == getattr(y, f) for x, y in zip(a, b) for f in SAME)
-        rows.append((lv.key.name, lv.num_preemptions, sim.num_preemptions, lv.peak_used_blocks,
-                     sim.peak_used_blocks, len(a), equal))
+        rows.append(
+            (
+                lv.key.name,
+                lv.num_preemptions,
+                sim.num_preemptions,
+                lv.peak_used_blocks,
+                sim.peak_used_blocks,
+                len(a),
+                equal,
+            )
+        )
     return rows
 
 
@@ -58,23 +73,34 @@ def main() -> int:
     workload = load_workload(args.run_dir / "workload.yaml")
     ok = True
     with tempfile.TemporaryDirectory() as tmp:
-        for name, setup, closed_only in (("replayed step times", replay_setup(workload, args.run_dir), False),
-                                         ("shipped calibration", engine_setup(workload)[0], True)):
+        for name, setup, closed_only in (
+            ("replayed step times", replay_setup(workload, args.run_dir), False),
+            ("shipped calibration", engine_setup(workload)[0], True),
+        ):
             start = time.perf_counter()
             simulated = load_run(simulate(workload, setup, Path(tmp) / name.replace(" ", "-"), search=False))
             seconds = time.perf_counter() - start
             rows = compare(measured, simulated, closed_only)
-            print(f"\n{name}: {len(simulated.steps):,} simulated steps in {seconds:.2f} s "
-                  f"(measured {len(measured.steps):,} steps)")
+            print(
+                f"\n{name}: {len(simulated.steps):,} simulated steps in {seconds:.2f} s "
+                f"(measured {len(measured.steps):,} steps)"
+            )
             print(f"{'level':24s} {'preemptions meas/sim':>22s} {'peak blocks meas/sim':>22s} {'steps':>7s} every step")
             for label, p_m, p_s, b_m, b_s, steps, equal in rows:
-                print(f"{label:24s} {p_m:>10d}/{p_s:<11d} {b_m:>10d}/{b_s:<11d} {steps:>7,d} "
-                      f"{'equal' if equal else 'DIFFERENT'}")
+                print(
+                    f"{label:24s} {p_m:>10d}/{p_s:<11d} {b_m:>10d}/{b_s:<11d} {steps:>7,d} "
+                    f"{'equal' if equal else 'DIFFERENT'}"
+                )
                 ok &= p_m == p_s and b_m == b_s and equal
-            knees = [(b.name, b.measured_knee, s.measured_knee, s.simulated_knee)
-                     for b, s in zip(measured.result.buckets, simulated.result.buckets)]
+            knees = [
+                (b.name, b.measured_knee, s.measured_knee, s.simulated_knee)
+                for b, s in zip(measured.result.buckets, simulated.result.buckets)
+            ]
             for bucket, knee_m, knee_s, exact in knees:
-                print(f"knee {bucket}: measured {knee_m}, simulated levels {knee_s}, simulated at every concurrency {exact}")
+                print(
+                    f"knee {bucket}: measured {knee_m}, simulated levels {knee_s},"
+                    f" simulated at every concurrency {exact}"
+                )
                 ok &= knee_m == knee_s
     print("\nall equal" if ok else "\nDIFFERENCES FOUND")
     return 0 if ok else 1

@@ -26,8 +26,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from kvplan.load.sim.gpu_target import gpu_setup  # noqa: E402
 from kvplan.load.sim.facts import simulated_facts  # noqa: E402
+from kvplan.load.sim.gpu_target import gpu_setup  # noqa: E402
 from kvplan.load.sim.run import sample  # noqa: E402
 from kvplan.load.sim.search import Prober  # noqa: E402
 from kvplan.load.workload_file import parse_workload  # noqa: E402
@@ -43,12 +43,33 @@ except SystemExit as done:
     assert not done.code
 print("HEAVY", sorted(m for m in ("torch", "transformers", "triton") if m in sys.modules))
 """
+
+
 def level_of(tokens_in: int, tokens_out: int, max_model_len: int) -> dict:
-    return {"name": "big", "seed": 0, "dataset": "random", "slo": {"ttft_ms": 60000},
-            "engine": {"model": "tiny-random-llama", "dtype": "float32", "block_size": 16, "max_num_seqs": 256,
-                       "max_num_batched_tokens": 8192, "max_model_len": max_model_len, "num_blocks": 4200},
-            "buckets": [{"name": "big", "input_tokens": tokens_in, "output_tokens": tokens_out,
-                         "concurrency": [256], "num_requests": 256}]}
+    return {
+        "name": "big",
+        "seed": 0,
+        "dataset": "random",
+        "slo": {"ttft_ms": 60000},
+        "engine": {
+            "model": "tiny-random-llama",
+            "dtype": "float32",
+            "block_size": 16,
+            "max_num_seqs": 256,
+            "max_num_batched_tokens": 8192,
+            "max_model_len": max_model_len,
+            "num_blocks": 4200,
+        },
+        "buckets": [
+            {
+                "name": "big",
+                "input_tokens": tokens_in,
+                "output_tokens": tokens_out,
+                "concurrency": [256],
+                "num_requests": 256,
+            }
+        ],
+    }
 
 
 BIG = level_of(1024, 1024, 4096)
@@ -59,8 +80,7 @@ def chat_wall_seconds() -> None:
     for attempt in ("first", "second"):
         with tempfile.TemporaryDirectory() as tmp:
             start = time.perf_counter()
-            done = subprocess.run([sys.executable, "-c", PROBE, f"{tmp}/run"], cwd=ROOT, capture_output=True,
-                                  text=True)
+            done = subprocess.run([sys.executable, "-c", PROBE, f"{tmp}/run"], cwd=ROOT, capture_output=True, text=True)
             seconds = time.perf_counter() - start
         heavy = done.stdout.strip().splitlines()[-1] if done.returncode == 0 else done.stderr.strip()[-300:]
         print(f"kvplan simulate workloads/chat.yaml ({attempt} run): {seconds:.2f} s wall; {heavy}")
@@ -78,8 +98,10 @@ def simulated_rate(spec: dict, gpu: str) -> tuple[float, object]:
 
 def big_level() -> None:
     rate, level = simulated_rate(BIG, "H200")
-    print(f"simulated: 256 x (1,024 + 1,024) tokens, closed loop: {level.num_steps:,} steps at {rate:,.0f} steps/s "
-          f"({level.num_completed} requests, {level.num_preemptions} preemptions; target 1,000 steps/s)")
+    print(
+        f"simulated: 256 x (1,024 + 1,024) tokens, closed loop: {level.num_steps:,} steps at {rate:,.0f} steps/s "
+        f"({level.num_completed} requests, {level.num_preemptions} preemptions; target 1,000 steps/s)"
+    )
 
 
 def peer(engine_steps: int) -> None:
@@ -87,20 +109,23 @@ def peer(engine_steps: int) -> None:
     print(f"simulated: 256 x (128 + 127) tokens: {level.num_steps:,} steps at {rate:,.0f} steps/s")
 
     from engine.request import SamplingParams
-    from kvplan.load.backends.engine import build_engine
+    from kvplan.load.bundled.backend import build_engine
 
     workload = parse_workload(PEER)
     engine = build_engine(workload)
     for i, request in enumerate(sample(workload, simulated_facts(workload, "cpu", "torch")).requests["big"]):
-        engine.add_request(list(request.prompt_token_ids), SamplingParams(max_tokens=127, ignore_eos=True),
-                           request_id=str(i))
+        engine.add_request(
+            list(request.prompt_token_ids), SamplingParams(max_tokens=127, ignore_eos=True), request_id=str(i)
+        )
     start = time.perf_counter()
     for _ in range(engine_steps):
         engine.step()
     seconds = time.perf_counter() - start
-    print(f"peer, the engine itself (tiny-random-llama, this CPU): the same level's first {engine_steps} steps at "
-          f"{engine_steps / seconds:,.1f} steps/s; simulating a step is {rate / (engine_steps / seconds):,.0f}x "
-          "faster than running it")
+    print(
+        f"peer, the engine itself (tiny-random-llama, this CPU): the same level's first {engine_steps} steps at "
+        f"{engine_steps / seconds:,.1f} steps/s; simulating a step is {rate / (engine_steps / seconds):,.0f}x "
+        "faster than running it"
+    )
 
 
 def main() -> None:

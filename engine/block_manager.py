@@ -25,7 +25,7 @@ from __future__ import annotations
 import hashlib
 from array import array
 from collections import OrderedDict
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from types import MappingProxyType
 
@@ -174,7 +174,7 @@ class BlockManager:
                 self._cached[block_hash] = block.block_id
 
     # ---- allocation --------------------------------------------------------------------
-    def allocate(self, request_id: str, num_tokens: int, cached_block_ids: list[int] = ()) -> bool:
+    def allocate(self, request_id: str, num_tokens: int, cached_block_ids: Sequence[int] = ()) -> bool:
         """Grow ``request_id``'s block table to hold ``num_tokens`` tokens, all or nothing.
 
         ``cached_block_ids`` (from find_cached_prefix, only for a request holding no blocks) start

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any, Literal, get_args
 
 DEFAULT_MODEL = "SmolLM2-135M-Instruct"
 TINY_RANDOM_MODEL = "tiny-random-llama"  # 2 layers, GQA, random weights: for fast tests
-# The tiny test model of ../shared/ENVIRONMENT.md (a LlamaConfig's keys): 2 layers, 4 query heads
+# The tiny test model (a LlamaConfig's keys; CONTRIBUTING.md, "Test models"): 2 layers, 4 query heads
 # over 2 KV heads (GQA). Here, torch-free, so a simulation can size its KV without the loader.
-TINY_LLAMA = dict(
+TINY_LLAMA: dict[str, Any] = dict(
     vocab_size=512,
     hidden_size=64,
     intermediate_size=128,
@@ -18,12 +19,15 @@ TINY_LLAMA = dict(
     max_position_embeddings=256,
 )
 
-DTYPES = ("auto", "bfloat16", "float16", "float32")
+DtypeName = Literal["auto", "bfloat16", "float16", "float32"]
+DTYPES: tuple[str, ...] = get_args(DtypeName)
 KV_CACHE_DTYPES = ("auto", "bfloat16", "float16", "float32", "fp8")
 # short names accepted for the same dtypes (kvplan's vocabulary: bf16, fp16, fp32)
 DTYPE_ALIASES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
-ATTENTION_BACKENDS = ("auto", "torch", "triton")
-DEVICES = ("auto", "cpu", "cuda")
+AttentionBackendName = Literal["auto", "torch", "triton"]
+ATTENTION_BACKENDS: tuple[str, ...] = get_args(AttentionBackendName)
+DeviceName = Literal["auto", "cpu", "cuda"]
+DEVICES: tuple[str, ...] = get_args(DeviceName)
 DEFAULT_KV_CACHE_MEMORY_BYTES = 256 * 2**20
 SEED_LIMIT = 2**64  # torch.Generator.manual_seed takes [0, 2**64) as an unsigned 64-bit seed
 

@@ -12,7 +12,7 @@ is read from the allocated tensors, which makes it the oracle kvplan's estimate 
 
 FP8 (``torch.float8_e4m3fn``): the cache stores ``fp8(x / scale)`` with one K scale and one V
 scale per layer (default 1.0). ``set_scales`` is the hook a calibration pass uses to install
-measured scales (amax / 448 per layer: ``LLMEngine.calibrate_kv_scales``, engine/calibration.py).
+measured scales (amax / 448 per layer: ``LLMEngine.calibrate_kv_scales``, engine/kv_scales.py).
 """
 
 from __future__ import annotations
@@ -42,8 +42,7 @@ def is_oom_error(e: BaseException) -> bool:
     return isinstance(e, RuntimeError) and ("out of memory" in message or "can't allocate memory" in message)
 
 
-def bytes_per_block_for(num_layers: int, block_size: int, num_kv_heads: int, head_dim: int,
-                        dtype: torch.dtype) -> int:
+def bytes_per_block_for(num_layers: int, block_size: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype) -> int:
     """Bytes one block takes over all layers, K and V, before allocating anything (for sizing)."""
     element_size = torch.empty((), dtype=dtype).element_size()
     return 2 * num_layers * block_size * num_kv_heads * head_dim * element_size
@@ -68,18 +67,28 @@ class KVCache:
             the bytes asked for).
     """
 
-    def __init__(self, num_layers: int, num_kv_heads: int, head_dim: int, block_size: int,
-                 dtype: torch.dtype, device: torch.device, num_blocks: int | None = None,
-                 memory_bytes: int | None = None):
+    def __init__(
+        self,
+        num_layers: int,
+        num_kv_heads: int,
+        head_dim: int,
+        block_size: int,
+        dtype: torch.dtype,
+        device: torch.device,
+        num_blocks: int | None = None,
+        memory_bytes: int | None = None,
+    ):
         if (num_blocks is None) == (memory_bytes is None):
             raise ValueError("KVCache: give exactly one of num_blocks or memory_bytes")
         per_block = bytes_per_block_for(num_layers, block_size, num_kv_heads, head_dim, dtype)
         size_field = "num_blocks" if memory_bytes is None else "kv_cache_memory_bytes"
         if num_blocks is None:
+            assert memory_bytes is not None  # exactly one of the two is given (checked above)
             num_blocks = memory_bytes // per_block
             if num_blocks < 1:
-                raise SettingError("kv_cache_memory_bytes",
-                                   f"must hold at least one block of {per_block} bytes (got {memory_bytes})")
+                raise SettingError(
+                    "kv_cache_memory_bytes", f"must hold at least one block of {per_block} bytes (got {memory_bytes})"
+                )
         shape = (num_blocks, block_size, num_kv_heads, head_dim)
         self.block_size = block_size
         self.dtype = dtype
@@ -89,9 +98,11 @@ class KVCache:
         except (torch.OutOfMemoryError, RuntimeError) as e:
             if not is_oom_error(e):
                 raise
-            raise SettingError(size_field, f"a KV cache of {num_blocks:,} blocks x {per_block:,} bytes = "
-                               f"{num_blocks * per_block:,} bytes cannot be allocated on {device}; lower {size_field}"
-                               ) from None
+            raise SettingError(
+                size_field,
+                f"a KV cache of {num_blocks:,} blocks x {per_block:,} bytes = "
+                f"{num_blocks * per_block:,} bytes cannot be allocated on {device}; lower {size_field}",
+            ) from None
         self.set_scales([1.0] * num_layers, [1.0] * num_layers)
 
     @property
@@ -118,13 +129,10 @@ class KVCache:
         """
         num_layers = len(self.k_caches)
         if len(k_scales) != num_layers or len(v_scales) != num_layers:
-            raise ValueError(
-                f"kv scales: need one per layer ({num_layers}), got {len(k_scales)} and {len(v_scales)}"
-            )
+            raise ValueError(f"kv scales: need one per layer ({num_layers}), got {len(k_scales)} and {len(v_scales)}")
         if min(*k_scales, *v_scales) <= 0:
             raise ValueError("kv scales: must be > 0")
         self.k_scales, self.v_scales = [float(s) for s in k_scales], [float(s) for s in v_scales]
         self.layers = tuple(
-            LayerKV(k, v, ks, vs)
-            for k, v, ks, vs in zip(self.k_caches, self.v_caches, self.k_scales, self.v_scales)
+            LayerKV(k, v, ks, vs) for k, v, ks, vs in zip(self.k_caches, self.v_caches, self.k_scales, self.v_scales)
         )

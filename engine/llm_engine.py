@@ -13,13 +13,14 @@ from __future__ import annotations
 
 import itertools
 import time
+from collections.abc import Sequence
 
 import torch
 
 from engine.attention import get_attention_backend, resolve_backend_name
-from engine.calibration import KVScales, measure_kv_scales
 from engine.config import DEFAULT_KV_CACHE_MEMORY_BYTES, EngineConfig, SettingError
 from engine.kv_cache import KVCache, is_oom_error
+from engine.kv_scales import KVScales, measure_kv_scales
 from engine.model_runner import ModelRunner, PromptLogits
 from engine.models.llama import Transformer, config_head_dim
 from engine.models.loader import load_model
@@ -28,8 +29,12 @@ from engine.request import FinishReason, Request, SamplingParams
 from engine.sampler import Sampler
 from engine.scheduler import Scheduler
 
-_TORCH_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32,
-                 "fp8": torch.float8_e4m3fn}
+_TORCH_DTYPES = {
+    "bfloat16": torch.bfloat16,
+    "float16": torch.float16,
+    "float32": torch.float32,
+    "fp8": torch.float8_e4m3fn,
+}
 
 
 def resolve_device(name: str) -> torch.device:
@@ -43,8 +48,11 @@ def resolve_device(name: str) -> torch.device:
     if name == "auto":
         return torch.device("cuda" if has_cuda else "cpu")
     if name == "cuda" and not has_cuda:
-        why = (f"torch {torch.__version__} is built without CUDA" if torch.version.cuda is None
-               else "torch sees no CUDA GPU")
+        why = (
+            f"torch {torch.__version__} is built without CUDA"
+            if torch.version.cuda is None
+            else "torch sees no CUDA GPU"
+        )
         raise SettingError("device", f"cuda is not available here ({why}); use device auto or cpu")
     return torch.device(name)
 
@@ -75,22 +83,30 @@ class LLMEngine:
         self._tokenizer = loaded.tokenizer
         self.eos_token_ids = loaded.eos_token_ids
         self._hf_config = loaded.hf_model.config
-        self.model = Transformer.from_hf(loaded.hf_model.to(self._device), backend)
+        # ignore: transformers' PreTrainedModel.to is functools.wraps(torch.nn.Module.to), typed unbound (self first)
+        self.model = Transformer.from_hf(loaded.hf_model.to(self._device), backend)  # type: ignore[arg-type]
         del loaded  # our modules hold the weights now; drop transformers' copies of q/k/v and gate/up
 
         cfg = self._hf_config
         max_pos = cfg.max_position_embeddings
         if config.max_model_len is not None and config.max_model_len > max_pos:
-            raise SettingError("max_model_len", f"must be <= the model's max_position_embeddings {max_pos} "
-                               f"(got {config.max_model_len})")
+            raise SettingError(
+                "max_model_len",
+                f"must be <= the model's max_position_embeddings {max_pos} (got {config.max_model_len})",
+            )
         if config.block_size > max_pos:  # no sequence could ever fill one block
-            raise SettingError("block_size", f"must be <= the model's max_position_embeddings {max_pos} "
-                               f"(got {config.block_size})")
+            raise SettingError(
+                "block_size", f"must be <= the model's max_position_embeddings {max_pos} (got {config.block_size})"
+            )
         self.kv_cache = KVCache(
-            cfg.num_hidden_layers, cfg.num_key_value_heads, config_head_dim(cfg), config.block_size,
-            self._kv_cache_dtype, self._device, num_blocks=config.num_blocks,
-            memory_bytes=None if config.num_blocks
-            else config.kv_cache_memory_bytes or DEFAULT_KV_CACHE_MEMORY_BYTES,
+            cfg.num_hidden_layers,
+            cfg.num_key_value_heads,
+            config_head_dim(cfg),
+            config.block_size,
+            self._kv_cache_dtype,
+            self._device,
+            num_blocks=config.num_blocks,
+            memory_bytes=None if config.num_blocks else config.kv_cache_memory_bytes or DEFAULT_KV_CACHE_MEMORY_BYTES,
         )
         self._max_model_len = config.max_model_len or min(max_pos, self.num_blocks * config.block_size)
         self.scheduler = Scheduler(config, self.num_blocks, self._max_model_len, self.eos_token_ids)
@@ -116,7 +132,7 @@ class LLMEngine:
     # ---- fp8 KV calibration ------------------------------------------------------------
     def calibrate_kv_scales(self, prompts: list[list[int]]) -> KVScales:
         """Measure per-layer K/V amax over ``prompts`` (token ids) in the model dtype and install
-        scale = amax / 448 on the KV cache (see ``engine.calibration``); returns the scales.
+        scale = amax / 448 on the KV cache (see ``engine.kv_scales``); returns the scales.
 
         Only an fp8 cache reads the scales; for other dtypes they are measured and kept unused.
 
@@ -128,8 +144,10 @@ class LLMEngine:
                 already hold K/V quantised with the old scales).
         """
         if self._step_index:
-            raise RuntimeError("calibrate_kv_scales: call before the first step; the cache already "
-                               "holds K/V quantised with the old scales")
+            raise RuntimeError(
+                "calibrate_kv_scales: call before the first step; the cache already "
+                "holds K/V quantised with the old scales"
+            )
         if not prompts or not all(prompts):
             raise ValueError("prompts: calibration needs at least one non-empty prompt")
         vocab, max_pos = self.hf_config.vocab_size, self.hf_config.max_position_embeddings
@@ -143,9 +161,14 @@ class LLMEngine:
         return scales
 
     # ---- requests ----------------------------------------------------------------------
-    def add_request(self, prompt_token_ids: list[int], sampling_params: SamplingParams,
-                    request_id: str | None = None, arrival_time: float | None = None,
-                    cache_salt: str | None = None) -> str:
+    def add_request(
+        self,
+        prompt_token_ids: list[int],
+        sampling_params: SamplingParams,
+        request_id: str | None = None,
+        arrival_time: float | None = None,
+        cache_salt: str | None = None,
+    ) -> str:
         """Queue a request; returns its id. ``arrival_time`` defaults to now (perf_counter s).
 
         A request that can never fit finishes at once with reason ``cannot_fit`` (it comes out of
@@ -163,8 +186,13 @@ class LLMEngine:
             while self.scheduler.knows(request_id):
                 request_id = str(next(self._ids))
         now = time.perf_counter()
-        request = Request(request_id, tuple(prompt_token_ids), sampling_params,
-                          now if arrival_time is None else arrival_time, cache_salt)
+        request = Request(
+            request_id,
+            tuple(prompt_token_ids),
+            sampling_params,
+            now if arrival_time is None else arrival_time,
+            cache_salt,
+        )
         self.scheduler.add_request(request, now)
         self.sampler.add(request_id, sampling_params)
         return request_id
@@ -202,8 +230,7 @@ class LLMEngine:
                 detail = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
                 self.scheduler.finish_requests(ids, FinishReason.OOM, time.perf_counter(), detail)
             else:
-                self.scheduler.update_from_output(sched, dict(zip(out.request_ids, token_ids)),
-                                                  time.perf_counter())
+                self.scheduler.update_from_output(sched, dict(zip(out.request_ids, token_ids)), time.perf_counter())
         outputs = [self._output(r) for r in self.scheduler.take_finished()]
         stats = self.scheduler.step_stats(self._step_index, start, time.perf_counter(), sched, len(outputs), num_oom)
         self._step_index += 1
@@ -232,8 +259,9 @@ class LLMEngine:
         return RequestOutput.from_request(request, text, prompt_logits)
 
     # ---- offline batch -----------------------------------------------------------------
-    def generate(self, prompts: list[list[int]] | list[str],
-                 sampling_params: SamplingParams | list[SamplingParams]) -> list[RequestOutput]:
+    def generate(
+        self, prompts: Sequence[list[int] | str], sampling_params: SamplingParams | list[SamplingParams]
+    ) -> list[RequestOutput]:
         """Run ``prompts`` to completion; outputs in input order. Strings are tokenised as plain
         text (no chat template). Other requests already queued run too; their outputs are dropped.
 
@@ -244,9 +272,7 @@ class LLMEngine:
         if isinstance(sampling_params, SamplingParams):
             sampling_params = [sampling_params] * len(prompts)
         if len(sampling_params) != len(prompts):
-            raise ValueError(
-                f"sampling_params: need one per prompt ({len(prompts)}), got {len(sampling_params)}"
-            )
+            raise ValueError(f"sampling_params: need one per prompt ({len(prompts)}), got {len(sampling_params)}")
         ids = []
         for prompt, params in zip(prompts, sampling_params):
             if isinstance(prompt, str):

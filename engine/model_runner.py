@@ -101,14 +101,14 @@ class ModelRunner:
         for s in ordered:
             if len(s.block_ids) * bs < s.seq_len:
                 raise ValueError(
-                    f"scheduled {s.request_id!r}: {len(s.block_ids)} blocks of {bs} cannot hold "
-                    f"{s.seq_len} tokens"
+                    f"scheduled {s.request_id!r}: {len(s.block_ids)} blocks of {bs} cannot hold {s.seq_len} tokens"
                 )
             first_row = len(input_ids)
             input_ids.extend(s.token_ids)
             span = range(s.num_computed_tokens, s.seq_len)
-            wanted = range(max(span.start, s.prompt_logits_positions.start),
-                           min(span.stop, s.prompt_logits_positions.stop))
+            wanted = range(
+                max(span.start, s.prompt_logits_positions.start), min(span.stop, s.prompt_logits_positions.stop)
+            )
             if wanted:
                 prompt_rows.extend(first_row + p - span.start for p in wanted)
                 prompt_spans.append((s.request_id, wanted.start, len(wanted)))
@@ -158,6 +158,7 @@ class ModelRunner:
         if inp.prompt_logits_indices is not None:
             rows = self.model.compute_logits(hidden[inp.prompt_logits_indices])
             parts = rows.split([n for _, _, n in inp.prompt_logits_spans])
-            prompt_logits = tuple(PromptLogits(rid, first, part)
-                                  for (rid, first, _), part in zip(inp.prompt_logits_spans, parts))
+            prompt_logits = tuple(
+                PromptLogits(rid, first, part) for (rid, first, _), part in zip(inp.prompt_logits_spans, parts)
+            )
         return RunnerOutput(inp.sampled_request_ids, logits, prompt_logits)

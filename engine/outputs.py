@@ -154,8 +154,9 @@ class RequestOutput:
     prompt_logits: torch.Tensor | None = field(default=None, compare=False, repr=False)
 
     @classmethod
-    def from_request(cls, request: Request, text: str | None,
-                     prompt_logits: torch.Tensor | None = None) -> "RequestOutput":
+    def from_request(
+        cls, request: Request, text: str | None, prompt_logits: torch.Tensor | None = None
+    ) -> RequestOutput:
         assert request.finish_reason is not None and request.finish_time is not None
         return cls(
             request_id=request.request_id,

@@ -75,7 +75,8 @@ class SamplingParams:
         for name in ("max_tokens", "seed", "num_prompt_logits", "min_tokens"):
             value = getattr(self, name)
             if not (isinstance(value, numbers.Integral) and not isinstance(value, bool)) and not (
-                    name == "seed" and value is None):
+                name == "seed" and value is None
+            ):
                 raise ValueError(f"{name}: must be an int (got {value!r})")
         if self.max_tokens < 1:
             raise ValueError(f"max_tokens: must be >= 1 (got {self.max_tokens})")

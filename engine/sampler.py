@@ -1,7 +1,7 @@
 """Sampler: logits of the sampled rows -> one token id per request.
 
-- greedy (temperature 0, or below 1e-5 as in vLLM): argmax, the first index on ties (as ``torch.argmax`` and transformers'
-  greedy search).
+- greedy (temperature 0, or below 1e-5 as in vLLM): argmax, the first index on ties (as ``torch.argmax``
+  and transformers' greedy search).
 - temperature T > 0: softmax(logits / T), then top-p (nucleus sampling, Holtzman et al., "The
   Curious Case of Neural Text Degeneration", ICLR 2020): keep the most probable tokens until their
   mass reaches top_p (a token is dropped when the mass before it already reaches top_p; the most
@@ -43,8 +43,7 @@ class Sampler:
         self._seeds.pop(request_id, None)
         self._generators.pop(request_id, None)
 
-    def sample(self, logits: torch.Tensor, request_ids: Sequence[str],
-               params: Sequence[SamplingParams]) -> list[int]:
+    def sample(self, logits: torch.Tensor, request_ids: Sequence[str], params: Sequence[SamplingParams]) -> list[int]:
         """logits: [num_sampled, vocab] fp32, row i for request_ids[i] with params[i].
 
         Returns one token id per row.

@@ -90,8 +90,9 @@ class Scheduler:
         has with K/V in the cache: (request ids, num_computed_tokens)."""
         return tuple(map(_REQUEST_ID, self.running)), tuple(map(_NUM_COMPUTED, self.running))
 
-    def step_stats(self, step_index: int, start: float, end: float, output: SchedulerOutput, num_finished: int,
-                   num_oom: int = 0) -> StepStats:
+    def step_stats(
+        self, step_index: int, start: float, end: float, output: SchedulerOutput, num_finished: int, num_oom: int = 0
+    ) -> StepStats:
         """The stats of a step that ran ``output`` from ``start`` to ``end``, read now (after its
         update): the engine's and a simulation's steps are described by this one function. The
         peak used blocks are those held right after ``schedule()`` allocated (or now, if more)."""
@@ -198,8 +199,9 @@ class Scheduler:
             num_prefix_hit_tokens=self.num_prefix_hit_tokens - hit0,
         )
 
-    def _schedule_running(self, budget: int, scheduled: list[ScheduledRequest],
-                          preempted: list[Request]) -> tuple[int, int]:
+    def _schedule_running(
+        self, budget: int, scheduled: list[ScheduledRequest], preempted: list[Request]
+    ) -> tuple[int, int]:
         """Give running requests, in admission order, their remaining tokens (a decode's one, a
         prefill's chunk) within ``budget``; appends to ``scheduled`` and ``preempted``. Returns
         (the budget left, the decodes among them). This loop runs for every running request every
@@ -228,10 +230,18 @@ class Scheduler:
             else:
                 token_ids = request.token_ids_between(start, end)
             num_logits = request.sampling_params.num_prompt_logits
-            scheduled.append(_new_scheduled((
-                request.request_id, token_ids, start, table, end == num_tokens,
-                range(num_prompt - num_logits, num_prompt) if num_logits else _NO_POSITIONS,
-            )))
+            scheduled.append(
+                _new_scheduled(
+                    (
+                        request.request_id,
+                        token_ids,
+                        start,
+                        table,
+                        end == num_tokens,
+                        range(num_prompt - num_logits, num_prompt) if num_logits else _NO_POSITIONS,
+                    )
+                )
+            )
             budget -= end - start
         return budget, num_decode
 
@@ -246,8 +256,9 @@ class Scheduler:
                 return False
         return True
 
-    def _admit_waiting(self, now: float, budget: int, num_decode: int,
-                       scheduled: list[ScheduledRequest]) -> tuple[int, int]:
+    def _admit_waiting(
+        self, now: float, budget: int, num_decode: int, scheduled: list[ScheduledRequest]
+    ) -> tuple[int, int]:
         """Admit waiting requests first come, first served while blocks, ``budget`` and
         max_num_seqs allow, each from its longest cached prefix; appends to ``scheduled``.
         Returns (the budget left, ``num_decode`` plus the decodes admitted: a re-admitted request
@@ -281,11 +292,16 @@ class Scheduler:
         requests get theirs in ``_schedule_running``'s loop, the same fields read inline)."""
         end = start + num_new
         num_prompt, num_logits = len(request.prompt_token_ids), request.sampling_params.num_prompt_logits
-        return _new_scheduled((
-            request.request_id, request.token_ids_between(start, end), start,
-            self.block_manager.block_tables[request.request_id], end == request.num_tokens,
-            range(num_prompt - num_logits, num_prompt) if num_logits else _NO_POSITIONS,
-        ))
+        return _new_scheduled(
+            (
+                request.request_id,
+                request.token_ids_between(start, end),
+                start,
+                self.block_manager.block_tables[request.request_id],
+                end == request.num_tokens,
+                range(num_prompt - num_logits, num_prompt) if num_logits else _NO_POSITIONS,
+            )
+        )
 
     def _preempt(self, request: Request) -> None:
         self.block_manager.free(request.request_id, forget=False)
@@ -294,9 +310,7 @@ class Scheduler:
         request.num_preemptions += 1
         self.waiting.appendleft(request)
 
-    def update_from_output(
-        self, output: SchedulerOutput, sampled_token_ids: Mapping[str, int], now: float
-    ) -> None:
+    def update_from_output(self, output: SchedulerOutput, sampled_token_ids: Mapping[str, int], now: float) -> None:
         """Advance every scheduled request by its computed tokens; append sampled tokens; finish
         requests that hit EOS (unless ignore_eos, or before min_tokens) or max_tokens."""
         requests, bm, eos_token_ids = self._requests, self.block_manager, self.eos_token_ids

@@ -48,6 +48,7 @@ class KvplanError(Exception):
         name -> ``--name``, None for a name it has no option for). The field is respelled only
         when it belongs to no file (a YAML path stays a path); backticked names in the texts
         always are."""
+
         def spell(name: str) -> str:
             return (flag(name) if flag is not None else None) or name
 
@@ -63,10 +64,19 @@ class KvplanError(Exception):
         """The same error as part of a file: ``prefix`` (a YAML path such as ``plan[0]``) goes in
         front of the field, ``source`` names the file, ``fix`` replaces a fix that only made sense
         for an option. Keeps the class (and so the exit code)."""
-        field = f"{prefix}.{self.field}" if prefix and self.field and not self.field.startswith("[") else prefix + self.field
+        field = (
+            f"{prefix}.{self.field}"
+            if prefix and self.field and not self.field.startswith("[")
+            else prefix + self.field
+        )
         err = type(self).__new__(type(self))
-        KvplanError.__init__(err, field, self.problem, fix if fix is not None else self.fix,
-                             source=source if source is not None else self.source)
+        KvplanError.__init__(
+            err,
+            field,
+            self.problem,
+            fix if fix is not None else self.fix,
+            source=source if source is not None else self.source,
+        )
         return err
 
 

@@ -52,8 +52,12 @@ def read_yaml(raw: bytes | str, source: str) -> Any:
     try:
         return yaml.load(raw, Loader=UniqueKeyLoader)
     except DuplicateKeyError as err:
-        raise KvplanError(f"line {err.line}", f"duplicate key {err.key!r} (first at line {err.first_line})",
-                          "keep one of them", source=source) from None
+        raise KvplanError(
+            f"line {err.line}",
+            f"duplicate key {err.key!r} (first at line {err.first_line})",
+            "keep one of them",
+            source=source,
+        ) from None
     except yaml.YAMLError as err:
         mark = getattr(err, "problem_mark", None)
         at = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""

@@ -1,10 +1,15 @@
 """kvplan's parts import one way, with no cycle anywhere, and no module grows past 400 lines.
 
 The import graph is read from every module's AST (imports inside functions count too), so a
-lazy import cannot hide a cycle. Direction rules (README, "Architecture")::
+lazy import cannot hide a cycle. Direction rules (docs/architecture.md)::
 
     cli, schemas -> gate -> load -> results -> plan          engine imports nothing of kvplan
     plan: no torch, transformers, triton or engine; results: no torch, transformers or triton
+
+Inside load, one folder per kind of run (bundled engine, remote target, simulation); the kinds
+import none of each other, and the stages every run shares import none of them, but for the
+workload schema's ``target:`` section (load.target.settings). load.loadtest, the bundled engine's
+run, is the one module where two kinds meet (the simulated knee beside the measured one).
 """
 
 from __future__ import annotations
@@ -19,13 +24,27 @@ PACKAGES = ("kvplan", "engine")
 MAX_LINES = 400
 # part -> parts (and third-party packages) it must never import
 FORBIDDEN = {
-    "kvplan.plan": ("kvplan.load", "kvplan.results", "kvplan.gate", "kvplan.cli", "engine", "torch",
-                    "transformers", "triton"),
+    "kvplan.plan": (
+        "kvplan.load",
+        "kvplan.results",
+        "kvplan.gate",
+        "kvplan.cli",
+        "engine",
+        "torch",
+        "transformers",
+        "triton",
+    ),
     "kvplan.results": ("kvplan.load", "kvplan.gate", "kvplan.cli", "torch", "transformers", "triton"),
     "kvplan.load": ("kvplan.gate", "kvplan.cli"),
     "kvplan.gate": ("kvplan.cli",),
     "engine": ("kvplan",),
 }
+
+
+KINDS = ("kvplan.load.bundled", "kvplan.load.target", "kvplan.load.sim")
+# shared stages may import these of a kind: the workload's target: section is part of the schema
+SHARED_MAY_IMPORT = {"kvplan.load.target", "kvplan.load.target.settings"}
+KINDS_MEET = {"kvplan.load.loadtest"}
 
 
 def _modules() -> dict[str, Path]:
@@ -84,6 +103,49 @@ def test_imports_run_one_way(part):
         if bad:
             broken.append(f"{name} imports {bad}")
     assert not broken, "\n".join(broken)
+
+
+def _kind(name: str) -> str | None:
+    return next((k for k in KINDS if name == k or name.startswith(k + ".")), None)
+
+
+def test_the_kinds_of_run_are_folders():
+    for kind in KINDS:
+        assert MODULES[kind].name == "__init__.py"
+
+
+def crossings(graph: dict[str, set[str]], modules) -> list[str]:
+    """The imports of ``graph`` that break the kind rules, one line each, for ``modules``."""
+    broken = []
+    for name in modules:
+        kind = _kind(name)
+        if kind is not None:
+            bad = {t for t in graph.get(name, ()) if _kind(t) not in (None, kind)}
+        elif name.startswith("kvplan.load.") and name not in KINDS_MEET:
+            bad = {t for t in graph.get(name, ()) if _kind(t) is not None} - SHARED_MAY_IMPORT
+        else:
+            bad = set()
+        if bad:
+            broken.append(f"{name} imports {sorted(bad)}")
+    return broken
+
+
+def test_kinds_of_run_import_none_of_each_other_and_shared_stages_none_of_them():
+    assert {"kvplan.load.driver", "kvplan.load.workload", "kvplan.load.lifecycle"} <= set(MODULES)
+    assert crossings(GRAPH, MODULES) == []
+
+
+def test_the_kind_rules_catch_a_crossing():
+    graph = {
+        "kvplan.load.sim.x": {"kvplan.load.target.backend", "kvplan.load.driver", "kvplan.load.sim.cost"},
+        "kvplan.load.driver": {"kvplan.load.bundled.backend"},
+        "kvplan.load.workload": {"kvplan.load.target.settings"},
+        "kvplan.load.loadtest": {"kvplan.load.sim.search", "kvplan.load.bundled.backend"},
+    }
+    assert crossings(graph, graph) == [
+        "kvplan.load.sim.x imports ['kvplan.load.target.backend']",
+        "kvplan.load.driver imports ['kvplan.load.bundled.backend']",
+    ]
 
 
 def cycles(graph: dict[str, set[str]]) -> list[list[str]]:

@@ -61,8 +61,11 @@ def get_attention_backend(name: str, device: torch.device) -> ModuleType:
         return torch_ref
     if name == "triton":
         if device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
-            raise InterpreterRequired("attention_backend", "triton on CPU needs the Triton interpreter: "
-                                      "set TRITON_INTERPRET=1 before starting (or use attention_backend torch)")
+            raise InterpreterRequired(
+                "attention_backend",
+                "triton on CPU needs the Triton interpreter: "
+                "set TRITON_INTERPRET=1 before starting (or use attention_backend torch)",
+            )
         from engine.attention import triton_ops
 
         return triton_ops

@@ -216,9 +216,7 @@ def _prefill_attention(
         q_pos = torch.arange(seq_len - query_len, seq_len, device=query.device)
         k_pos = torch.arange(seq_len, device=query.device)
         mask = k_pos[None, :] <= q_pos[:, None]  # [query_len, seq_len]
-        o = F.scaled_dot_product_attention(
-            q, k, v, attn_mask=mask, scale=score_scale, enable_gqa=group > 1
-        )
+        o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=score_scale, enable_gqa=group > 1)
         out[start:end] = o[0].transpose(0, 1)
 
 

@@ -1,26 +1,14 @@
 """Triton paged attention: cache write, decode, and (chunked) prefill kernels with checked wrappers.
 
 The default backend on CUDA. On CPU it runs only in Triton's interpreter (``TRITON_INTERPRET=1``),
-whose dtype faults shape the wrappers (../shared/ENVIRONMENT.md): bf16/fp8 arithmetic and
+whose dtype faults shape the wrappers (CONTRIBUTING.md, "Triton on a CPU"): bf16/fp8 arithmetic and
 fp32 -> bf16/fp8 casts are wrong there, loads followed by an fp32 upcast are exact. So under the
 interpreter every kernel computes in fp32, the write kernel copies values that torch quantised on
 the host (as same-width integers), and outputs are written in fp32 and cast by torch. On a GPU
 the kernels cast natively (fp8 quantisation in the write kernel, 16-bit outputs) and the prefill
 kernel's 16-bit dots use tensor cores. The decode kernel computes in fp32 on both.
 
-Addressing (all kernels): a token at context position ``n`` of sequence ``i`` lives at
-``block_tables[i, n // block_size]``, offset ``n % block_size``. Key tiles are gathered per token
-through the block table, so the key tile ``BLOCK_N`` is independent of the cache's block size.
-
-Softmax is the online (streaming) form of FlashAttention (Dao et al. 2022, arXiv:2205.14135):
-per query row keep the running max ``m``, normaliser ``l`` and unnormalised output ``acc``; for
-each key tile ``m' = max(m, max s)``, ``acc = acc * exp(m - m') + exp(s - m') @ V``. Exponentials
-are base 2 with ``log2(e)`` folded into the score scale. FP8 scales fold as in ``torch_ref``:
-``k_scale`` into the score scale, ``v_scale`` into the final output.
-
-dot precision: fp32 inputs use ``input_precision="ieee"`` (true fp32, matching torch's default of
-no TF32 in matmuls, so fp32 engine runs match transformers); bf16/fp16 inputs use the native
-16-bit dot with fp32 accumulation, as FlashAttention does.
+The kernels and their algorithm: engine.attention.triton_kernels.
 """
 
 from __future__ import annotations
@@ -29,10 +17,10 @@ import os
 
 import torch
 import triton
-import triton.language as tl
 
 from engine.attention.metadata import AttentionMetadata
 from engine.attention.torch_ref import FP8_DTYPE, quantize_to_cache
+from engine.attention.triton_kernels import _decode_kernel, _prefill_kernel, _write_kv_kernel
 
 CACHE_DTYPES = (torch.float32, torch.float16, torch.bfloat16, FP8_DTYPE)
 MODEL_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
@@ -41,151 +29,6 @@ _SAME_WIDTH_INT = {1: torch.int8, 2: torch.int16, 4: torch.int32}
 
 def _interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET") == "1"
-
-
-@triton.jit
-def _write_kv_kernel(
-    key_ptr, value_ptr, k_cache_ptr, v_cache_ptr, slot_ptr, k_scale, v_scale,
-    stride_kt, stride_kh, stride_vt, stride_vh,
-    stride_kcb, stride_kcs, stride_kch, stride_vcb, stride_vcs, stride_vch,
-    NUM_KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr,
-    BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, QUANT_FP8: tl.constexpr,
-):
-    # One program per token: all KV heads of that token go to one slot.
-    t = tl.program_id(0).to(tl.int64)
-    slot = tl.load(slot_ptr + t)
-    blk = slot // BLOCK_SIZE
-    off = slot % BLOCK_SIZE
-    h = tl.arange(0, BLOCK_H)[:, None]
-    d = tl.arange(0, BLOCK_D)[None, :]
-    mask = (h < NUM_KV_HEADS) & (d < HEAD_DIM)
-    k = tl.load(key_ptr + t * stride_kt + h * stride_kh + d, mask=mask)
-    v = tl.load(value_ptr + t * stride_vt + h * stride_vh + d, mask=mask)
-    if QUANT_FP8:
-        # Correctly rounded division, as torch's x / scale; e4m3 has no inf, so saturate first.
-        k = tl.clamp(tl.div_rn(k.to(tl.float32), k_scale), -448.0, 448.0)  # FP8_MAX
-        v = tl.clamp(tl.div_rn(v.to(tl.float32), v_scale), -448.0, 448.0)
-    k_dst = k_cache_ptr + blk * stride_kcb + off * stride_kcs + h * stride_kch + d
-    v_dst = v_cache_ptr + blk * stride_vcb + off * stride_vcs + h * stride_vch + d
-    tl.store(k_dst, k.to(k_cache_ptr.dtype.element_ty), mask=mask)
-    tl.store(v_dst, v.to(v_cache_ptr.dtype.element_ty), mask=mask)
-
-
-@triton.jit
-def _decode_kernel(
-    q_ptr, k_cache_ptr, v_cache_ptr, out_ptr, block_tables_ptr, seq_lens_ptr,
-    score_scale, out_scale,
-    stride_qt, stride_qh, stride_ot, stride_oh, stride_bt,
-    stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh,
-    GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr,
-    BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
-):
-    # One program per (decode sequence, KV head): the GROUP query heads sharing that KV head are
-    # rows of one tile, so each K/V tile is read once. Decode is memory bound and a one-token
-    # query has few rows, so scores are broadcast multiply-and-sum in fp32, not tl.dot.
-    seq = tl.program_id(0).to(tl.int64)
-    kv_head = tl.program_id(1)
-    seq_len = tl.load(seq_lens_ptr + seq)
-    g = tl.arange(0, BLOCK_G)
-    d = tl.arange(0, BLOCK_D)
-    d_ok = d < HEAD_DIM
-    heads = kv_head * GROUP + g
-    q_mask = (g < GROUP)[:, None] & d_ok[None, :]
-    q = tl.load(q_ptr + seq * stride_qt + heads[:, None] * stride_qh + d[None, :], mask=q_mask, other=0.0)
-    q = q.to(tl.float32) * (score_scale * 1.4426950408889634)  # log2(e): exp2 below
-
-    m_i = tl.full([BLOCK_G], float("-inf"), tl.float32)
-    l_i = tl.zeros([BLOCK_G], tl.float32)
-    acc = tl.zeros([BLOCK_G, BLOCK_D], tl.float32)
-    for start in range(0, seq_len, BLOCK_N):
-        n = start + tl.arange(0, BLOCK_N)
-        n_ok = n < seq_len
-        blk = tl.load(block_tables_ptr + seq * stride_bt + n // BLOCK_SIZE, mask=n_ok, other=0).to(tl.int64)
-        row = (blk * stride_kb + (n % BLOCK_SIZE) * stride_ks)[:, None]
-        kv_mask = n_ok[:, None] & d_ok[None, :]
-        k = tl.load(k_cache_ptr + row + kv_head * stride_kh + d[None, :], mask=kv_mask, other=0.0)
-        s = tl.sum(q[:, None, :] * k.to(tl.float32)[None, :, :], axis=2)  # [BLOCK_G, BLOCK_N]
-        s = tl.where(n_ok[None, :], s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, axis=1))
-        alpha = tl.exp2(m_i - m_new)
-        p = tl.exp2(s - m_new[:, None])
-        l_i = l_i * alpha + tl.sum(p, axis=1)
-        v_row = (blk * stride_vb + (n % BLOCK_SIZE) * stride_vs)[:, None]
-        v = tl.load(v_cache_ptr + v_row + kv_head * stride_vh + d[None, :], mask=kv_mask, other=0.0)
-        acc = acc * alpha[:, None] + tl.sum(p[:, :, None] * v.to(tl.float32)[None, :, :], axis=1)
-        m_i = m_new
-    out = acc * (out_scale / l_i)[:, None]
-    o_ptrs = out_ptr + seq * stride_ot + heads[:, None] * stride_oh + d[None, :]
-    tl.store(o_ptrs, out.to(out_ptr.dtype.element_ty), mask=q_mask)
-
-
-@triton.jit
-def _prefill_kernel(
-    q_ptr, k_cache_ptr, v_cache_ptr, out_ptr, block_tables_ptr, seq_lens_ptr, query_start_ptr,
-    score_scale, out_scale, first_seq,
-    stride_qt, stride_qh, stride_ot, stride_oh, stride_bt,
-    stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh,
-    GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, UPCAST: tl.constexpr,
-):
-    # One program per (prefill sequence, query head, tile of BLOCK_M new tokens).
-    #   context:  | computed before (ctx_len) | new tokens (query_len) |
-    #   new token m sits at position ctx_len + m and sees keys 0 .. ctx_len + m.
-    seq = (first_seq + tl.program_id(0)).to(tl.int64)
-    head = tl.program_id(1)
-    m_start = tl.program_id(2) * BLOCK_M
-    q_start = tl.load(query_start_ptr + seq)
-    query_len = tl.load(query_start_ptr + seq + 1) - q_start
-    if m_start >= query_len:
-        return
-    seq_len = tl.load(seq_lens_ptr + seq)
-    ctx_len = seq_len - query_len
-    kv_head = head // GROUP
-    m = m_start + tl.arange(0, BLOCK_M)
-    q_pos = ctx_len + m
-    d = tl.arange(0, BLOCK_D)
-    d_ok = d < HEAD_DIM
-    q_mask = (m < query_len)[:, None] & d_ok[None, :]
-    q_rows = (q_start + m).to(tl.int64)
-    q = tl.load(q_ptr + q_rows[:, None] * stride_qt + head * stride_qh + d[None, :], mask=q_mask, other=0.0)
-    if UPCAST:
-        q = q.to(tl.float32)
-    qk_scale = score_scale * 1.4426950408889634  # log2(e): exp2 below
-
-    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
-    l_i = tl.zeros([BLOCK_M], tl.float32)
-    acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
-    # Keys past the tile's last query position are masked for every row: stop before them.
-    key_end = tl.minimum(seq_len, ctx_len + m_start + BLOCK_M)
-    for start in range(0, key_end, BLOCK_N):
-        n = start + tl.arange(0, BLOCK_N)
-        n_ok = n < key_end
-        blk = tl.load(block_tables_ptr + seq * stride_bt + n // BLOCK_SIZE, mask=n_ok, other=0).to(tl.int64)
-        kv_mask = n_ok[:, None] & d_ok[None, :]
-        k_row = (blk * stride_kb + (n % BLOCK_SIZE) * stride_ks)[:, None]
-        k = tl.load(k_cache_ptr + k_row + kv_head * stride_kh + d[None, :], mask=kv_mask, other=0.0)
-        v_row = (blk * stride_vb + (n % BLOCK_SIZE) * stride_vs)[:, None]
-        v = tl.load(v_cache_ptr + v_row + kv_head * stride_vh + d[None, :], mask=kv_mask, other=0.0)
-        if UPCAST:
-            s = tl.dot(q, tl.trans(k.to(tl.float32)), input_precision="ieee")
-        else:
-            s = tl.dot(q, tl.trans(k.to(q.dtype)))
-        s = s * qk_scale
-        causal = (n[None, :] <= q_pos[:, None]) & n_ok[None, :]
-        s = tl.where(causal, s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, axis=1))
-        alpha = tl.exp2(m_i - m_new)
-        p = tl.exp2(s - m_new[:, None])
-        l_i = l_i * alpha + tl.sum(p, axis=1)
-        if UPCAST:
-            pv = tl.dot(p, v.to(tl.float32), input_precision="ieee")
-        else:
-            pv = tl.dot(p.to(q.dtype), v.to(q.dtype))
-        acc = acc * alpha[:, None] + pv
-        m_i = m_new
-    out = acc * (out_scale / l_i)[:, None]
-    o_ptrs = out_ptr + q_rows[:, None] * stride_ot + head * stride_oh + d[None, :]
-    tl.store(o_ptrs, out.to(out_ptr.dtype.element_ty), mask=q_mask)
 
 
 def _require(ok: bool, problem: str) -> None:
@@ -201,8 +44,7 @@ def _check_cache(k_cache: torch.Tensor, v_cache: torch.Tensor) -> None:
     )
     _require(
         k_cache.dtype == v_cache.dtype and k_cache.dtype in CACHE_DTYPES,
-        f"cache dtype must be one of {CACHE_DTYPES} and equal for K and V "
-        f"(got {k_cache.dtype} and {v_cache.dtype})",
+        f"cache dtype must be one of {CACHE_DTYPES} and equal for K and V (got {k_cache.dtype} and {v_cache.dtype})",
     )
     _require(
         k_cache.stride(-1) == 1 and v_cache.stride(-1) == 1,
@@ -269,11 +111,24 @@ def write_kv_cache(
         quant_fp8 = False
     _, block_size, num_kv_heads, head_dim = k_cache.shape
     _write_kv_kernel[(num_tokens,)](
-        key, value, k_cache, v_cache, slot_mapping, float(k_scale), float(v_scale),
-        key.stride(0), key.stride(1), value.stride(0), value.stride(1),
-        *k_cache.stride()[:3], *v_cache.stride()[:3],
-        NUM_KV_HEADS=num_kv_heads, HEAD_DIM=head_dim, BLOCK_SIZE=block_size,
-        BLOCK_H=triton.next_power_of_2(num_kv_heads), BLOCK_D=triton.next_power_of_2(head_dim),
+        key,
+        value,
+        k_cache,
+        v_cache,
+        slot_mapping,
+        float(k_scale),
+        float(v_scale),
+        key.stride(0),
+        key.stride(1),
+        value.stride(0),
+        value.stride(1),
+        *k_cache.stride()[:3],
+        *v_cache.stride()[:3],
+        NUM_KV_HEADS=num_kv_heads,
+        HEAD_DIM=head_dim,
+        BLOCK_SIZE=block_size,
+        BLOCK_H=triton.next_power_of_2(num_kv_heads),
+        BLOCK_D=triton.next_power_of_2(head_dim),
         QUANT_FP8=quant_fp8,
     )
 
@@ -363,33 +218,64 @@ def paged_attention(
     score_scale = float(scale) * (float(k_scale) if is_fp8 else 1.0)
     out_scale = float(v_scale) if is_fp8 else 1.0
     # The interpreter's fp32 -> 16-bit casts truncate: write fp32 there and let torch round.
-    out = torch.empty(
-        query.shape, dtype=torch.float32 if interpreting else query.dtype, device=query.device
-    )
+    out = torch.empty(query.shape, dtype=torch.float32 if interpreting else query.dtype, device=query.device)
     group = num_heads // num_kv_heads
     block_d = max(16, triton.next_power_of_2(head_dim))
     common = (
-        out.stride(0), out.stride(1), meta.block_tables.stride(0),
-        *k_cache.stride()[:3], *v_cache.stride()[:3],
+        out.stride(0),
+        out.stride(1),
+        meta.block_tables.stride(0),
+        *k_cache.stride()[:3],
+        *v_cache.stride()[:3],
     )
     nd = meta.num_decodes
     if nd > 0:
         block_g = triton.next_power_of_2(group)
         _decode_kernel[(nd, num_kv_heads)](
-            query, k_cache, v_cache, out, meta.block_tables, meta.seq_lens,
-            score_scale, out_scale, query.stride(0), query.stride(1), *common,
-            GROUP=group, HEAD_DIM=head_dim, BLOCK_SIZE=block_size, BLOCK_G=block_g, BLOCK_D=block_d,
-            BLOCK_N=block_n or _decode_block_n(block_g, block_d, interpreting), num_warps=4,
+            query,
+            k_cache,
+            v_cache,
+            out,
+            meta.block_tables,
+            meta.seq_lens,
+            score_scale,
+            out_scale,
+            query.stride(0),
+            query.stride(1),
+            *common,
+            GROUP=group,
+            HEAD_DIM=head_dim,
+            BLOCK_SIZE=block_size,
+            BLOCK_G=block_g,
+            BLOCK_D=block_d,
+            BLOCK_N=block_n or _decode_block_n(block_g, block_d, interpreting),
+            num_warps=4,
         )
     num_prefills = meta.num_seqs - nd
     if num_prefills > 0:
         default_m, default_n = _prefill_tiles(block_d, interpreting)
         tile_m = block_m or default_m
         _prefill_kernel[(num_prefills, num_heads, triton.cdiv(meta.max_query_len, tile_m))](
-            query, k_cache, v_cache, out, meta.block_tables, meta.seq_lens, meta.query_start_loc,
-            score_scale, out_scale, nd, query.stride(0), query.stride(1), *common,
-            GROUP=group, HEAD_DIM=head_dim, BLOCK_SIZE=block_size,
-            BLOCK_M=tile_m, BLOCK_D=block_d, BLOCK_N=block_n or default_n,
-            UPCAST=interpreting or query.dtype == torch.float32, num_warps=8,
+            query,
+            k_cache,
+            v_cache,
+            out,
+            meta.block_tables,
+            meta.seq_lens,
+            meta.query_start_loc,
+            score_scale,
+            out_scale,
+            nd,
+            query.stride(0),
+            query.stride(1),
+            *common,
+            GROUP=group,
+            HEAD_DIM=head_dim,
+            BLOCK_SIZE=block_size,
+            BLOCK_M=tile_m,
+            BLOCK_D=block_d,
+            BLOCK_N=block_n or default_n,
+            UPCAST=interpreting or query.dtype == torch.float32,
+            num_warps=8,
         )
     return out if out.dtype == query.dtype else out.to(query.dtype)

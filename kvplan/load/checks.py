@@ -50,12 +50,23 @@ def check_requests_fit(workload: Workload, engine: EngineFacts, sampled: dict[st
         where = field
         blocks = -(-(longest.num_tokens - 1) // engine.block_size)
         if blocks > engine.num_blocks:
-            raise KvplanError(where, f"the longest request ({spelled} tokens) needs {blocks} blocks of"
-                              f" {engine.block_size} tokens, the KV pool has {engine.num_blocks}",
-                              f"lower it or grow engine.{pool_field}", source=workload.source)
+            raise KvplanError(
+                where,
+                f"the longest request ({spelled} tokens) needs {blocks} blocks of"
+                f" {engine.block_size} tokens, the KV pool has {engine.num_blocks}",
+                f"lower it or grow engine.{pool_field}",
+                source=workload.source,
+            )
         if longest.num_tokens > engine.max_model_len:
-            limit = (f"engine.max_model_len {engine.max_model_len}" if workload.engine.max_model_len is not None
-                     else f"the engine's max_model_len {engine.max_model_len} (by default the smaller of the KV"
-                          " pool's tokens and the model's max_position_embeddings)")
-            raise KvplanError(where, f"the longest request ({spelled} = {longest.num_tokens} tokens) exceeds {limit}",
-                              "lower it or raise engine.max_model_len", source=workload.source)
+            limit = (
+                f"engine.max_model_len {engine.max_model_len}"
+                if workload.engine.max_model_len is not None
+                else f"the engine's max_model_len {engine.max_model_len} (by default the smaller of the KV"
+                " pool's tokens and the model's max_position_embeddings)"
+            )
+            raise KvplanError(
+                where,
+                f"the longest request ({spelled} = {longest.num_tokens} tokens) exceeds {limit}",
+                "lower it or raise engine.max_model_len",
+                source=workload.source,
+            )

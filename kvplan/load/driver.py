@@ -20,7 +20,7 @@ progress, and to idle::
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -29,8 +29,7 @@ import numpy as np
 from kvplan.load.requests import SampledRequest
 from kvplan.load.workload import Workload
 from kvplan.results.prefix_metrics import CACHED, UNCACHED, VARIANTS
-from kvplan.results.records import LevelKey, RequestRecord, StepRecord, field_names, level_fields
-from kvplan.results.store import RunWriter
+from kvplan.results.records import LevelKey, Mode, RequestRecord, StepRecord, field_names, level_fields
 
 
 @dataclass(frozen=True)
@@ -52,9 +51,16 @@ def plan_levels(workload: Workload, sampled: dict[str, list[SampledRequest]]) ->
         reqs = tuple(sampled[bucket.name])
         if bucket.concurrency == "auto":
             raise ValueError(f"buckets[{i}].concurrency: auto is resolved before the levels are planned")
-        for mode, values in (("closed", bucket.concurrency), ("open", bucket.request_rates)):
-            levels += [Level(LevelKey(bucket.name, mode, x if mode == "closed" else float(x), v), i, reqs)
-                       for x in sorted(values) for v in variants]
+        modes: tuple[tuple[Mode, Sequence[float]], ...] = (
+            ("closed", bucket.concurrency),
+            ("open", bucket.request_rates),
+        )
+        for mode, values in modes:
+            levels += [
+                Level(LevelKey(bucket.name, mode, x if mode == "closed" else float(x), v), i, reqs)
+                for x in sorted(values)
+                for v in variants
+            ]
     return levels
 
 
@@ -128,6 +134,15 @@ class Backend(Protocol):
 
 
 # ---- records ------------------------------------------------------------------------------------
+class RecordWriter(Protocol):
+    """Where a Recorder writes its records: kvplan.results.store.RunWriter (the run's JSONL
+    files), or memory (a simulated probe)."""
+
+    def write_request(self, record: RequestRecord) -> None: ...
+
+    def write_step(self, record: StepRecord) -> None: ...
+
+
 class Recorder:
     """Turns a level's finished requests and steps into records, writes them, counts progress.
 
@@ -136,21 +151,32 @@ class Recorder:
     called per finished request (progress).
     """
 
-    def __init__(self, writer: RunWriter, level: Level, kv_sizes: Callable[[Any], dict[str, int]],
-                 advance: Callable[..., None] = lambda *args: None):
+    def __init__(
+        self,
+        writer: RecordWriter,
+        level: Level,
+        kv_sizes: Callable[[Any], dict[str, int]],
+        advance: Callable[..., None] = lambda *args: None,
+    ):
         self.writer, self.level, self.kv_sizes, self.advance = writer, level, kv_sizes, advance
         self.submitted: dict[str, tuple[SampledRequest, str]] = {}  # request id -> (request, cache salt)
 
-    def record(self, finished: list[Finished], steps: list[Any]) -> None:
+    def record(self, finished: list[Finished], steps: Sequence[Any]) -> None:
         key = self.level.key
         for stats in steps:
             self.writer.write_step(StepRecord.from_stats(key, stats, **self.kv_sizes(stats)))
         for out in finished:
             req, salt = self.submitted.pop(out.request_id)
-            self.writer.write_request(RequestRecord(
-                **{name: getattr(out, name) for name in field_names(type(out))}, **level_fields(key),
-                max_tokens=req.max_tokens, prefix_group=req.prefix_group, tenant=req.tenant, cache_salt=salt,
-            ))
+            self.writer.write_request(
+                RequestRecord(
+                    **{name: getattr(out, name) for name in field_names(type(out))},
+                    **level_fields(key),
+                    max_tokens=req.max_tokens,
+                    prefix_group=req.prefix_group,
+                    tenant=req.tenant,
+                    cache_salt=salt,
+                )
+            )
             self.advance(out, len(self.submitted))
 
 
@@ -186,6 +212,7 @@ def run_level(backend: Backend, level: Level, recorder: Recorder, seed: int) -> 
                 in_flight += 1
             next_arrival = t0 + offsets[pending[0][0]] if pending else None
             if not in_flight:  # idle until the next scheduled arrival
+                assert next_arrival is not None  # nothing in flight, so requests are pending
                 backend.wait_until(next_arrival)
                 continue
         finished, steps = backend.advance(next_arrival)

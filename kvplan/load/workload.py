@@ -22,11 +22,13 @@ Minimal example::
         num_requests: 32              # per level
     plan: [{model: llama-3.1-8b, gpu: L4, tp: 1, kv_cache_dtype: fp8}]
     shared_prefix: {num_tokens: 256, num_prefixes: 2, fraction: 0.75, num_tenants: 2}
-    target: {url: http://localhost:8000/v1}   # a running server instead (kvplan.load.target_settings)
+    target: {url: http://localhost:8000/v1}   # a running server instead (kvplan.load.target.settings)
     gate: {tolerances: {ttft_p99_ms: {rel: 2.0, abs: 50}}}   # kvplan gate (kvplan.results.gated)
 
 Engine defaults are EngineConfig's own (engine/config.py), read from its fields, so the YAML and
-the engine never disagree. ``kvplan schema workload`` prints this schema as JSON Schema.
+the engine never disagree. The request shapes (``dataset:``, token-length ranges, ``buckets:``) are
+kvplan.load.buckets'. ``kvplan schema workload`` prints this schema as JSON Schema, every field
+described.
 """
 
 from __future__ import annotations
@@ -36,31 +38,23 @@ import re
 from dataclasses import fields
 from decimal import Decimal, InvalidOperation
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any
 
-from pydantic import BaseModel, ByteSize, ConfigDict, Field, GetJsonSchemaHandler, PrivateAttr, WithJsonSchema
-from pydantic import WrapValidator, field_validator, model_validator
-from pydantic_core import core_schema
+from pydantic import ByteSize, ConfigDict, Field, PrivateAttr, field_validator, model_validator
 
-from engine.config import ATTENTION_BACKENDS, DEVICES, DTYPES, KV_CACHE_DTYPES, EngineConfig
+from engine.config import KV_CACHE_DTYPES, AttentionBackendName, DeviceName, DtypeName, EngineConfig
 from kvplan.errors import KvplanError
-from kvplan.load.target_settings import TargetSettings
+from kvplan.load.buckets import Bucket, Count, Dataset, Name, StrictModel
+from kvplan.load.target.settings import TargetSettings
 from kvplan.plan import dtypes
 from kvplan.results.gated import GateSettings
 from kvplan.results.metrics import Slo
 
-Count = Annotated[int, Field(ge=1)]
-# Names become file and folder names (<name>-<timestamp>/, latency_<bucket>.png): 200 characters
-# leave room for the suffixes under the usual 255-byte limit of a file name.
-Name = Annotated[str, Field(pattern=r"^[A-Za-z0-9_.-]+$", max_length=200)]
 Seed = Annotated[int, Field(ge=0, le=2**32 - 1)]  # numpy's SeedSequence and torch take these
-Rate = Annotated[float, Field(gt=0, allow_inf_nan=False)]  # requests/s
 MAX_LEVEL_S = 24 * 3600  # an open-loop level whose arrivals alone take longer is a typo, not a test
 MAX_BYTES = 2**63 - 1  # torch sizes are int64
 _SIZE = re.compile(r"\s*([0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)\s*([A-Za-z]*)\s*")
-DATASETS = ("sharegpt", "random", "jsonl")
-DISTRIBUTIONS = ("fixed", "uniform", "normal", "lognormal")
-ENGINE_DEFAULTS = {f.name: f.default for f in fields(EngineConfig)}
+ENGINE_DEFAULTS: dict[str, Any] = {f.name: f.default for f in fields(EngineConfig)}
 # the KV dtypes the bundled engine stores, in kvplan's names (plan entries may name any of dtypes.DTYPES)
 ENGINE_KV_DTYPES = tuple(dtypes.canonical(name) for name in KV_CACHE_DTYPES if name != "auto")
 
@@ -76,18 +70,7 @@ def _kv_cache_dtype(value: Any, allowed: tuple[str, ...]) -> Any:
         raise ValueError(f"{err.problem}; {err.fix}") from None
 
 
-class _Strict(BaseModel):
-    # strict: YAML already gives real types, so "4" for an integer is a typo worth reporting.
-    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
-
-
-def _with_shorthands(handler: GetJsonSchemaHandler, schema: core_schema.CoreSchema, *shorthands: dict) -> dict:
-    """The JSON Schema of a model that also accepts shorthand forms (``dataset: sharegpt``,
-    ``input_tokens: [16, 256]``): anyOf the shorthands and the full mapping."""
-    return {"anyOf": [*shorthands, handler(schema)]}
-
-
-class EngineSettings(_Strict):
+class EngineSettings(StrictModel):
     """The engine under test; fields and defaults are ``engine.config.EngineConfig``'s.
 
     The KV pool is ``kv_cache_memory`` (bytes, with units: ``48MiB``, ``1.5GiB``, ``512MB``)
@@ -95,18 +78,65 @@ class EngineSettings(_Strict):
     (the dtype the engine runs the model in), bf16, fp16, fp32 or fp8 (torch's names too).
     """
 
-    model: str = ENGINE_DEFAULTS["model"]
-    dtype: Literal[DTYPES] = ENGINE_DEFAULTS["dtype"]
-    device: Literal[DEVICES] = ENGINE_DEFAULTS["device"]
-    block_size: Count = ENGINE_DEFAULTS["block_size"]
-    kv_cache_memory: ByteSize | None = None
-    num_blocks: Count | None = ENGINE_DEFAULTS["num_blocks"]
-    kv_cache_dtype: str = ENGINE_DEFAULTS["kv_cache_dtype"]
-    max_num_seqs: Count = ENGINE_DEFAULTS["max_num_seqs"]
-    max_num_batched_tokens: Count = ENGINE_DEFAULTS["max_num_batched_tokens"]
-    max_model_len: Count | None = ENGINE_DEFAULTS["max_model_len"]
-    enable_prefix_caching: bool = ENGINE_DEFAULTS["enable_prefix_caching"]
-    attention_backend: Literal[ATTENTION_BACKENDS] = ENGINE_DEFAULTS["attention_backend"]
+    model: str = Field(
+        ENGINE_DEFAULTS["model"],
+        description="The model the bundled engine loads: ``SmolLM2-135M-Instruct`` (the bundled GGUF), a local"
+        " Hugging Face folder of a Llama-family model or ``tiny-random-llama`` (random weights, for"
+        " tests); a target run without ``target.tokenizer`` reads the tokenizer from it.",
+    )
+    dtype: DtypeName = Field(
+        ENGINE_DEFAULTS["dtype"], description="The dtype of the weights and activations; ``auto`` = bfloat16."
+    )
+    device: DeviceName = Field(
+        ENGINE_DEFAULTS["device"],
+        description="Where the engine runs: ``auto`` = CUDA when torch sees a GPU, else the CPU.",
+    )
+    block_size: Count = Field(
+        ENGINE_DEFAULTS["block_size"],
+        description="Tokens per KV cache block, the unit of a request's block table and of prefix caching"
+        " (only full blocks are shared), tokens.",
+    )
+    kv_cache_memory: ByteSize | None = Field(
+        None,
+        description="The KV cache pool's size, bytes, with units (``48MiB``, ``1.5GiB``, ``512MB``; a plain"
+        " integer is bytes), filled with as many whole blocks as fit; null, with num_blocks"
+        " null too, = the engine's default of 256 MiB.",
+    )
+    num_blocks: Count | None = Field(
+        ENGINE_DEFAULTS["num_blocks"],
+        description="The KV cache pool's size in blocks of ``block_size`` tokens, instead of"
+        " ``kv_cache_memory`` (give one, not both); null = sized by kv_cache_memory.",
+    )
+    kv_cache_dtype: str = Field(
+        ENGINE_DEFAULTS["kv_cache_dtype"],
+        description="The dtype the KV cache stores: ``auto`` = the model's ``dtype``, ``bf16``, ``fp16``,"
+        " ``fp32`` or ``fp8`` (float8 e4m3, K and V scales calibrated before the run, see"
+        " ``fp8_quality``); torch's names such as ``bfloat16`` are read too.",
+    )
+    max_num_seqs: Count = Field(
+        ENGINE_DEFAULTS["max_num_seqs"],
+        description="The most requests the scheduler runs at once (prefilling and decoding together).",
+    )
+    max_num_batched_tokens: Count = Field(
+        ENGINE_DEFAULTS["max_num_batched_tokens"],
+        description="The token budget of one engine step, tokens, shared by decodes (1 each) and prefills; a"
+        " prompt longer than what is left is prefilled in chunks over several steps (chunked prefill).",
+    )
+    max_model_len: Count | None = Field(
+        ENGINE_DEFAULTS["max_model_len"],
+        description="The longest prompt + max_tokens one request may ask for, tokens (longer ones are refused as"
+        " KV OOM); null = the model's max_position_embeddings, capped at the pool's size in tokens.",
+    )
+    enable_prefix_caching: bool = Field(
+        ENGINE_DEFAULTS["enable_prefix_caching"],
+        description="Whether requests reuse the cached full KV blocks of a common prompt prefix (same cache salt)"
+        " instead of prefilling them again; ``shared_prefix`` needs it on.",
+    )
+    attention_backend: AttentionBackendName = Field(
+        ENGINE_DEFAULTS["attention_backend"],
+        description="The attention kernels: ``auto`` = triton on CUDA and torch on the CPU (``triton`` on the CPU"
+        " needs TRITON_INTERPRET=1 and is for tests only).",
+    )
 
     @field_validator("kv_cache_dtype", mode="before")
     @classmethod
@@ -148,143 +178,36 @@ class EngineSettings(_Strict):
         return EngineConfig(**settings, kv_cache_memory_bytes=self.kv_cache_memory, seed=seed)
 
 
-class Dataset(_Strict):
-    """Where prompts come from. Shorthands: ``dataset: sharegpt`` and ``dataset: {jsonl: PATH}``.
-
-    ``path`` (jsonl only) is relative to the workload file; each line holds ``prompt`` (text) or
-    ``prompt_token_ids``, and optionally ``output_tokens``.
-    """
-
-    kind: Literal[DATASETS]
-    path: str | None = None
-
-    @classmethod
-    def __get_pydantic_json_schema__(cls, schema: core_schema.CoreSchema, handler: GetJsonSchemaHandler) -> dict:
-        return _with_shorthands(handler, schema, {"enum": ["sharegpt", "random"]},
-                                {"type": "object", "properties": {"jsonl": {"type": "string"}},
-                                 "required": ["jsonl"], "additionalProperties": False})
-
-    @model_validator(mode="before")
-    @classmethod
-    def _shorthand(cls, data: Any) -> Any:
-        if isinstance(data, str):
-            return {"kind": data}
-        if isinstance(data, dict) and "jsonl" in data and not {"kind", "path"} & set(data):
-            # other keys stay, so an unknown one is named as such
-            return {**{k: v for k, v in data.items() if k != "jsonl"}, "kind": "jsonl", "path": data["jsonl"]}
-        return data
-
-    @model_validator(mode="after")
-    def _path_for_jsonl(self) -> Dataset:
-        if self.kind == "jsonl" and not self.path:
-            raise ValueError("jsonl needs a path: dataset: {jsonl: prompts.jsonl}")
-        if self.kind != "jsonl" and self.path is not None:
-            raise ValueError(f"path applies to jsonl only (kind is {self.kind})")
-        return self
-
-
-class Lengths(_Strict):
-    """A token-length range ``[min, max]`` (inclusive) and, for random prompts, its distribution.
-
-    For sharegpt and jsonl the range filters the real lengths. For random: ``fixed`` (min == max),
-    ``uniform`` (default), ``normal`` (mean, std) or ``lognormal`` (mean and std of the lengths
-    themselves, in tokens), draws clipped to the range. Shorthands: ``128`` and ``[16, 256]``.
-    """
-
-    min: Count
-    max: Count
-    dist: Literal[DISTRIBUTIONS] = "uniform"
-    mean: Annotated[float, Field(gt=0)] | None = None
-    std: Annotated[float, Field(gt=0)] | None = None
-
-    @classmethod
-    def __get_pydantic_json_schema__(cls, schema: core_schema.CoreSchema, handler: GetJsonSchemaHandler) -> dict:
-        count = {"type": "integer", "minimum": 1}
-        return _with_shorthands(handler, schema, count,
-                                {"type": "array", "items": count, "minItems": 2, "maxItems": 2})
-
-    @model_validator(mode="before")
-    @classmethod
-    def _shorthand(cls, data: Any) -> Any:
-        if isinstance(data, int) and not isinstance(data, bool):
-            return {"min": data, "max": data, "dist": "fixed"}
-        if isinstance(data, list):
-            if len(data) != 2:
-                raise ValueError("a range is [min, max], two integers")
-            return {"min": data[0], "max": data[1]}
-        return data
-
-    @model_validator(mode="after")
-    def _consistent(self) -> Lengths:
-        if self.min > self.max:
-            raise ValueError(f"min must be <= max (got min {self.min}, max {self.max})")
-        if self.dist == "fixed" and self.min != self.max:
-            raise ValueError("dist fixed needs min == max (or write the length alone: 128)")
-        if self.dist in ("normal", "lognormal") and self.std is None:
-            raise ValueError(f"dist {self.dist} needs std (tokens)")
-        if self.mean is not None and not self.min <= self.mean <= self.max:
-            raise ValueError(f"mean must lie in [min, max] (got {self.mean})")
-        return self
-
-    @property
-    def center(self) -> float:
-        return self.mean if self.mean is not None else (self.min + self.max) / 2
-
-
-def _auto_or_levels(value: Any, handler: Any) -> Any:
-    """``auto`` as it is; anything else validated as the list of levels it must be, so an error
-    names the list or its item (a union would name both branches)."""
-    return value if value == "auto" else handler(value)
-
-
-# a list of concurrency levels, or "auto" (the levels around the simulated knee)
-Concurrency = Annotated[list[Count], WrapValidator(_auto_or_levels), WithJsonSchema(
-    {"anyOf": [{"type": "array", "items": {"type": "integer", "minimum": 1}}, {"const": "auto"}]})]
-
-
-class Bucket(_Strict):
-    """One request shape, run at each load level: closed-loop ``concurrency`` levels (N in
-    flight) then open-loop ``request_rates`` (Poisson arrivals, requests/s), each with
-    ``num_requests`` requests. ``concurrency: auto`` picks the levels around the bucket's knee as
-    the engine's scheduler, simulated on the sampled requests, finds it (1 and knee - 2 .. knee + 1;
-    kvplan.load.sim.search.levels_around), so a load test measures the knee at single-request
-    resolution."""
-
-    name: Name
-    input_tokens: Lengths
-    output_tokens: Lengths
-    concurrency: Concurrency = []
-    request_rates: list[Rate] = []
-    num_requests: Count
-
-    @model_validator(mode="after")
-    def _some_level(self) -> Bucket:
-        if not self.concurrency and not self.request_rates:
-            raise ValueError("give concurrency levels and/or request_rates")
-        for field in ("concurrency", "request_rates"):
-            values = getattr(self, field)
-            if values != "auto" and len(set(values)) != len(values):
-                raise ValueError(f"{field} has duplicate levels: {values}")
-        labels = [f"{rate:g}" for rate in self.request_rates]  # how reports and cache salts name a level
-        if len(set(labels)) != len(labels):
-            same = next(label for label in labels if labels.count(label) > 1)
-            raise ValueError(f"request_rates has levels that read alike as {same} req/s ({self.request_rates});"
-                             " make them differ within 6 significant digits")
-        return self
-
-
-class PlanTarget(_Strict):
+class PlanTarget(StrictModel):
     """A production target to size the buckets on: a model preset, a GPU, tensor parallelism
     and a KV cache dtype (names as in ``kvplan estimate``; ``auto``: the checkpoint's serving
     dtype). ``kv_dtype`` is the deprecated name of ``kv_cache_dtype``."""
 
-    model_config = ConfigDict(json_schema_extra=lambda schema, _: schema["properties"].update(kv_dtype={
-        "type": "string", "deprecated": True, "description": "deprecated name of kv_cache_dtype"}))
+    model_config = ConfigDict(
+        json_schema_extra=lambda schema, _: schema["properties"].update(
+            kv_dtype={
+                "type": "string",
+                "deprecated": True,
+                "description": "Old name of kv_cache_dtype, still read, with a warning.",
+            }
+        )
+    )
 
-    model: str
-    gpu: str
-    tp: Count = 1
-    kv_cache_dtype: str = "auto"
+    model: str = Field(
+        description="The production model: a preset name as in ``kvplan estimate`` (``llama-3.1-8b``), or a"
+        " config.json or GGUF file, a relative path read from the workload file's folder."
+    )
+    gpu: str = Field(description="The production GPU, by kvplan's name for it (``L4``, ``H100-SXM``, ...).")
+    tp: Count = Field(
+        1,
+        description="Tensor parallelism: the GPUs the model is split over, each holding its share of the KV"
+        " heads (KV bytes per token per GPU rank).",
+    )
+    kv_cache_dtype: str = Field(
+        "auto",
+        description="The KV cache dtype on the target: ``auto`` = the checkpoint's serving dtype, or"
+        " ``bf16``, ``fp16``, ``fp32``, ``fp8``, ``int8``, ``int4`` (torch's names read too).",
+    )
 
     @model_validator(mode="before")
     @classmethod
@@ -301,7 +224,7 @@ class PlanTarget(_Strict):
         return _kv_cache_dtype(value, tuple(dtypes.DTYPES))
 
 
-class SharedPrefix(_Strict):
+class SharedPrefix(StrictModel):
     """The workload's ``shared_prefix:``: a prefix of ``num_tokens`` tokens (a system prompt,
     few-shot examples, a document) in front of requests' own prompts (kvplan.load.prefixes).
 
@@ -313,14 +236,28 @@ class SharedPrefix(_Strict):
     level then runs twice: with caching effective and with it defeated.
     """
 
-    num_tokens: Annotated[int, Field(ge=1)]
-    num_prefixes: Annotated[int, Field(ge=1)] = 1
-    fraction: Annotated[float, Field(gt=0, le=1)] = 1.0
-    num_tenants: Annotated[int, Field(ge=1)] = 1
+    num_tokens: Annotated[int, Field(ge=1)] = Field(
+        description="Each prefix's length, tokens; at least engine.block_size, since the prefix cache shares"
+        " full blocks only."
+    )
+    num_prefixes: Annotated[int, Field(ge=1)] = Field(
+        1, description="Distinct prefixes (groups); the requests that carry one take the groups in turn."
+    )
+    fraction: Annotated[float, Field(gt=0, le=1)] = Field(
+        1.0,
+        description="The fraction (0..1, above 0) of each bucket's requests that carry a prefix, picked by a"
+        " seeded draw; the rest have none.",
+    )
+    num_tenants: Annotated[int, Field(ge=1)] = Field(
+        1,
+        description="Tenants the requests are dealt over, each with its own cache salt, so requests of"
+        " different tenants never share prefix-cache blocks.",
+    )
 
 
-class Fp8QualitySettings(_Strict):
-    """Used only when ``engine.kv_cache_dtype`` is fp8 (see kvplan.load.fp8_check).
+class Fp8QualitySettings(StrictModel):
+    """The fp8 KV cache's scale calibration and quality check, used only when ``engine.kv_cache_dtype``
+    is fp8 (see kvplan.load.bundled.fp8_quality).
 
     The KV scales are calibrated on the first ``num_calibration_prompts`` sampled requests before
     the run. After it, the quality check compares the fp8 engine with the same engine keeping KV in
@@ -329,35 +266,85 @@ class Fp8QualitySettings(_Strict):
     teacher-forced reply tokens. ``num_prompts: 0`` skips the check.
     """
 
-    num_calibration_prompts: Count = 4
-    num_prompts: Annotated[int, Field(ge=0)] = 10
-    num_tokens: Count = 32
+    num_calibration_prompts: Count = Field(
+        4,
+        description="The sampled requests (the first ones, buckets in order) whose prompts calibrate the fp8"
+        " K and V scales before the run.",
+    )
+    num_prompts: Annotated[int, Field(ge=0)] = Field(
+        10,
+        description="Prompts the quality check compares the fp8 engine with a model-dtype KV engine on"
+        " (ShareGPT; random token ids without a tokenizer); 0 skips the check.",
+    )
+    num_tokens: Count = Field(
+        32,
+        description="Tokens compared per prompt, below engine.max_model_len: greedy agreement over as many"
+        " generated tokens and the KL over as many teacher-forced reply tokens.",
+    )
 
 
-class Workload(_Strict):
-    """A whole load test. ``source`` and ``sha256`` describe the file it was read from."""
+class Workload(StrictModel):
+    """A whole load test: the engine, the prompts, the SLOs, the buckets and their load levels, and
+    the production targets to size them on."""
 
-    name: Name
-    seed: Seed = 0
-    engine: EngineSettings = EngineSettings()
-    dataset: Dataset
-    slo: Slo = Slo()
-    buckets: Annotated[list[Bucket], Field(min_length=1)]
-    plan: list[PlanTarget] = []
-    fp8_quality: Fp8QualitySettings = Fp8QualitySettings()
-    shared_prefix: SharedPrefix | None = None
-    gate: GateSettings = GateSettings()  # kvplan gate's tolerances per metric (kvplan.results.gated)
-    target: TargetSettings | None = None  # a remote server to load-test instead of the engine
+    name: Name = Field(
+        description="The workload's name (letters, digits and ``_.-``, at most 200 characters): run folders are"
+        " <name>-<timestamp>/ and a gate baseline belongs to one name."
+    )
+    seed: Seed = Field(
+        0,
+        description="The seed of every draw (prompts, lengths, shared prefixes, Poisson arrivals, the engine's"
+        " sampling), in [0, 2**32 - 1]: the same seed sends the same requests.",
+    )
+    engine: EngineSettings = Field(
+        EngineSettings(),
+        description="The bundled engine under test (defaults: engine/config.py's), also what kvplan simulate"
+        " models; a target run without ``target.tokenizer`` takes the tokenizer from its ``model``.",
+    )
+    dataset: Dataset = Field(description="Where prompts come from: ``sharegpt``, ``random`` or ``{jsonl: PATH}``.")
+    slo: Slo = Field(
+        Slo(),
+        description="Per-request latency limits in ms (TTFT, TPOT, E2E) that goodput and the SLO capacity"
+        " answers count against; none by default.",
+    )
+    buckets: Annotated[list[Bucket], Field(min_length=1)] = Field(
+        description="The request shapes, at least one, each run at its own load levels, bucket by bucket."
+    )
+    plan: list[PlanTarget] = Field(
+        [],
+        description="Production targets (model, GPU, tp, KV dtype) to size the same buckets on with kvplan's"
+        " estimate and simulation; [] = none.",
+    )
+    fp8_quality: Fp8QualitySettings = Field(
+        Fp8QualitySettings(),
+        description="The fp8 KV scale calibration and quality check, used only when engine.kv_cache_dtype is fp8.",
+    )
+    shared_prefix: SharedPrefix | None = Field(
+        None,
+        description="Prefixes shared by groups of requests (system prompts, documents), every level then run"
+        " with prefix caching effective and defeated; null = none.",
+    )
+    gate: GateSettings = Field(
+        GateSettings(),
+        description="``kvplan gate``'s tolerances per metric (kvplan.results.gated), winning over the baseline file's.",
+    )
+    target: TargetSettings | None = Field(
+        None,
+        description="A running OpenAI-compatible server to load-test instead of the bundled engine"
+        " (``--target URL`` sets its url); null = the bundled engine.",
+    )
     _source: str = PrivateAttr(default="<memory>")
     _sha256: str = PrivateAttr(default="")
     _warnings: tuple[str, ...] = PrivateAttr(default=())
 
     @property
     def source(self) -> str:
+        """The file the workload was read from (``<memory>`` when built in code)."""
         return self._source
 
     @property
     def sha256(self) -> str:
+        """The SHA-256 of that file's bytes (empty when built in code)."""
         return self._sha256
 
     @property

@@ -20,9 +20,11 @@ from kvplan.yaml_input import read_yaml
 
 def _deprecations(data: dict[str, Any]) -> tuple[str, ...]:
     plan = data.get("plan")
-    return tuple(f"plan[{i}].kv_dtype: deprecated name; write kv_cache_dtype"
-                 for i, target in enumerate(plan if isinstance(plan, list) else [])
-                 if isinstance(target, dict) and "kv_dtype" in target)
+    return tuple(
+        f"plan[{i}].kv_dtype: deprecated name; write kv_cache_dtype"
+        for i, target in enumerate(plan if isinstance(plan, list) else [])
+        if isinstance(target, dict) and "kv_dtype" in target
+    )
 
 
 def parse_workload(data: Any, source: str = "<memory>", sha256: str = "") -> Workload:
@@ -53,8 +55,6 @@ def load_workload(path: str | Path) -> Workload:
     return parse_workload(read_yaml(raw, source), source, hashlib.sha256(raw).hexdigest())
 
 
-
-
 def with_target(workload: Workload, url: str | None, model: str | None) -> tuple[Workload, str]:
     """The workload with ``--target URL`` / ``--model SPEC`` put into its ``target:`` section;
     returns it and how errors name the URL (``target``: the option; ``target.url``: the file).
@@ -64,7 +64,7 @@ def with_target(workload: Workload, url: str | None, model: str | None) -> tuple
     """
     if url is None and workload.target is None:
         raise KvplanError("model", "applies to a target run only", "add `target` (a server URL) or drop `model`")
-    from kvplan.load.target_settings import TargetSettings
+    from kvplan.load.target.settings import TargetSettings
 
     config = workload.target.model_dump() if workload.target is not None else {}
     if url is not None:
@@ -75,11 +75,15 @@ def with_target(workload: Workload, url: str | None, model: str | None) -> tuple
         settings = TargetSettings.model_validate(config)
     except ValidationError as err:
         field, problem = describe_error(err)
-        raise KvplanError("target" if field == "url" and url is not None else f"target.{field}", problem,
-                          source=None if url is not None else workload.source) from None
+        raise KvplanError(
+            "target" if field == "url" and url is not None else f"target.{field}",
+            problem,
+            source=None if url is not None else workload.source,
+        ) from None
     if settings.url is None:
-        raise KvplanError("target.url", "required field missing", "give the server's URL here or as `target`",
-                          source=workload.source)
+        raise KvplanError(
+            "target.url", "required field missing", "give the server's URL here or as `target`", source=workload.source
+        )
     updated = workload.model_copy(update={"target": settings})
     updated._source, updated._sha256, updated._warnings = workload.source, workload.sha256, workload.warnings
     return updated, "target" if url is not None else "target.url"
@@ -99,13 +103,19 @@ def _error(workload: Workload, field: str, problem: str, fix: str | None = None)
 def _check_dataset(workload: Workload) -> None:
     path = workload.dataset_path
     if path is not None and path.is_dir():
-        raise _error(workload, "dataset.path", f"is a folder, not a JSONL file: {path}", "give the path of the .jsonl file")
+        raise _error(
+            workload, "dataset.path", f"is a folder, not a JSONL file: {path}", "give the path of the .jsonl file"
+        )
     if path is not None and not path.is_file():
         raise _error(workload, "dataset.path", f"file not found: {path}")
     has_tokenizer = workload.target is not None and workload.target.tokenizer is not None
     if workload.dataset.kind == "sharegpt" and workload.engine.model == TINY_RANDOM_MODEL and not has_tokenizer:
-        raise _error(workload, "dataset", f"sharegpt needs a tokenizer and {TINY_RANDOM_MODEL} has none",
-                     "use dataset: random with this model")
+        raise _error(
+            workload,
+            "dataset",
+            f"sharegpt needs a tokenizer and {TINY_RANDOM_MODEL} has none",
+            "use dataset: random with this model",
+        )
 
 
 def _check_buckets(workload: Workload) -> None:
@@ -117,25 +127,38 @@ def _check_buckets(workload: Workload) -> None:
             raise _error(workload, f"{at}.name", f"duplicate name {bucket.name!r}")
         for side in ("input_tokens", "output_tokens"):
             if workload.dataset.kind != "random" and getattr(bucket, side).dist in ("normal", "lognormal"):
-                raise _error(workload, f"{at}.{side}.dist",
-                             f"applies to dataset random only (dataset is {workload.dataset.kind})",
-                             "drop dist; the range filters the real lengths")
+                raise _error(
+                    workload,
+                    f"{at}.{side}.dist",
+                    f"applies to dataset random only (dataset is {workload.dataset.kind})",
+                    "drop dist; the range filters the real lengths",
+                )
         if max_len is not None and bucket.input_tokens.min + bucket.output_tokens.min > max_len:
-            raise _error(workload, at, f"shortest request ({bucket.input_tokens.min} + {bucket.output_tokens.min}"
-                         f" tokens) exceeds engine.max_model_len {max_len}")
+            raise _error(
+                workload,
+                at,
+                f"shortest request ({bucket.input_tokens.min} + {bucket.output_tokens.min}"
+                f" tokens) exceeds engine.max_model_len {max_len}",
+            )
         for j, level in enumerate(bucket.concurrency if bucket.concurrency != "auto" else []):
             if level > bucket.num_requests:
-                raise _error(workload, f"{at}.concurrency[{j}]",
-                             f"{level} in flight needs at least {level} requests, the bucket has num_requests"
-                             f" {bucket.num_requests} (its measured knee would claim a level never reached)",
-                             f"raise num_requests to >= {level} or drop the level")
+                raise _error(
+                    workload,
+                    f"{at}.concurrency[{j}]",
+                    f"{level} in flight needs at least {level} requests, the bucket has num_requests"
+                    f" {bucket.num_requests} (its measured knee would claim a level never reached)",
+                    f"raise num_requests to >= {level} or drop the level",
+                )
         for j, rate in enumerate(bucket.request_rates):
             if bucket.num_requests / rate > MAX_LEVEL_S:
-                raise _error(workload, f"{at}.request_rates[{j}]",
-                             f"{bucket.num_requests} requests at {rate:g} req/s take about"
-                             f" {bucket.num_requests / rate:.3g} s to arrive (num_requests / rate), over the"
-                             f" {MAX_LEVEL_S // 3600} h a level may last",
-                             f"give a rate >= {bucket.num_requests / MAX_LEVEL_S:.3g} req/s")
+                raise _error(
+                    workload,
+                    f"{at}.request_rates[{j}]",
+                    f"{bucket.num_requests} requests at {rate:g} req/s take about"
+                    f" {bucket.num_requests / rate:.3g} s to arrive (num_requests / rate), over the"
+                    f" {MAX_LEVEL_S // 3600} h a level may last",
+                    f"give a rate >= {bucket.num_requests / MAX_LEVEL_S:.3g} req/s",
+                )
 
 
 def _check_shared_prefix(workload: Workload) -> None:
@@ -145,15 +168,25 @@ def _check_shared_prefix(workload: Workload) -> None:
     if prefix is None:
         return
     if not engine.enable_prefix_caching:
-        raise _error(workload, "engine.enable_prefix_caching", "shared_prefix needs prefix caching on (got false)",
-                     "set engine.enable_prefix_caching: true")
+        raise _error(
+            workload,
+            "engine.enable_prefix_caching",
+            "shared_prefix needs prefix caching on (got false)",
+            "set engine.enable_prefix_caching: true",
+        )
     if prefix.num_tokens < engine.block_size:
-        raise _error(workload, "shared_prefix.num_tokens", f"must be >= engine.block_size {engine.block_size}:"
-                     f" only full blocks are shared (got {prefix.num_tokens})")
+        raise _error(
+            workload,
+            "shared_prefix.num_tokens",
+            f"must be >= engine.block_size {engine.block_size}: only full blocks are shared (got {prefix.num_tokens})",
+        )
     for i, bucket in enumerate(workload.buckets):
         shortest = prefix.num_tokens + bucket.input_tokens.min + bucket.output_tokens.min
         if engine.max_model_len is not None and shortest > engine.max_model_len:
-            raise _error(workload, f"buckets[{i}]",
-                         f"shortest request with the shared prefix ({prefix.num_tokens} + {bucket.input_tokens.min}"
-                         f" + {bucket.output_tokens.min} = {shortest} tokens) exceeds engine.max_model_len"
-                         f" {engine.max_model_len}")
+            raise _error(
+                workload,
+                f"buckets[{i}]",
+                f"shortest request with the shared prefix ({prefix.num_tokens} + {bucket.input_tokens.min}"
+                f" + {bucket.output_tokens.min} = {shortest} tokens) exceeds engine.max_model_len"
+                f" {engine.max_model_len}",
+            )

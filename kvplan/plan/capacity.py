@@ -1,6 +1,6 @@
 """GPU capacity: the KV budget on one GPU rank, and how many blocks, tokens and requests it holds.
 
-Budget (vLLM's memory profile, as its start-up log prints it; see ../shared/cases/vllm_kv_logs.yaml)::
+Budget (vLLM's memory profile, as its start-up log prints it; see tests/kvplan/data/vllm_kv_logs.yaml)::
 
     kv_budget = gpu_memory x gpu_memory_utilization - weights per rank - overhead (activations, CUDA context, graphs)
     num_blocks = floor(kv_budget / bytes_per_block)           bytes_per_block = bytes_per_token x block_size
@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any
 
 from kvplan.errors import KvplanError
 from kvplan.plan import kv_math
@@ -111,29 +112,45 @@ def estimate_capacity(
             budget at or below zero (by how many GiB the weights and overhead exceed the usable
             GPU memory), or one that holds not one block.
     """
-    _check(1 <= block_size <= MAX_TOKENS, "block_size", f"must be between 1 and {MAX_TOKENS:,} tokens (got {block_size})")
+    _check(
+        1 <= block_size <= MAX_TOKENS, "block_size", f"must be between 1 and {MAX_TOKENS:,} tokens (got {block_size})"
+    )
     if gpu_memory_utilization is not None:
-        _check(0 < gpu_memory_utilization <= 1, "gpu_memory_utilization", f"must be in (0, 1] (got {gpu_memory_utilization})")
-    for flag, gib, zero_ok in (("gpu_memory_gib", gpu_memory_gib, False), ("kv_memory_gib", kv_memory_gib, False),
-                               ("weights_gib", weights_gib, True), ("overhead_gib", overhead_gib, True)):
+        _check(
+            0 < gpu_memory_utilization <= 1,
+            "gpu_memory_utilization",
+            f"must be in (0, 1] (got {gpu_memory_utilization})",
+        )
+    for flag, gib, zero_ok in (
+        ("gpu_memory_gib", gpu_memory_gib, False),
+        ("kv_memory_gib", kv_memory_gib, False),
+        ("weights_gib", weights_gib, True),
+        ("overhead_gib", overhead_gib, True),
+    ):
         _check_gib(flag, gib, zero_ok)
-    _check_budget_settings(gpu, gpu_memory_gib, kv_memory_gib, {
-        "weights_gib": weights_gib, "overhead_gib": overhead_gib, "gpu_memory_utilization": gpu_memory_utilization})
+    _check_budget_settings(
+        gpu,
+        gpu_memory_gib,
+        kv_memory_gib,
+        {"weights_gib": weights_gib, "overhead_gib": overhead_gib, "gpu_memory_utilization": gpu_memory_utilization},
+    )
     max_model_len = _max_model_len(spec, max_model_len)
     stages = kv_math.stage_layer_specs(spec, kv_cache_dtype, tp, pp)
     layers = kv_math.limiting_stage(stages)
     per_token = kv_math.layers_bytes_per_token(layers)
+    num_parameters: int | None
     try:
         num_parameters = sum(count_parameters(spec))
     except KvplanError:
         if weights_gib is None and kv_memory_gib is None and (gpu or gpu_memory_gib):
             raise  # the budget needs the weights
         num_parameters = None
+    weights: int | None
     if weights_gib is not None:
         weights = int(weights_gib * GiB)
     else:
         weights = weights_bytes(spec, weight_dtype) // (tp * pp) if num_parameters is not None else None
-    capacity = dict(
+    capacity: dict[str, Any] = dict(
         model=spec.name,
         kv_cache_dtype=kv_math.kv_dtype_of(spec, kv_cache_dtype).name,
         tp=tp,
@@ -157,9 +174,12 @@ def estimate_capacity(
         return Capacity(**capacity, kv_budget_bytes=budget, max_concurrency=budget / capacity["per_request_bytes"])
     num_blocks = budget // capacity["bytes_per_block"]
     if num_blocks == 0:  # vLLM stops too: "No available memory for the cache blocks"
-        raise KvplanError("KV budget", f"{_size(budget)} holds not one block of {block_size:,} tokens "
-                          f"({_size(capacity['bytes_per_block'])} at {per_token:,} bytes per token)",
-                          f"give a smaller `block_size` (vLLM's default is {DEFAULT_BLOCK_SIZE}) or a larger budget")
+        raise KvplanError(
+            "KV budget",
+            f"{_size(budget)} holds not one block of {block_size:,} tokens "
+            f"({_size(capacity['bytes_per_block'])} at {per_token:,} bytes per token)",
+            f"give a smaller `block_size` (vLLM's default is {DEFAULT_BLOCK_SIZE}) or a larger budget",
+        )
     return Capacity(
         **capacity,
         kv_budget_bytes=budget,
@@ -188,16 +208,24 @@ def _check_budget_settings(gpu, gpu_memory_gib, kv_memory_gib, budget_flags: dic
     value, None when not given): gpu with gpu_memory_gib; weights, overhead or utilization
     with kv_memory_gib, which is the pool itself; overhead or utilization with no GPU at all."""
     if gpu is not None and gpu_memory_gib is not None:
-        raise KvplanError("gpu_memory_gib", f"given with `gpu` {gpu}; it stands instead of `gpu`", "drop one of the two")
+        raise KvplanError(
+            "gpu_memory_gib", f"given with `gpu` {gpu}; it stands instead of `gpu`", "drop one of the two"
+        )
     given = [flag for flag, value in budget_flags.items() if value is not None]
     if kv_memory_gib is not None and given:
         it, has, them = ("it", "has", "it") if len(given) == 1 else ("they", "have", "them")
-        raise KvplanError(", ".join(given), f"`kv_memory_gib` gives the KV pool directly, so {it} {has} no effect",
-                          f"drop {them} or drop `kv_memory_gib`")
+        raise KvplanError(
+            ", ".join(given),
+            f"`kv_memory_gib` gives the KV pool directly, so {it} {has} no effect",
+            f"drop {them} or drop `kv_memory_gib`",
+        )
     given = [flag for flag in given if flag != "weights_gib"]  # weights are shown even without a GPU
     if kv_memory_gib is None and gpu is None and gpu_memory_gib is None and given:
-        raise KvplanError(", ".join(given), "no effect without a GPU to budget",
-                          "give `gpu` or `gpu_memory_gib`, or drop " + ("it" if len(given) == 1 else "them"))
+        raise KvplanError(
+            ", ".join(given),
+            "no effect without a GPU to budget",
+            "give `gpu` or `gpu_memory_gib`, or drop " + ("it" if len(given) == 1 else "them"),
+        )
 
 
 def _size(num_bytes: int) -> str:
@@ -221,12 +249,18 @@ def _max_model_len(spec: ModelSpec, max_model_len: int | None) -> int:
     limit = spec.derived_max_model_len
     if max_model_len is None:
         return limit or spec.max_position_embeddings
-    _check(1 <= max_model_len <= MAX_TOKENS, "max_model_len",
-           f"must be between 1 and {MAX_TOKENS:,} tokens (got {max_model_len})")
+    _check(
+        1 <= max_model_len <= MAX_TOKENS,
+        "max_model_len",
+        f"must be between 1 and {MAX_TOKENS:,} tokens (got {max_model_len})",
+    )
     if limit is not None and max_model_len > limit:
         source = "max_position_embeddings" if limit == spec.max_position_embeddings else "scaled by its rope_scaling"
-        raise KvplanError("max_model_len", f"{max_model_len:,} exceeds the model's limit of {limit:,} tokens ({source})",
-                          f"give at most {limit}")
+        raise KvplanError(
+            "max_model_len",
+            f"{max_model_len:,} exceeds the model's limit of {limit:,} tokens ({source})",
+            f"give at most {limit}",
+        )
     return max_model_len
 
 
@@ -240,8 +274,11 @@ def _budget(capacity: dict, gpu, gpu_memory_gib, utilization, overhead_gib, kv_m
     if kv_memory_gib is not None:
         if total_gib is not None and kv_memory_gib > total_gib:
             memory = f"the {capacity['gpu']}'s" if gpu is not None else "`gpu_memory_gib`"
-            raise KvplanError("kv_memory_gib", f"a KV pool of {kv_memory_gib:g} GiB exceeds {memory} {total_gib:g} GiB "
-                              "of memory", "give the pool vLLM reports for this GPU, or the GPU it ran on")
+            raise KvplanError(
+                "kv_memory_gib",
+                f"a KV pool of {kv_memory_gib:g} GiB exceeds {memory} {total_gib:g} GiB of memory",
+                "give the pool vLLM reports for this GPU, or the GPU it ran on",
+            )
         return int(kv_memory_gib * GiB)
     if total_gib is None:
         return None

@@ -49,8 +49,15 @@ class ConfigReader:
     def missing(self, key: str, fix: str = "the config must set it") -> KvplanError:
         return self.error(f"missing field {self.key(key)}", fix)
 
-    def count(self, *keys: str, default: Any = None, required: bool = False, minimum: int = 1,
-              maximum: int = MAX_SIZE, fix: str = "the config must set it") -> Any:
+    def count(
+        self,
+        *keys: str,
+        default: Any = None,
+        required: bool = False,
+        minimum: int = 1,
+        maximum: int = MAX_SIZE,
+        fix: str = "the config must set it",
+    ) -> Any:
         """The first of ``keys`` set, as a whole number in [minimum, maximum] (JSON may write 32
         as 32.0), else ``default``.
 
@@ -68,8 +75,10 @@ class ConfigReader:
         if not _whole(value) or value < minimum:
             raise self.error(f"field {self.key(key)}{where} must be a whole number >= {minimum} (got {value!r})")
         if value > maximum:
-            raise self.error(f"field {self.key(key)}{where} must be at most {maximum:,} (got {value!r})",
-                             "no published model comes near it")
+            raise self.error(
+                f"field {self.key(key)}{where} must be at most {maximum:,} (got {value!r})",
+                "no published model comes near it",
+            )
         return int(value)
 
     def per_layer(self, keys: tuple[str, ...], num_layers: int, default: Any = None, minimum: int = 1) -> list | None:
@@ -87,8 +96,9 @@ class ConfigReader:
         value = self.cfg[key]
         if isinstance(value, (list, tuple)):
             if len(value) != num_layers:
-                raise self.error(f"field {self.key(key)} must list one number per layer, {num_layers} "
-                                 f"(got {len(value)})")
+                raise self.error(
+                    f"field {self.key(key)} must list one number per layer, {num_layers} (got {len(value)})"
+                )
             return [self._checked(key, v, minimum, MAX_SIZE, f"[{i}]") for i, v in enumerate(value)]
         return [self._checked(key, value, 1, MAX_SIZE)] * num_layers
 

@@ -57,8 +57,14 @@ DTYPES: dict[str, KVDtype] = {
 }
 # torch and Hugging Face spellings (config.json's torch_dtype, str(torch.dtype)) -> canonical names
 ALIASES = {
-    "float32": "fp32", "float": "fp32", "float16": "fp16", "half": "fp16", "bfloat16": "bf16",
-    "float8_e4m3fn": "fp8", "fp8_e4m3": "fp8", "float8": "fp8",
+    "float32": "fp32",
+    "float": "fp32",
+    "float16": "fp16",
+    "half": "fp16",
+    "bfloat16": "bf16",
+    "float8_e4m3fn": "fp8",
+    "fp8_e4m3": "fp8",
+    "float8": "fp8",
 }
 # checkpoint dtypes a config.json may name (torch_dtype / dtype)
 CHECKPOINT_DTYPES = ("float32", "float16", "bfloat16")

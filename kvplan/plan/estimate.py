@@ -93,8 +93,13 @@ def layer_entry(layer: kv_math.LayerKVSpec) -> dict:
         entry.update(num_kv_heads=1, k_head_dim=layer.kv_lora_rank + layer.qk_rope_head_dim, dtype=layer.dtype.name)
     else:
         v_dim = layer.head_dim if layer.v_head_dim is None else layer.v_head_dim
-        entry.update(num_kv_heads=layer.num_kv_heads, k_head_dim=layer.head_dim, v_head_dim=v_dim, dtype=layer.dtype.name,
-                     sliding_window=getattr(layer, "sliding_window", None))
+        entry.update(
+            num_kv_heads=layer.num_kv_heads,
+            k_head_dim=layer.head_dim,
+            v_head_dim=v_dim,
+            dtype=layer.dtype.name,
+            sliding_window=getattr(layer, "sliding_window", None),
+        )
     entry.update(bytes_per_token=layer.bytes_per_token, state_bytes=layer.state_bytes)
     return entry
 
@@ -122,11 +127,12 @@ def estimate(
     shortest = min(contexts or (capacity.max_model_len,))
     if not 0 <= shared_prefix_tokens <= shortest:
         what = "the shortest `context`" if contexts else "the context (max_model_len)"
-        raise KvplanError("shared_prefix_tokens", f"must be between 0 and {what} {shortest:,} "
-                          f"(got {shared_prefix_tokens})", "the shared prefix is part of every request")
-    layers = kv_math.rank_layer_specs(
-        spec, capacity_settings.get("kv_cache_dtype", "auto"), capacity.tp, capacity.pp
-    )
+        raise KvplanError(
+            "shared_prefix_tokens",
+            f"must be between 0 and {what} {shortest:,} (got {shared_prefix_tokens})",
+            "the shared prefix is part of every request",
+        )
+    layers = kv_math.rank_layer_specs(spec, capacity_settings.get("kv_cache_dtype", "auto"), capacity.tp, capacity.pp)
     block_size, max_len = capacity.block_size, capacity.max_model_len
     reservation = kv_math.request_bytes(layers, max_len)
     pool = capacity.kv_budget_bytes

@@ -28,7 +28,10 @@ def plot_kv_vs_context(ax, result: KVEstimate) -> None:
     contexts = np.unique(np.geomspace(cap.block_size, max(longest, cap.block_size * 2), 64).astype(int))
     for batch in sorted({row.batch_size for row in result.grid}):
         gib = [
-            kv_math.batch_kv_bytes(result.layers, int(n), batch, cap.block_size, min(result.shared_prefix_tokens, int(n))) / GiB
+            kv_math.batch_kv_bytes(
+                result.layers, int(n), batch, cap.block_size, min(result.shared_prefix_tokens, int(n))
+            )
+            / GiB
             for n in contexts
         ]
         ax.plot(contexts, gib, label=f"batch {batch}")

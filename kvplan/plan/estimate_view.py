@@ -55,14 +55,20 @@ def render_estimate(result: KVEstimate, spec: ModelSpec, console: Console | None
     if cap.per_request_state_bytes:
         dtypes = " / ".join(f"{part} {name}" for part, name in (cap.state_dtype or {}).items())
         model.add_row("fixed state per request", f"{cap.per_request_state_bytes:,} bytes ({dtypes})")
-    model.add_row(f"one {cap.max_model_len:,}-token request", f"{_gib(cap.per_request_bytes)} GiB paged"
-                  + (" with its state" if cap.per_request_state_bytes else ""))
+    model.add_row(
+        f"one {cap.max_model_len:,}-token request",
+        f"{_gib(cap.per_request_bytes)} GiB paged" + (" with its state" if cap.per_request_state_bytes else ""),
+    )
     if cap.num_parameters is not None:
-        model.add_row("parameters / weights per rank", f"{cap.num_parameters / 1e9:,.2f} B / {_gib(cap.weights_bytes)} GiB")
+        model.add_row(
+            "parameters / weights per rank", f"{cap.num_parameters / 1e9:,.2f} B / {_gib(cap.weights_bytes)} GiB"
+        )
     console.print(model)
 
     if cap.kv_budget_bytes is not None:
-        gpu = Table(title=f"Capacity per GPU{f' ({cap.gpu})' if cap.gpu else ''}", show_header=False, title_justify="left")
+        gpu = Table(
+            title=f"Capacity per GPU{f' ({cap.gpu})' if cap.gpu else ''}", show_header=False, title_justify="left"
+        )
         if cap.gpu_memory_bytes is not None:
             gpu.add_row("GPU memory", f"{_gib(cap.gpu_memory_bytes)} GiB")
         if cap.overhead_bytes is not None:  # the budget was computed, not given as --kv-memory-gib
@@ -79,7 +85,8 @@ def render_estimate(result: KVEstimate, spec: ModelSpec, console: Console | None
     grid = Table(
         title="Per batch (GiB per rank)",
         title_justify="left",
-        caption="needed: the tokens' KV; paged: whole blocks; contig.: max_model_len reserved per request; waste: minus needed",
+        caption="needed: the tokens' KV; paged: whole blocks; contig.: max_model_len reserved per request;"
+        " waste: minus needed",
         caption_justify="left",
     )
     for header in ("context", "batch", "needed", "paged", "waste", "contig.", "waste", "fits"):
@@ -101,7 +108,9 @@ def render_estimate(result: KVEstimate, spec: ModelSpec, console: Console | None
         )
     console.print(grid)
     if any(row.exceeds_max_model_len for row in result.grid):
-        console.print(f"* longer than max_model_len {cap.max_model_len:,}: a server refuses such a request; "
-                      "the sizes show what it would need")
+        console.print(
+            f"* longer than max_model_len {cap.max_model_len:,}: a server refuses such a request; "
+            "the sizes show what it would need"
+        )
     if result.shared_prefix_tokens:
         console.print(f"shared prefix: {result.shared_prefix_tokens:,} tokens, full blocks stored once per batch")

@@ -62,16 +62,29 @@ def lookup_gpu_perf(name: str) -> GpuPerf:
     except KvplanError as err:
         raise KvplanError("gpu", err.problem, f"use one of {known}") from None
     if table_name not in data["gpus"]:  # keyed by the GPU table's canonical names
-        raise KvplanError("gpu", f"no FLOP/s or bandwidth figures for {table_name}",
-                          f"use one of {known} (kvplan/plan/data/gpu_perf.yaml)")
+        raise KvplanError(
+            "gpu",
+            f"no FLOP/s or bandwidth figures for {table_name}",
+            f"use one of {known} (kvplan/plan/data/gpu_perf.yaml)",
+        )
     key, entry = table_name, data["gpus"][table_name]
     fp8 = entry.get("fp8_tflops")
-    return GpuPerf(key, entry["bf16_tflops"] * 1e12, fp8 * 1e12 if fp8 else None, entry["hbm_gbps"] * 1e9,
-                   entry["link_gbps"] * 1e9, entry["source"])
+    return GpuPerf(
+        key,
+        entry["bf16_tflops"] * 1e12,
+        fp8 * 1e12 if fp8 else None,
+        entry["hbm_gbps"] * 1e9,
+        entry["link_gbps"] * 1e9,
+        entry["source"],
+    )
 
 
 def serving_fit() -> ServingFit:
     """The fitted efficiencies and overhead of ``data/gpu_perf.yaml``."""
     fit = _table()["serving_fit"]
-    return ServingFit(fit["compute_efficiency"], fit["memory_efficiency"], fit["step_overhead_ms"] / 1e3,
-                      str(fit.get("fitted_on", "")))
+    return ServingFit(
+        fit["compute_efficiency"],
+        fit["memory_efficiency"],
+        fit["step_overhead_ms"] / 1e3,
+        str(fit.get("fitted_on", "")),
+    )

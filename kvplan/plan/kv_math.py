@@ -3,7 +3,7 @@ tp/pp splits.
 
 Sources of the formulas: vLLM's KV cache interface (one frozen spec per layer kind with a page
 size: full attention, sliding window, MLA, Mamba state) and the derivation written at the top of
-``../shared/cases/vllm_kv_logs.yaml``::
+``tests/kvplan/data/vllm_kv_logs.yaml``::
 
     full attention  bytes/token/layer = max(1, kv_heads // tp) x (k_head_dim + v_head_dim) x element bytes
     MLA             bytes/token/layer = (kv_lora_rank + qk_rope_head_dim) x element bytes   (no K+V, not / tp)
@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Union
 
 from kvplan.errors import KvplanError
 from kvplan.plan import dtypes
@@ -118,7 +117,7 @@ class StateSpec:
         return range(0)
 
 
-LayerKVSpec = Union[FullAttentionSpec, SlidingWindowSpec, MLASpec, StateSpec]
+LayerKVSpec = FullAttentionSpec | SlidingWindowSpec | MLASpec | StateSpec
 
 
 def kv_dtype_of(spec: ModelSpec, kv_cache_dtype: str = "auto") -> KVDtype:
@@ -225,7 +224,9 @@ def batch_kv_bytes(
     return batch_size * per_request - (batch_size - 1) * shared
 
 
-def stage_layer_specs(spec: ModelSpec, kv_cache_dtype: str = "auto", tp: int = 1, pp: int = 1) -> list[tuple[LayerKVSpec, ...]]:
+def stage_layer_specs(
+    spec: ModelSpec, kv_cache_dtype: str = "auto", tp: int = 1, pp: int = 1
+) -> list[tuple[LayerKVSpec, ...]]:
     """Per-layer cache specs of one GPU rank in each pipeline stage (all tp ranks of a stage are
     alike): one spec per attention layer, one per recurrent state (a Falcon-H1 layer has both),
     none for a layer without cache.
@@ -244,12 +245,16 @@ def stage_layer_specs(spec: ModelSpec, kv_cache_dtype: str = "auto", tp: int = 1
 def _rank_specs(spec: ModelSpec, layer: LayerSpec, dtype: KVDtype, state_dtype: KVDtype, tp: int) -> list[LayerKVSpec]:
     out: list[LayerKVSpec] = []
     if layer.kind == "mla":
-        out.append(MLASpec(spec.mla.kv_lora_rank, spec.mla.qk_rope_head_dim, dtype))
+        mla = spec.mla
+        assert mla is not None  # MLA layers are built only from a config with MLA dims (ModelSpec.mla)
+        out.append(MLASpec(mla.kv_lora_rank, mla.qk_rope_head_dim, dtype))
     elif layer.kind in ("full", "sliding"):
         heads = kv_heads_per_rank(layer.num_kv_heads, spec.num_attention_heads, tp)
         v_dim = None if layer.v_head_dim == layer.k_head_dim else layer.v_head_dim
         if layer.kind == "sliding":
-            out.append(SlidingWindowSpec(heads, layer.k_head_dim, dtype, v_dim, sliding_window=layer.sliding_window))
+            window = layer.sliding_window
+            assert window is not None  # layer_kinds makes a layer sliding only with a window (or chunk) size
+            out.append(SlidingWindowSpec(heads, layer.k_head_dim, dtype, v_dim, sliding_window=window))
         else:
             out.append(FullAttentionSpec(heads, layer.k_head_dim, dtype, v_dim))
     if layer.state is not None:
@@ -260,7 +265,9 @@ def _rank_specs(spec: ModelSpec, layer: LayerSpec, dtype: KVDtype, state_dtype: 
     return out
 
 
-def rank_layer_specs(spec: ModelSpec, kv_cache_dtype: str = "auto", tp: int = 1, pp: int = 1) -> tuple[LayerKVSpec, ...]:
+def rank_layer_specs(
+    spec: ModelSpec, kv_cache_dtype: str = "auto", tp: int = 1, pp: int = 1
+) -> tuple[LayerKVSpec, ...]:
     """The layers of the limiting pipeline stage (:func:`limiting_stage`)."""
     return limiting_stage(stage_layer_specs(spec, kv_cache_dtype, tp, pp))
 

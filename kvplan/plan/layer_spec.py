@@ -26,11 +26,22 @@ from kvplan.plan.state_shapes import GatedDeltaNetState, Mamba1State, Mamba2Stat
 ATTENTION_KINDS = ("full", "sliding", "mla")
 # layer_types entries (transformers, vLLM and model repos spell them differently) -> kind
 _TYPE_NAMES = {
-    "full_attention": "full", "attention": "full", "global_attention": "full", "full": "full", "global": "full",
-    "sliding_attention": "sliding", "local_attention": "sliding", "sliding": "sliding", "local": "sliding",
+    "full_attention": "full",
+    "attention": "full",
+    "global_attention": "full",
+    "full": "full",
+    "global": "full",
+    "sliding_attention": "sliding",
+    "local_attention": "sliding",
+    "sliding": "sliding",
+    "local": "sliding",
     "chunked_attention": "chunked",
-    "linear_attention": "linear", "conv": "conv", "short_conv": "conv",
-    "mamba": "mamba", "mamba2": "mamba", "ssm": "mamba",
+    "linear_attention": "linear",
+    "conv": "conv",
+    "short_conv": "conv",
+    "mamba": "mamba",
+    "mamba2": "mamba",
+    "ssm": "mamba",
 }
 _GDN_MODEL_TYPES = ("qwen3_next", "qwen3_5")  # Gated DeltaNet hybrids (prefixes: qwen3_5_moe, qwen3_5_text)
 _MAMBA_ONLY = ("mamba", "mamba2", "falcon_mamba")
@@ -71,7 +82,9 @@ def layer_kinds(r: ConfigReader, model_type: str, num_layers: int, window: int |
             # transformers 5 lists Granite-4.0-H's Mamba-2 layers as linear_attention
             kinds = ["mamba" if k == "linear" else k for k in kinds]
         if "chunked" in kinds:
-            r.count("attention_chunk_size", required=True, fix="chunked attention layers hold one chunk of that many tokens")
+            r.count(
+                "attention_chunk_size", required=True, fix="chunked attention layers hold one chunk of that many tokens"
+            )
         # Qwen2/Qwen3 configs list sliding layers that apply only with use_sliding_window
         return [("full" if window is None else "sliding") if k == "sliding" else k for k in kinds]
     if model_type.startswith(_GDN_MODEL_TYPES) or r.present("full_attention_interval"):
@@ -97,22 +110,32 @@ def _listed_types(r: ConfigReader, num_layers: int) -> list[str] | None:
     layer_types = r.cfg.get("layer_types")
     if layer_types is None:
         return None
-    if not (isinstance(layer_types, list) and len(layer_types) == num_layers and all(isinstance(t, str) for t in layer_types)):
+    if not (
+        isinstance(layer_types, list)
+        and len(layer_types) == num_layers
+        and all(isinstance(t, str) for t in layer_types)
+    ):
         got = f"{len(layer_types)} entries" if isinstance(layer_types, list) else repr(layer_types)[:40]
-        raise r.error(f"field {r.key('layer_types')} must list one type per layer, {num_layers} strings such as "
-                      f"'full_attention' or 'sliding_attention' (got {got})")
+        raise r.error(
+            f"field {r.key('layer_types')} must list one type per layer, {num_layers} strings such as "
+            f"'full_attention' or 'sliding_attention' (got {got})"
+        )
     unknown = sorted({t for t in layer_types if t.lower() not in _TYPE_NAMES})
     if unknown:
-        raise r.error(f"field {r.key('layer_types')} holds unknown layer type {unknown[0]!r}",
-                      f"kvplan knows {', '.join(sorted(_TYPE_NAMES))}")
+        raise r.error(
+            f"field {r.key('layer_types')} holds unknown layer type {unknown[0]!r}",
+            f"kvplan knows {', '.join(sorted(_TYPE_NAMES))}",
+        )
     return layer_types
 
 
 def _nemotron_kinds(r: ConfigReader, num_layers: int) -> list[str]:
     pattern = r.cfg["hybrid_override_pattern"]
     if not isinstance(pattern, str) or len(pattern) != num_layers or set(pattern) - set(_NEMOTRON_PATTERN):
-        raise r.error(f"field hybrid_override_pattern must be {num_layers} characters of M (Mamba), * (attention), "
-                      f"- (MLP) or E (MoE) (got {str(pattern)[:40]!r})")
+        raise r.error(
+            f"field hybrid_override_pattern must be {num_layers} characters of M (Mamba), * (attention), "
+            f"- (MLP) or E (MoE) (got {str(pattern)[:40]!r})"
+        )
     return [_NEMOTRON_PATTERN[c] for c in pattern]
 
 
@@ -161,7 +184,9 @@ def recurrent_state(r: ConfigReader, kind: str, model_type: str, hidden: int | N
         return ShortConvState(conv_dim=conv_dim, conv_kernel=r.count("conv_L_cache", required=True, fix=need))
     heads = r.count("mamba_n_heads", "mamba_num_heads", *(("num_heads",) if model_type == "mamba2" else ()))
     expand = r.count("mamba_expand", "expand")
-    intermediate = r.count("mamba_d_ssm", "mamba_intermediate_size", *(("intermediate_size",) if model_type in _MAMBA_ONLY else ()))
+    intermediate = r.count(
+        "mamba_d_ssm", "mamba_intermediate_size", *(("intermediate_size",) if model_type in _MAMBA_ONLY else ())
+    )
     if intermediate is None and expand is not None and hidden is not None:
         intermediate = expand * hidden
     state = r.count("mamba_d_state", "ssm_state_size", "state_size", default=128 if heads else 16)
@@ -172,9 +197,15 @@ def recurrent_state(r: ConfigReader, kind: str, model_type: str, hidden: int | N
             head_dim = intermediate // heads
         if head_dim is None:
             raise r.missing("mamba_d_head", need)
-        return Mamba2State(intermediate_size=intermediate or heads * head_dim,
-                           n_groups=r.count("mamba_n_groups", "n_groups", default=1), num_heads=heads,
-                           head_dim=head_dim, state_size=state, conv_kernel=conv, ssm_dtype=ssm_dtype)
+        return Mamba2State(
+            intermediate_size=intermediate or heads * head_dim,
+            n_groups=r.count("mamba_n_groups", "n_groups", default=1),
+            num_heads=heads,
+            head_dim=head_dim,
+            state_size=state,
+            conv_kernel=conv,
+            ssm_dtype=ssm_dtype,
+        )
     if intermediate is None:
         raise r.missing("mamba_expand", need)
     return Mamba1State(intermediate_size=intermediate, state_size=state, conv_kernel=conv, ssm_dtype=ssm_dtype)

@@ -12,11 +12,16 @@ then assumes 2048 unless ``max_model_len`` is given).
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, TypeGuard
 
 # params.json key -> Hugging Face key
-_KEYS = {"dim": "hidden_size", "n_layers": "num_hidden_layers", "n_heads": "num_attention_heads",
-         "n_kv_heads": "num_key_value_heads", "vocab_size": "vocab_size"}
+_KEYS = {
+    "dim": "hidden_size",
+    "n_layers": "num_hidden_layers",
+    "n_heads": "num_attention_heads",
+    "n_kv_heads": "num_key_value_heads",
+    "vocab_size": "vocab_size",
+}
 
 
 def is_meta_params(config: dict[str, Any]) -> bool:
@@ -38,5 +43,5 @@ def meta_params_config(params: dict[str, Any]) -> tuple[dict[str, Any], dict[str
     return config, names
 
 
-def _number(value: Any) -> bool:
+def _number(value: Any) -> TypeGuard[int | float]:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)

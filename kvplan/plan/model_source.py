@@ -91,8 +91,11 @@ def load_model_config(model: str) -> ModelConfig:
     """The config behind :func:`load_model_spec`'s spec of ``model`` (see ModelConfig). Raises as
     load_model_spec does for the name and the file."""
     if not model.strip():  # Path("") is the current folder
-        raise KvplanError("model", "the model name is empty",
-                          "give a preset name such as llama-3.1-8b, a config.json path or folder, or a .gguf file")
+        raise KvplanError(
+            "model",
+            "the model name is empty",
+            "give a preset name such as llama-3.1-8b, a config.json path or folder, or a .gguf file",
+        )
     path = Path(model).expanduser()
     if path.is_dir():
         for name in ("config.json", "params.json"):

@@ -20,8 +20,18 @@ from kvplan.plan.layer_spec import LayerSpec, layer_kinds, recurrent_state
 
 # Model types whose config class defaults tie_word_embeddings to False when the key is absent
 # (transformers' LlamaConfig, MistralConfig, Qwen2Config, ...); the base class defaults to True.
-_UNTIED_BY_DEFAULT = {"llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe", "deepseek_v2",
-                      "deepseek_v3", "qwen3_next"}
+_UNTIED_BY_DEFAULT = {
+    "llama",
+    "mistral",
+    "mixtral",
+    "qwen2",
+    "qwen2_moe",
+    "qwen3",
+    "qwen3_moe",
+    "deepseek_v2",
+    "deepseek_v3",
+    "qwen3_next",
+}
 # Architectures with a two-matrix MLP (up, down) instead of a gated three-matrix one.
 _PLAIN_MLP = {"falcon", "gpt_bigcode", "gpt2", "gpt_neox", "opt", "phi"}
 # vLLM falls back to 2048 tokens when a config names no maximum length.
@@ -130,11 +140,20 @@ class ModelSpec:
 
 
 def _read(r: ConfigReader, model_type: str) -> ModelSpec:
-    num_layers = r.count("num_hidden_layers", "n_layer", "num_layers", "n_layers", "num_transformer_layers",
-                         required=True, maximum=MAX_LAYERS)
+    num_layers = r.count(
+        "num_hidden_layers",
+        "n_layer",
+        "num_layers",
+        "n_layers",
+        "num_transformer_layers",
+        required=True,
+        maximum=MAX_LAYERS,
+    )
     hidden = r.count("hidden_size", "n_embd", "d_model", "dim", "model_dim")
     if r.cfg.get("kv_lora_rank") is None and model_type in _MLA_MODEL_TYPES:
-        raise r.error(f"missing field {r.key('kv_lora_rank')}", f"{model_type} attention (MLA) caches a latent of that size")
+        raise r.error(
+            f"missing field {r.key('kv_lora_rank')}", f"{model_type} attention (MLA) caches a latent of that size"
+        )
     window = r.count("sliding_window")
     # Qwen2/Qwen3 configs carry a sliding_window that applies only with use_sliding_window
     # (default False in their config classes).
@@ -156,9 +175,11 @@ def _read(r: ConfigReader, model_type: str) -> ModelSpec:
     mlp_default = 4 * hidden if hidden is not None and model_type in _PLAIN_MLP else None
     dtype_key = r.present("torch_dtype", "dtype")
     dtype = str(r.cfg[dtype_key]).removeprefix("torch.") if dtype_key else "float32"
-    if dtype not in CHECKPOINT_DTYPES:
-        raise r.error(f"field {r.key(dtype_key)} must be one of {', '.join(CHECKPOINT_DTYPES)} (got {r.cfg[dtype_key]!r})",
-                      "set the checkpoint's dtype")
+    if dtype_key is not None and dtype not in CHECKPOINT_DTYPES:  # the default, float32, is one of them
+        raise r.error(
+            f"field {r.key(dtype_key)} must be one of {', '.join(CHECKPOINT_DTYPES)} (got {r.cfg[dtype_key]!r})",
+            "set the checkpoint's dtype",
+        )
     tied = r.cfg.get("tie_word_embeddings")
     max_len = r.count("max_position_embeddings", "n_positions", "seq_length", "max_sequence_length")
     return ModelSpec(
@@ -174,7 +195,9 @@ def _read(r: ConfigReader, model_type: str) -> ModelSpec:
         max_position_embeddings=max_len or _DEFAULT_MAX_LEN,
         tie_word_embeddings=bool(model_type not in _UNTIED_BY_DEFAULT if tied is None else tied),
         gated_mlp=model_type not in _PLAIN_MLP,
-        qkv_bias=bool(r.cfg.get("attention_bias") or r.cfg.get("bias") or r.cfg.get("qkv_bias") or model_type == "qwen2"),
+        qkv_bias=bool(
+            r.cfg.get("attention_bias") or r.cfg.get("bias") or r.cfg.get("qkv_bias") or model_type == "qwen2"
+        ),
         o_bias=bool(r.cfg.get("attention_bias") or r.cfg.get("bias")),
         attn_output_gate=bool(r.cfg.get("attn_output_gate", model_type.startswith("qwen3_next"))),
         hidden_size=hidden,
@@ -187,8 +210,9 @@ def _read(r: ConfigReader, model_type: str) -> ModelSpec:
     )
 
 
-def _layers(r: ConfigReader, model_type: str, kinds: list[str], hidden: int | None,
-            window: int | None) -> tuple[list[LayerSpec], int, int, int]:
+def _layers(
+    r: ConfigReader, model_type: str, kinds: list[str], hidden: int | None, window: int | None
+) -> tuple[list[LayerSpec], int, int, int]:
     """(layer specs, attention heads, KV heads, head_dim) from the kinds and the head counts.
 
     Per-layer head counts (a list per layer: GGUF arrays, OpenELM) are read layer by layer; a layer
@@ -235,9 +259,13 @@ def _layers(r: ConfigReader, model_type: str, kinds: list[str], hidden: int | No
             kv_i, k_dim = global_kv or kv_i, global_dim or k_dim
             v_i = k_dim if global_dim else v_i
         if heads[i] % kv_i:
-            kv_key, heads_key = r.present(*_KV_KEYS) or "num_key_value_heads", r.present(*_HEADS_KEYS)
-            raise r.error(f"field {r.key(kv_key)} ({kv_i}) must divide {r.key(heads_key)} ({heads[i]})",
-                          "grouped-query attention gives each KV head a whole group of query heads")
+            # heads[i] > 0 here (0 % kv_i == 0), so a heads key is set and the fallback is never used
+            kv_key = r.present(*_KV_KEYS) or "num_key_value_heads"
+            heads_key = r.present(*_HEADS_KEYS) or "num_attention_heads"
+            raise r.error(
+                f"field {r.key(kv_key)} ({kv_i}) must divide {r.key(heads_key)} ({heads[i]})",
+                "grouped-query attention gives each KV head a whole group of query heads",
+            )
         if kind == "full":
             layers.append(LayerSpec("full", kv_i, k_dim, v_i, state=state))
         else:
@@ -253,7 +281,9 @@ def _intermediate(r: ConfigReader, default: int | None) -> int | None:
     ``block_multiple_of`` (transformers' Lfm2MLP; LFM2-1.2B: 12,288 -> 8,192)."""
     per_layer = r.cfg.get("intermediate_size")
     if isinstance(per_layer, list) and per_layer:  # one width per layer (Gemma 3n): the widest prices the MLPs
-        return max(r.per_layer(("intermediate_size",), len(per_layer)))
+        widths = r.per_layer(("intermediate_size",), len(per_layer))
+        assert widths is not None  # the key is set: per_layer returns its list
+        return max(widths)
     width = r.count("intermediate_size", "n_inner", "ffn_hidden_size", "ffn_dim", "block_ff_dim", default=default)
     if width is not None and r.cfg.get("block_auto_adjust_ff_dim"):
         width = int(2 * width / 3)

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Union
 
 from kvplan.errors import KvplanError
 
@@ -29,7 +28,9 @@ Shape = tuple[int, ...]
 
 def _split(size: int, tp: int, what: str) -> int:
     if size % tp:
-        raise KvplanError("tp", f"{tp} does not divide the {size} {what}", "pick a tp that divides it (vLLM asserts it)")
+        raise KvplanError(
+            "tp", f"{tp} does not divide the {size} {what}", "pick a tp that divides it (vLLM asserts it)"
+        )
     return size // tp
 
 
@@ -126,4 +127,4 @@ class ShortConvState:
         return ((self.conv_kernel - 1, _split(self.conv_dim, tp, "conv channels")),)
 
 
-StateDims = Union[GatedDeltaNetState, Mamba2State, Mamba1State, ShortConvState]
+StateDims = GatedDeltaNetState | Mamba2State | Mamba1State | ShortConvState

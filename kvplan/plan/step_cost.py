@@ -4,7 +4,8 @@ Per GPU rank of a ``tp``-way tensor-parallel server, for a step of ``T`` new tok
 decode) over ``S`` sampled sequences, ``C`` context tokens read (sum of every scheduled
 sequence's cached + new tokens) and ``P`` causal query-key pairs per head::
 
-    FLOPs = 2 x N x T / tp                        N: parameters outside the embeddings (each weight: a multiply-add per token)
+    FLOPs = 2 x N x T / tp                        N: parameters outside the embeddings
+                                                     (each weight: a multiply-add per token)
           + 2 x vocab x hidden x S / tp           the LM head, on each sampled position only
           + 4 x heads x head_dim x layers x P / tp    Q.K and P.V, a multiply-add each per pair and head dimension
     bytes = weights / tp                          every weight read once per step
@@ -62,43 +63,70 @@ class RooflineStepCost:
         counts), before efficiencies take their share."""
         tokens = work.num_prefill_tokens + work.num_decode_tokens
         sampled = work.num_decode_tokens + work.num_prefill_seqs
-        flops = (self.flops_per_token * tokens + self.lm_head_flops * sampled
-                 + self.attention_flops_per_pair * work.num_attended_tokens)
-        moved = (self.weight_bytes + self.kv_bytes_per_token * (work.num_context_tokens + tokens)
-                 + self.activation_bytes_per_token * tokens)
-        return {"compute_s": flops / self.peak_flops, "memory_s": moved / self.hbm_bytes_per_s,
-                "link_s": (self.link_bytes_per_token * tokens / self.link_bytes_per_s
-                           + self.num_allreduces * ALLREDUCE_LATENCY_S) if self.num_allreduces else 0.0}
+        flops = (
+            self.flops_per_token * tokens
+            + self.lm_head_flops * sampled
+            + self.attention_flops_per_pair * work.num_attended_tokens
+        )
+        moved = (
+            self.weight_bytes
+            + self.kv_bytes_per_token * (work.num_context_tokens + tokens)
+            + self.activation_bytes_per_token * tokens
+        )
+        return {
+            "compute_s": flops / self.peak_flops,
+            "memory_s": moved / self.hbm_bytes_per_s,
+            "link_s": (
+                self.link_bytes_per_token * tokens / self.link_bytes_per_s + self.num_allreduces * ALLREDUCE_LATENCY_S
+            )
+            if self.num_allreduces
+            else 0.0,
+        }
 
     def step_seconds(self, work: Any) -> float:
         part = self.parts(work)
         fit = self.fit
-        return (max(part["compute_s"] / fit.compute_efficiency, part["memory_s"] / fit.memory_efficiency)
-                + part["link_s"] + fit.step_overhead_s)
+        return (
+            max(part["compute_s"] / fit.compute_efficiency, part["memory_s"] / fit.memory_efficiency)
+            + part["link_s"]
+            + fit.step_overhead_s
+        )
 
 
-def roofline(spec: ModelSpec, gpu: GpuPerf, fit: ServingFit, tp: int = 1, kv_cache_dtype: str = "auto",
-             weight_dtype: str = "auto") -> RooflineStepCost:
+def roofline(
+    spec: ModelSpec,
+    gpu: GpuPerf,
+    fit: ServingFit,
+    tp: int = 1,
+    kv_cache_dtype: str = "auto",
+    weight_dtype: str = "auto",
+) -> RooflineStepCost:
     """The roofline of ``spec`` served on ``tp`` GPUs of type ``gpu`` (see the module docstring).
 
     Raises:
         KvplanError: a config without the sizes that count parameters, a bad tp or dtype.
     """
     embedding, other = count_parameters(spec)
-    hidden, layers = spec.hidden_size, spec.num_layers
+    hidden, layers, vocab_size = spec.hidden_size, spec.num_layers, spec.vocab_size
+    assert hidden is not None and vocab_size is not None  # count_parameters raised for a config without them
     kv_per_rank = kv_math.layers_bytes_per_token(kv_math.rank_layer_specs(spec, kv_cache_dtype, tp))
     weights = dtypes.canonical(weight_dtype, "weight_dtype")
     fp8_weights = weights == "fp8" or (weights == "auto" and spec.weight_bits == 8)
     peak = gpu.fp8_flops if fp8_weights and gpu.fp8_flops else gpu.bf16_flops
     return RooflineStepCost(
         flops_per_token=2 * other / tp,
-        lm_head_flops=2 * spec.vocab_size * hidden / tp,
+        lm_head_flops=2 * vocab_size * hidden / tp,
         attention_flops_per_pair=4 * spec.num_attention_heads * spec.head_dim * layers / tp,
         weight_bytes=weights_bytes(spec, weight_dtype) / tp,
         kv_bytes_per_token=kv_per_rank,
-        activation_bytes_per_token=layers * (6 * hidden + 3 * (spec.intermediate_size or 4 * hidden))
-        * _ACTIVATION_BYTES / tp,
+        activation_bytes_per_token=layers
+        * (6 * hidden + 3 * (spec.intermediate_size or 4 * hidden))
+        * _ACTIVATION_BYTES
+        / tp,
         link_bytes_per_token=2 * layers * hidden * _ACTIVATION_BYTES * 2 * (tp - 1) / tp if tp > 1 else 0.0,
         num_allreduces=2 * layers if tp > 1 else 0,
-        peak_flops=peak, hbm_bytes_per_s=gpu.hbm_bytes_per_s, link_bytes_per_s=gpu.link_bytes_per_s, fit=fit,
+        peak_flops=peak,
+        hbm_bytes_per_s=gpu.hbm_bytes_per_s,
+        link_bytes_per_s=gpu.link_bytes_per_s,
+        fit=fit,
     )

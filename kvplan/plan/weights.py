@@ -30,17 +30,18 @@ def count_parameters(spec: ModelSpec) -> tuple[int, int]:
     Raises:
         KvplanError: the config lacks hidden_size, vocab_size or intermediate_size.
     """
-    for field, value in (("hidden_size", spec.hidden_size), ("vocab_size", spec.vocab_size),
-                         ("intermediate_size", spec.intermediate_size)):
-        if value is None:
-            raise KvplanError("", f"missing field {field}", "it sizes the weights; give `weights_gib` or `kv_memory_gib`", source=spec.name)
+    h = _required(spec, "hidden_size", spec.hidden_size)
+    vocab_size = _required(spec, "vocab_size", spec.vocab_size)
+    intermediate_size = _required(spec, "intermediate_size", spec.intermediate_size)
     if spec.moe is not None and not spec.moe.expert_intermediate_size:
-        raise KvplanError("", "missing field moe_intermediate_size", "give `weights_gib` or `kv_memory_gib`", source=spec.name)
-    h = spec.hidden_size
-    embedding = spec.vocab_size * h * (1 if spec.tie_word_embeddings else 2)
+        raise KvplanError(
+            "", "missing field moe_intermediate_size", "give `weights_gib` or `kv_memory_gib`", source=spec.name
+        )
+    embedding = vocab_size * h * (1 if spec.tie_word_embeddings else 2)
     mats = 3 if spec.gated_mlp else 2
-    dense_mlp = mats * h * spec.intermediate_size
-    moe_mlp, moe_layers = 0, ()
+    dense_mlp = mats * h * intermediate_size
+    moe_mlp = 0
+    moe_layers: tuple[int, ...] = ()
     if spec.moe is not None:
         e = spec.moe
         moe_layers = e.moe_layers
@@ -48,20 +49,41 @@ def count_parameters(spec: ModelSpec) -> tuple[int, int]:
         moe_mlp += e.num_experts * (2 * e.expert_intermediate_size + h + 1) if e.expert_bias else 0
         moe_mlp += e.num_shared_experts * 3 * h * e.expert_intermediate_size
         moe_mlp += (3 * h * e.shared_expert_intermediate_size + h) if e.shared_expert_intermediate_size else 0
-    layers = h + sum(_mixer(spec, layer) + 2 * h for layer in spec.layers)
+    layers = h + sum(_mixer(spec, layer, h) + 2 * h for layer in spec.layers)
     layers += len(moe_layers) * moe_mlp + (spec.num_layers - len(moe_layers)) * dense_mlp
     return embedding, layers
 
 
-def _mixer(spec: ModelSpec, layer: LayerSpec) -> int:
-    """Parameters of one layer's token mixer (attention and/or recurrent state)."""
-    h, heads = spec.hidden_size, spec.num_attention_heads
+def _required(spec: ModelSpec, field: str, value: int | None) -> int:
+    """``value``, a size that counting the weights needs.
+
+    Raises:
+        KvplanError: the config lacks it (``value`` is None).
+    """
+    if value is None:
+        raise KvplanError(
+            "",
+            f"missing field {field}",
+            "it sizes the weights; give `weights_gib` or `kv_memory_gib`",
+            source=spec.name,
+        )
+    return value
+
+
+def _mixer(spec: ModelSpec, layer: LayerSpec, h: int) -> int:
+    """Parameters of one layer's token mixer (attention and/or recurrent state); ``h``: the hidden size."""
+    heads = spec.num_attention_heads
     total = _state_mixer(layer.state, h) if layer.state is not None else 0
     if layer.kind == "mla":
         m = spec.mla
+        assert m is not None  # MLA layers are built only from a config with MLA dims (ModelSpec.mla)
         qk = m.qk_nope_head_dim + m.qk_rope_head_dim
         q = h * m.q_lora_rank + m.q_lora_rank + m.q_lora_rank * heads * qk if m.q_lora_rank else h * heads * qk
-        kv = h * (m.kv_lora_rank + m.qk_rope_head_dim) + m.kv_lora_rank + m.kv_lora_rank * heads * (m.qk_nope_head_dim + m.v_head_dim)
+        kv = (
+            h * (m.kv_lora_rank + m.qk_rope_head_dim)
+            + m.kv_lora_rank
+            + m.kv_lora_rank * heads * (m.qk_nope_head_dim + m.v_head_dim)
+        )
         total += q + kv + heads * m.v_head_dim * h
     elif layer.kind in ("full", "sliding"):
         q_width, v_width = heads * layer.k_head_dim, heads * layer.v_head_dim
@@ -80,17 +102,36 @@ def _state_mixer(state, h: int) -> int:
     if isinstance(state, GatedDeltaNetState):
         key, value = state.num_k_heads * state.head_k_dim, state.num_v_heads * state.head_v_dim
         conv_dim = 2 * key + value
-        return (h * (2 * key + 2 * value) + h * 2 * state.num_v_heads + conv_dim * state.conv_kernel
-                + 2 * state.num_v_heads + state.head_v_dim + value * h)
+        return (
+            h * (2 * key + 2 * value)
+            + h * 2 * state.num_v_heads
+            + conv_dim * state.conv_kernel
+            + 2 * state.num_v_heads
+            + state.head_v_dim
+            + value * h
+        )
     if isinstance(state, Mamba2State):
         inner, groups_state = state.intermediate_size, 2 * state.n_groups * state.state_size
         conv_dim = inner + groups_state
-        return (h * (2 * inner + groups_state + state.num_heads) + conv_dim * (state.conv_kernel + 1)
-                + 3 * state.num_heads + inner + inner * h)
+        return (
+            h * (2 * inner + groups_state + state.num_heads)
+            + conv_dim * (state.conv_kernel + 1)
+            + 3 * state.num_heads
+            + inner
+            + inner * h
+        )
     if isinstance(state, Mamba1State):
         inner, dt_rank = state.intermediate_size, -(-h // 16)
-        return (h * 2 * inner + inner * (state.conv_kernel + 1) + inner * (dt_rank + 2 * state.state_size)
-                + dt_rank * inner + inner + inner * state.state_size + inner + inner * h)
+        return (
+            h * 2 * inner
+            + inner * (state.conv_kernel + 1)
+            + inner * (dt_rank + 2 * state.state_size)
+            + dt_rank * inner
+            + inner
+            + inner * state.state_size
+            + inner
+            + inner * h
+        )
     return h * 3 * state.conv_dim + state.conv_dim * state.conv_kernel + state.conv_dim * h  # ShortConvState
 
 

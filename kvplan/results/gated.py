@@ -42,9 +42,19 @@ class Tolerance(BaseModel):
 
     model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
 
-    worse: Worse | None = None
-    abs: Annotated[float, Field(ge=0)] = 0.0
-    rel: Annotated[float, Field(ge=0)] = 0.0
+    worse: Worse | None = Field(
+        None,
+        description="Which way is a regression, ``higher`` or ``lower``; null = the metric's own direction"
+        " from the catalog.",
+    )
+    abs: Annotated[float, Field(ge=0)] = Field(
+        0.0,
+        description="The allowed move the worse way in the metric's unit (ms, tokens, blocks, requests,"
+        " ...), added to rel x |baseline|.",
+    )
+    rel: Annotated[float, Field(ge=0)] = Field(
+        0.0, description="The allowed move the worse way as a fraction of |baseline| (0.5 = 50 %), added to abs."
+    )
 
     def limit(self, baseline: float) -> float:
         """The worst current value that still passes (``baseline`` as ranked, may be +-inf)."""
@@ -128,7 +138,11 @@ class GateSettings(BaseModel):
 
     model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
 
-    tolerances: dict[str, Tolerance] = {}
+    tolerances: dict[str, Tolerance] = Field(
+        {},
+        description="A tolerance per gated metric name (``ttft_p99_ms``, ``num_preemptions``, ...), each a"
+        " whole tolerance that replaces the baseline file's and the default for that metric.",
+    )
 
     @field_validator("tolerances")
     @classmethod

@@ -1,7 +1,7 @@
 """Load-test metrics: pure functions of the recorded requests and steps.
 
 The definitions are ``DEFINITIONS`` below (vLLM's benchmark definitions, pinned in
-../shared/STYLE.md); the report prints them. A request is *completed* when it finished with
+docs/metrics.md); the report prints them. A request is *completed* when it finished with
 reason stop or length; latency statistics cover completed requests only. A request that
 produced no token is a *failure*: counted, and kept out of TTFT. Rates divide by the level's
 span, from its first arrival to its last finish.
@@ -53,9 +53,10 @@ def e2e_s(r: RequestRecord) -> float:
 
 
 def tpot_s(r: RequestRecord) -> float | None:
-    if r.num_output_tokens < 2 or not r.token_times:
+    ttft = ttft_s(r)  # None exactly when there are no token times
+    if r.num_output_tokens < 2 or ttft is None:
         return None
-    return (e2e_s(r) - ttft_s(r)) / (r.num_output_tokens - 1)
+    return (e2e_s(r) - ttft) / (r.num_output_tokens - 1)
 
 
 def itl_s(r: RequestRecord) -> list[float]:
@@ -79,9 +80,21 @@ class Slo(BaseModel):
 
     model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
 
-    ttft_ms: Annotated[float, Field(gt=0)] | None = None
-    tpot_ms: Annotated[float, Field(gt=0)] | None = None
-    e2e_ms: Annotated[float, Field(gt=0)] | None = None
+    ttft_ms: Annotated[float, Field(gt=0)] | None = Field(
+        None,
+        description="The most a request's time to first token (TTFT: first output token - arrival) may"
+        " take, ms; null = no TTFT limit.",
+    )
+    tpot_ms: Annotated[float, Field(gt=0)] | None = Field(
+        None,
+        description="The most a request's time per output token (TPOT: (E2E - TTFT) / (output tokens -"
+        " 1)) may be, ms, which a one-token request cannot miss; null = no TPOT limit.",
+    )
+    e2e_ms: Annotated[float, Field(gt=0)] | None = Field(
+        None,
+        description="The most a request's end-to-end latency (E2E: finish - arrival) may take, ms; null ="
+        " no E2E limit.",
+    )
 
 
 class _Summary(BaseModel):
@@ -113,9 +126,10 @@ def meets_slo(r: RequestRecord, slo: Slo) -> bool:
     """True when a completed request is within every SLO given (ms)."""
     if not completed(r):
         return False
-    tpot = tpot_s(r)
+    ttft, tpot = ttft_s(r), tpot_s(r)
+    assert ttft is not None  # a completed request has output tokens, so token times
     return not (
-        (slo.ttft_ms is not None and ttft_s(r) * 1e3 > slo.ttft_ms)
+        (slo.ttft_ms is not None and ttft * 1e3 > slo.ttft_ms)
         or (slo.tpot_ms is not None and tpot is not None and tpot * 1e3 > slo.tpot_ms)
         or (slo.e2e_ms is not None and e2e_s(r) * 1e3 > slo.e2e_ms)
     )
@@ -174,7 +188,7 @@ class LevelSummary(_Summary):
     achieved_rate: float | None = None  # open loop: requests/s as actually sent
     max_send_delay_ms: float | None = None  # open loop, target: latest send after its scheduled arrival
 
-    @computed_field
+    @computed_field  # type: ignore[prop-decorator]  # pydantic's documented idiom; mypy rejects it
     @property
     def partial(self) -> bool:
         """Fewer requests finished than were planned (the run was stopped during this level)."""
@@ -186,7 +200,10 @@ class LevelSummary(_Summary):
 
 
 def summarize_level(
-    key: LevelKey, requests: Sequence[RequestRecord], steps: Sequence[StepRecord], slo: Slo,
+    key: LevelKey,
+    requests: Sequence[RequestRecord],
+    steps: Sequence[StepRecord],
+    slo: Slo,
     num_planned: int | None = None,
 ) -> LevelSummary:
     """Summarise one level (one variant of it) from its own request and step records;
@@ -205,7 +222,9 @@ def summarize_level(
     is_open = key.mode == "open" and any(r.sent_time is not None for r in requests)  # a target's send times
     delays = [r.sent_time - r.arrival_time for r in requests if r.sent_time is not None]
     return LevelSummary(
-        bucket=key.bucket, mode=key.mode, level=key.value,
+        bucket=key.bucket,
+        mode=key.mode,
+        level=key.value,
         num_requests=len(requests),
         num_completed=len(done),
         num_failed=sum(r.num_output_tokens == 0 for r in requests),
@@ -213,7 +232,7 @@ def summarize_level(
         num_oom=sum(r.finish_reason == "oom" for r in requests),
         num_aborted=sum(r.finish_reason == "abort" for r in requests),
         duration_s=span,
-        ttft_ms=latency_stats([ttft_s(r) for r in done]),
+        ttft_ms=latency_stats([t for r in done if (t := ttft_s(r)) is not None]),  # all: done are completed
         tpot_ms=latency_stats([t for r in done if (t := tpot_s(r)) is not None]),
         itl_ms=latency_stats([gap for r in done for gap in itl_s(r)]),
         e2e_ms=latency_stats([e2e_s(r) for r in done]),
@@ -228,8 +247,7 @@ def summarize_level(
         num_total_blocks=peak("num_total_blocks"),
         peak_used_blocks=int(held.max()) if held.size else 0,
         mean_used_blocks=float(used.mean()) if used.size else 0.0,
-        peak_kv_usage=max((held_blocks(s) / s.num_total_blocks for s in steps if s.num_total_blocks),
-                          default=0.0),
+        peak_kv_usage=max((held_blocks(s) / s.num_total_blocks for s in steps if s.num_total_blocks), default=0.0),
         mean_kv_usage=float(np.mean([kv_cache_usage(s) for s in steps])) if steps else 0.0,
         mean_queue_len=float(waiting.mean()) if waiting.size else 0.0,
         max_queue_len=int(waiting.max()) if waiting.size else 0,
@@ -237,8 +255,9 @@ def summarize_level(
         peak_paged_bytes=peak("paged_bytes"),
         peak_contiguous_bytes=peak("contiguous_bytes"),
         peak_measured_bytes=peak("measured_bytes"),
-        max_paged_error_bytes=max((abs(getattr(s, "measured_bytes", 0) - getattr(s, "paged_bytes", 0)) for s in steps),
-                                  default=0),
+        max_paged_error_bytes=max(
+            (abs(getattr(s, "measured_bytes", 0) - getattr(s, "paged_bytes", 0)) for s in steps), default=0
+        ),
         prefix_hit_rate=(sum(s.num_prefix_hit_tokens for s in steps) / queried) if queried else None,
         variant=key.variant,
         num_planned=num_planned,
@@ -246,26 +265,33 @@ def summarize_level(
         error_reasons={d: sum(r.finish_detail == d for r in errors) for d in sorted({r.finish_detail for r in errors})},
         num_short_outputs=sum(r.num_output_tokens < r.max_tokens for r in done),
         requested_rate=float(key.value) if is_open else None,
-        achieved_rate=(len(sent) - 1) / (sent[-1] - sent[0]) if is_open and len(sent) > 1 and sent[-1] > sent[0] else None,
+        achieved_rate=(len(sent) - 1) / (sent[-1] - sent[0])
+        if is_open and len(sent) > 1 and sent[-1] > sent[0]
+        else None,
         max_send_delay_ms=max(delays) * 1e3 if is_open and delays else None,
     )
 
 
 def summarize_levels(
-    requests: Sequence[RequestRecord], steps: Sequence[StepRecord], slo: Slo,
+    requests: Sequence[RequestRecord],
+    steps: Sequence[StepRecord],
+    slo: Slo,
     num_planned: dict[str, int] | None = None,
 ) -> list[LevelSummary]:
     """One summary per (bucket, mode, level, variant), in the order the levels first appear.
     ``num_planned``: bucket name -> its num_requests, the requests each of its levels was to run."""
     by_key: dict[LevelKey, tuple[list[RequestRecord], list[StepRecord]]] = {}
-    for rec in [*steps, *requests]:  # steps first: the order the levels ran in
+    records: list[StepRecord | RequestRecord] = [*steps, *requests]
+    for rec in records:  # steps first: the order the levels ran in
         by_key.setdefault(rec.key, ([], []))
     for r in requests:
         by_key[r.key][0].append(r)
     for s in steps:
         by_key[s.key][1].append(s)
-    return [summarize_level(k, own_requests, own_steps, slo, (num_planned or {}).get(k.bucket))
-            for k, (own_requests, own_steps) in by_key.items()]
+    return [
+        summarize_level(k, own_requests, own_steps, slo, (num_planned or {}).get(k.bucket))
+        for k, (own_requests, own_steps) in by_key.items()
+    ]
 
 
 def preemptions(s: LevelSummary) -> int | None:
@@ -292,8 +318,9 @@ def clean(s: LevelSummary) -> bool:
 def max_clean_concurrency(levels: Sequence[LevelSummary]) -> int | None:
     """The highest closed-loop level below the knee that ran clean (see ``clean``; None: none)."""
     knee = measured_knee(levels)
-    clean_levels = [int(s.level) for s in levels
-                    if s.mode == "closed" and clean(s) and (knee is None or s.level < knee)]
+    clean_levels = [
+        int(s.level) for s in levels if s.mode == "closed" and clean(s) and (knee is None or s.level < knee)
+    ]
     return max(clean_levels) if clean_levels else None
 
 

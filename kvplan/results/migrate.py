@@ -28,8 +28,12 @@ def migrate(data: dict[str, Any], where: str) -> dict[str, Any]:
     if version == 2:
         return data
     if version != 1:
-        raise KvplanError("schema_version", f"expected 1 or 2 (got {version!r})",
-                          "read it with the kvplan version that wrote it", source=where)
+        raise KvplanError(
+            "schema_version",
+            f"expected 1 or 2 (got {version!r})",
+            "read it with the kvplan version that wrote it",
+            source=where,
+        )
     return _from_v1(data)
 
 
@@ -42,8 +46,10 @@ def _from_v1(data: dict[str, Any]) -> dict[str, Any]:
     estimate = data.get("estimate")
     if estimate:
         estimate = {("kv_cache_dtype" if k == "kv_dtype" else k): v for k, v in estimate.items()}
-        estimate["plan"] = [{("kv_cache_dtype" if k == "kv_dtype" else k): v for k, v in target.items()}
-                            for target in estimate.get("plan") or []]
+        estimate["plan"] = [
+            {("kv_cache_dtype" if k == "kv_dtype" else k): v for k, v in target.items()}
+            for target in estimate.get("plan") or []
+        ]
         out["estimate"] = estimate
     out["slo"] = ((data.get("workload") or {}).get("config") or {}).get("slo") or {}
     if "kv" not in data:  # killed before its summaries: none, as in schema 2

@@ -21,11 +21,12 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import cast
 
 from pydantic import BaseModel, ConfigDict
 
 from kvplan.results.metrics import LatencyStats, LevelSummary
-from kvplan.results.records import LevelKey, RequestRecord, StepRecord
+from kvplan.results.records import LevelKey, Mode, RequestRecord, StepRecord
 
 CACHED, UNCACHED = "cached", "uncached"
 VARIANTS = (CACHED, UNCACHED)  # the order a level's variants run in
@@ -54,11 +55,14 @@ def residents(step: StepRecord, requests_by_id: Mapping[str, RequestRecord]) -> 
     if len(step.kv_resident_request_ids) != len(step.kv_resident_tokens):
         return None
     held = [requests_by_id.get(rid) for rid in step.kv_resident_request_ids]
-    return None if None in held else held
+    found = [r for r in held if r is not None]
+    return found if len(found) == len(held) else None
 
 
 def shared_prefix_estimate_bytes(
-    step: StepRecord, held: Sequence[RequestRecord], pricing: PrefixPricing,
+    step: StepRecord,
+    held: Sequence[RequestRecord],
+    pricing: PrefixPricing,
 ) -> int:
     """The step's paged estimate with the prefix's full blocks counted once per (prefix group,
     cache salt) in flight. ``held``: ``residents(step, ...)``, in the order of
@@ -73,7 +77,9 @@ def shared_prefix_estimate_bytes(
 
 
 def step_estimates(
-    steps: Sequence[StepRecord], requests: Sequence[RequestRecord], pricing: PrefixPricing | None,
+    steps: Sequence[StepRecord],
+    requests: Sequence[RequestRecord],
+    pricing: PrefixPricing | None,
 ) -> list[int | None]:
     """``shared_prefix_estimate_bytes`` for every step (None where ``residents`` cannot tell, and
     for every step of a run without a shared prefix)."""
@@ -117,7 +123,8 @@ class PrefixComparison(BaseModel):
     @property
     def key(self) -> LevelKey:
         """The level run in both variants (no variant in the key: its label is the table's row)."""
-        return LevelKey(self.bucket, self.mode, self.level)
+        # mode: a LevelKey's own, saved as its string (closed or open)
+        return LevelKey(self.bucket, cast(Mode, self.mode), self.level)
 
 
 def _p(stats: LatencyStats | None, key: str) -> float | None:
@@ -129,7 +136,9 @@ def _mean(values: Sequence[float]) -> float | None:
 
 
 def compare_variants(
-    levels: Sequence[LevelSummary], steps: Sequence[StepRecord], estimates: Sequence[int | None],
+    levels: Sequence[LevelSummary],
+    steps: Sequence[StepRecord],
+    estimates: Sequence[int | None],
 ) -> list[PrefixComparison]:
     """Per level run in both variants: prefix hit rate, TTFT P50/P95 (ms) and KV bytes with
     caching effective and with it defeated. KV: peaks over each variant's steps; for the cached
@@ -147,23 +156,33 @@ def compare_variants(
         uncached = by_key.get(twin)
         told = [(s, e) for s, e in zip(steps, estimates) if e is not None and s.key == key]
         uncached_steps = [s for s in steps if s.key == twin]
-        p50 = (_p(cached.ttft_ms, "p50"), _p(uncached.ttft_ms if uncached else None, "p50"))
-        rows.append(PrefixComparison(
-            bucket=key.bucket, mode=key.mode, level=key.value,
-            prefix_hit_rate_cached=cached.prefix_hit_rate,
-            prefix_hit_rate_uncached=uncached.prefix_hit_rate if uncached else None,
-            ttft_p50_ms_cached=p50[0], ttft_p50_ms_uncached=p50[1],
-            ttft_p95_ms_cached=_p(cached.ttft_ms, "p95"),
-            ttft_p95_ms_uncached=_p(uncached.ttft_ms if uncached else None, "p95"),
-            ttft_p50_speedup=p50[1] / p50[0] if None not in p50 and p50[0] > 0 else None,
-            peak_paged_bytes=cached.peak_paged_bytes,
-            peak_shared_estimate_bytes=max((e for _, e in told), default=None),
-            peak_measured_bytes_cached=cached.peak_measured_bytes,
-            peak_measured_bytes_uncached=uncached.peak_measured_bytes if uncached else None,
-            mean_paged_bytes=_mean([s.paged_bytes for s, _ in told]),
-            mean_shared_estimate_bytes=_mean([e for _, e in told]),
-            mean_measured_bytes_cached=_mean([s.measured_bytes for s, _ in told]),
-            mean_measured_bytes_uncached=_mean([s.measured_bytes for s in uncached_steps]),
-            num_steps_estimated=len(told), num_steps=cached.num_steps,
-        ))
+        p50_cached, p50_uncached = _p(cached.ttft_ms, "p50"), _p(uncached.ttft_ms if uncached else None, "p50")
+        rows.append(
+            PrefixComparison(
+                bucket=key.bucket,
+                mode=key.mode,
+                level=key.value,
+                prefix_hit_rate_cached=cached.prefix_hit_rate,
+                prefix_hit_rate_uncached=uncached.prefix_hit_rate if uncached else None,
+                ttft_p50_ms_cached=p50_cached,
+                ttft_p50_ms_uncached=p50_uncached,
+                ttft_p95_ms_cached=_p(cached.ttft_ms, "p95"),
+                ttft_p95_ms_uncached=_p(uncached.ttft_ms if uncached else None, "p95"),
+                ttft_p50_speedup=(
+                    p50_uncached / p50_cached
+                    if p50_cached is not None and p50_uncached is not None and p50_cached > 0
+                    else None
+                ),
+                peak_paged_bytes=cached.peak_paged_bytes,
+                peak_shared_estimate_bytes=max((e for _, e in told), default=None),
+                peak_measured_bytes_cached=cached.peak_measured_bytes,
+                peak_measured_bytes_uncached=uncached.peak_measured_bytes if uncached else None,
+                mean_paged_bytes=_mean([s.paged_bytes for s, _ in told]),
+                mean_shared_estimate_bytes=_mean([e for _, e in told]),
+                mean_measured_bytes_cached=_mean([s.measured_bytes for s, _ in told]),
+                mean_measured_bytes_uncached=_mean([s.measured_bytes for s in uncached_steps]),
+                num_steps_estimated=len(told),
+                num_steps=cached.num_steps,
+            )
+        )
     return rows

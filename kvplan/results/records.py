@@ -151,10 +151,16 @@ class StepRecord:
         return cls(**values)
 
 
-@functools.cache
 def field_names(record_type: type) -> tuple[str, ...]:
     """A record dataclass's field names, in order (read once per type: records are written by the
     thousand)."""
+    # Called through a plain ``type`` parameter: mypy does not see a ``type[X]`` argument as the
+    # Hashable that functools.cache asks for, though every class object is hashable.
+    return _field_names(record_type)
+
+
+@functools.cache
+def _field_names(record_type: type) -> tuple[str, ...]:
     return tuple(f.name for f in fields(record_type))
 
 

@@ -23,7 +23,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Final, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, computed_field
 
@@ -35,7 +35,7 @@ from kvplan.results.server_samples import ServerSample
 from kvplan.results.simulated import CostModelInfo, TargetCapacity
 from kvplan.results.store import REQUESTS_FILE, STEPS_FILE, read_jsonl, write_atomic
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION: Final = 2
 RESULTS_FILE = "results.json"
 Source = Literal["measured", "simulated", "target"]
 Status = Literal["running", "complete", "interrupted"]
@@ -106,17 +106,19 @@ class EngineFacts(_Part):
     kv_scales: KvScales | None = None
     hf_config: dict[str, Any] | None = Field(default=None, exclude=True, repr=False)
 
-    @computed_field
+    # ignore[prop-decorator]: pydantic's documented idiom for computed fields; mypy does not
+    # support decorators stacked on @property (pydantic's docs name this very ignore)
+    @computed_field  # type: ignore[prop-decorator]
     @property
     def bytes_per_token(self) -> int:
         return self.bytes_per_block // self.block_size
 
-    @computed_field
+    @computed_field  # type: ignore[prop-decorator]
     @property
     def pool_bytes(self) -> int:
         return self.num_blocks * self.bytes_per_block
 
-    @computed_field
+    @computed_field  # type: ignore[prop-decorator]
     @property
     def pool_tokens(self) -> int:
         return self.num_blocks * self.block_size
@@ -204,7 +206,7 @@ class KvSummary(_Part):
 
 
 class Fp8QualityResult(_Part):
-    """The fp8 KV quality check (definitions: kvplan.load.fp8_check)."""
+    """The fp8 KV quality check (definitions: kvplan.load.bundled.fp8_quality)."""
 
     model: str
     dtype: str
@@ -345,8 +347,9 @@ def read_result(run_dir: str | Path) -> RunResult:
         raise KvplanError("", f"cannot read results ({err})", source=str(path)) from None
     if not isinstance(data, dict):
         kind = "null" if data is None else type(data).__name__
-        raise KvplanError("", f"must hold a JSON object (got {kind})", "pass a run folder written by kvplan",
-                          source=str(path))
+        raise KvplanError(
+            "", f"must hold a JSON object (got {kind})", "pass a run folder written by kvplan", source=str(path)
+        )
     try:
         return RunResult.model_validate(migrate(data, str(path)))
     except ValidationError as err:
@@ -375,15 +378,19 @@ def check_records(data: RunData) -> None:
     """
     fix = "restore it from the run (kvplan report rebuilds every view from the records; nothing was written)"
     kv = data.result.kv
-    for name, records, counted, what in ((data.result.records.steps, data.steps, kv and kv.num_steps, "steps"),
-                                         (data.result.records.requests, data.requests, kv and kv.num_requests,
-                                          "requests")):
+    for name, records, counted, what in (
+        (data.result.records.steps, data.steps, kv and kv.num_steps, "steps"),
+        (data.result.records.requests, data.requests, kv and kv.num_requests, "requests"),
+    ):
         path = data.run_dir / name
         if not path.is_file():
             raise KvplanError("", "missing", fix, source=str(path))
         if counted is not None and counted != len(records):
-            raise KvplanError("", f"holds {len(records)} {what}, results.json counts {counted}", fix,
-                              source=str(path))
+            raise KvplanError("", f"holds {len(records)} {what}, results.json counts {counted}", fix, source=str(path))
     if data.requests and not data.steps and data.result.source != "target":
-        raise KvplanError("", f"holds no steps, {data.result.records.requests} {len(data.requests)} finished"
-                          " requests", fix, source=str(data.run_dir / data.result.records.steps))
+        raise KvplanError(
+            "",
+            f"holds no steps, {data.result.records.requests} {len(data.requests)} finished requests",
+            fix,
+            source=str(data.run_dir / data.result.records.steps),
+        )

@@ -2,7 +2,7 @@
 milliseconds, one ``ServerSample`` per read (``server_metrics.jsonl``), and the per-level
 server-side numbers computed from them.
 
-A sample holds the values kvplan reads (kvplan.load.backends.server_metrics maps vLLM's and
+A sample holds the values kvplan reads (kvplan.load.target.server_metrics maps vLLM's and
 SGLang's names onto these fields); a metric the server does not expose is None, never 0. The
 scraper reads once more at each level's first submission and after its last finish
 (``boundary`` True), so a counter's difference across a level is exact::

@@ -21,6 +21,7 @@ import json
 import os
 import secrets
 from pathlib import Path
+from typing import Any
 
 from pydantic import TypeAdapter, ValidationError
 
@@ -51,8 +52,9 @@ def write_atomic(path: Path, text: str) -> None:
             Path(tmp).unlink(missing_ok=True)
             raise
     except OSError as err:
-        raise KvplanError("", f"cannot write it ({err.strerror or err})", "make room, or remove what is in the way",
-                          source=str(path)) from None
+        raise KvplanError(
+            "", f"cannot write it ({err.strerror or err})", "make room, or remove what is in the way", source=str(path)
+        ) from None
 
 
 class RunWriter:
@@ -88,7 +90,10 @@ class RunWriter:
         self.close()
 
 
-_ADAPTERS = {RequestRecord: TypeAdapter(RequestRecord), StepRecord: TypeAdapter(StepRecord)}
+_ADAPTERS: dict[type, TypeAdapter[Any]] = {
+    RequestRecord: TypeAdapter(RequestRecord),
+    StepRecord: TypeAdapter(StepRecord),
+}
 
 
 def read_jsonl(path: Path, record_type: type) -> list:
@@ -134,8 +139,9 @@ def check_out(run_dir: Path | None) -> None:
         return
     fix = "give a new folder (or remove that one)"
     if any(len(part.encode()) > _NAME_MAX for part in run_dir.parts):
-        raise KvplanError("out", f"a folder name in {str(run_dir)[:60]}... is over {_NAME_MAX} bytes",
-                          "give a shorter path")
+        raise KvplanError(
+            "out", f"a folder name in {str(run_dir)[:60]}... is over {_NAME_MAX} bytes", "give a shorter path"
+        )
     try:
         if run_dir.is_dir():
             if any(run_dir.iterdir()):

@@ -18,35 +18,49 @@ from kvplan.results.server_samples import ServerSample, level_server_stats
 
 def prefix_pricing(result: RunResult) -> prefix_metrics.PrefixPricing | None:
     """What sharing the run's prefix saves (None for a run without a shared prefix)."""
-    shared = result.estimate.shared_prefix if result.estimate else None
-    if shared is None:
+    estimate = result.estimate
+    shared = estimate.shared_prefix if estimate else None
+    if estimate is None or shared is None:
         return None
-    return prefix_metrics.PrefixPricing(shared.num_full_blocks * result.estimate.block_size,
-                                        shared.shared_bytes_per_request)
+    return prefix_metrics.PrefixPricing(shared.num_full_blocks * estimate.block_size, shared.shared_bytes_per_request)
 
 
-def shared_step_estimates(result: RunResult, requests: Sequence[RequestRecord],
-                          steps: Sequence[StepRecord]) -> list[int | None]:
+def shared_step_estimates(
+    result: RunResult, requests: Sequence[RequestRecord], steps: Sequence[StepRecord]
+) -> list[int | None]:
     """Per step, the paged estimate with the shared prefix counted once (None where it cannot be
     told, and everywhere in a run without a shared prefix)."""
     return prefix_metrics.step_estimates(steps, requests, prefix_pricing(result))
 
 
-def with_server_stats(levels: list[metrics.LevelSummary],
-                      samples: Sequence[ServerSample]) -> list[metrics.LevelSummary]:
+def with_server_stats(
+    levels: list[metrics.LevelSummary], samples: Sequence[ServerSample]
+) -> list[metrics.LevelSummary]:
     """Each level with its server-side preemptions and KV usage from a target's /metrics reads."""
     stats = level_server_stats(samples)
     out = []
     for level in levels:
         s = stats.get(level.key)
-        out.append(level if s is None else level.model_copy(update={
-            "server_preemptions": s.preemptions, "server_peak_kv_usage": s.peak_kv_usage,
-            "server_mean_kv_usage": s.mean_kv_usage}))
+        out.append(
+            level
+            if s is None
+            else level.model_copy(
+                update={
+                    "server_preemptions": s.preemptions,
+                    "server_peak_kv_usage": s.peak_kv_usage,
+                    "server_mean_kv_usage": s.mean_kv_usage,
+                }
+            )
+        )
     return out
 
 
-def summarize(result: RunResult, requests: Sequence[RequestRecord], steps: Sequence[StepRecord],
-              server_samples: Sequence[ServerSample] = ()) -> RunResult:
+def summarize(
+    result: RunResult,
+    requests: Sequence[RequestRecord],
+    steps: Sequence[StepRecord],
+    server_samples: Sequence[ServerSample] = (),
+) -> RunResult:
     """``result`` with its summaries computed from ``requests``, ``steps`` and, for a remote
     target, its /metrics reads (``server_samples``)."""
     levels = metrics.summarize_levels(requests, steps, result.slo, result.planned_requests())
@@ -58,15 +72,17 @@ def summarize(result: RunResult, requests: Sequence[RequestRecord], steps: Seque
         # The predicted max concurrency shares nothing, so the knee is the unshared variant's.
         own = [s for s in levels if s.bucket == name and s.variant != prefix_metrics.CACHED]
         estimate = estimates.get(name)
-        buckets.append(BucketSummary(
-            name=name,
-            p95_request_tokens=estimate.p95_request_tokens if estimate else None,
-            predicted_max_concurrency=estimate.max_concurrency if estimate else None,
-            simulated_knee=estimate.simulated_knee if estimate else None,
-            measured_knee=metrics.measured_knee(own),
-            max_clean_concurrency=metrics.max_clean_concurrency(own),
-            levels_run=[s.level for s in own],
-        ))
+        buckets.append(
+            BucketSummary(
+                name=name,
+                p95_request_tokens=estimate.p95_request_tokens if estimate else None,
+                predicted_max_concurrency=estimate.max_concurrency if estimate else None,
+                simulated_knee=estimate.simulated_knee if estimate else None,
+                measured_knee=metrics.measured_knee(own),
+                max_clean_concurrency=metrics.max_clean_concurrency(own),
+                levels_run=[s.level for s in own],
+            )
+        )
     unshared = [s for s in steps if s.variant != prefix_metrics.CACHED]
     pricing = prefix_pricing(result)
     kv = KvSummary(
@@ -79,5 +95,4 @@ def summarize(result: RunResult, requests: Sequence[RequestRecord], steps: Seque
     if pricing is not None:
         per_step = prefix_metrics.step_estimates(steps, requests, pricing)
         prefix_caching = prefix_metrics.compare_variants(levels, steps, per_step)
-    return result.model_copy(update={"levels": levels, "buckets": buckets, "kv": kv,
-                                     "prefix_caching": prefix_caching})
+    return result.model_copy(update={"levels": levels, "buckets": buckets, "kv": kv, "prefix_caching": prefix_caching})

@@ -47,32 +47,56 @@ def level_json(level: LevelSummary) -> dict[str, Any]:
     """One level of the summary (see the module docstring)."""
     stepped = level.num_steps > 0
     return {
-        "mode": level.mode, "level": level.level, "variant": level.variant,
-        "num_completed": level.num_completed, "num_failed": level.num_failed,
-        "preemptions": preemptions(level), "peak_used_blocks": level.peak_used_blocks if stepped else None,
-        "output_throughput_tok_s": level.output_tokens_per_s, "goodput_req_s": level.goodput_rps,
-        "ttft_ms": _stats(level.ttft_ms), "tpot_ms": _stats(level.tpot_ms),
-        "itl_ms": _stats(level.itl_ms), "e2e_ms": _stats(level.e2e_ms),
-        "server_preemptions": level.server_preemptions, "server_peak_kv_usage": level.server_peak_kv_usage,
-        "num_errors": level.num_errors, "error_reasons": dict(level.error_reasons),
-        "requested_rate": level.requested_rate, "achieved_rate": level.achieved_rate,
+        "mode": level.mode,
+        "level": level.level,
+        "variant": level.variant,
+        "num_completed": level.num_completed,
+        "num_failed": level.num_failed,
+        "preemptions": preemptions(level),
+        "peak_used_blocks": level.peak_used_blocks if stepped else None,
+        "output_throughput_tok_s": level.output_tokens_per_s,
+        "goodput_req_s": level.goodput_rps,
+        "ttft_ms": _stats(level.ttft_ms),
+        "tpot_ms": _stats(level.tpot_ms),
+        "itl_ms": _stats(level.itl_ms),
+        "e2e_ms": _stats(level.e2e_ms),
+        "server_preemptions": level.server_preemptions,
+        "server_peak_kv_usage": level.server_peak_kv_usage,
+        "num_errors": level.num_errors,
+        "error_reasons": dict(level.error_reasons),
+        "requested_rate": level.requested_rate,
+        "achieved_rate": level.achieved_rate,
     }
 
 
 def _point(point: SloPoint | None) -> dict[str, Any] | None:
     if point is None:
         return None
-    return {"level": point.level, "slo_attainment": point.slo_attainment,
-            "output_throughput_tok_s": point.output_tokens_per_s, "goodput_req_s": point.goodput_rps}
+    return {
+        "level": point.level,
+        "slo_attainment": point.slo_attainment,
+        "output_throughput_tok_s": point.output_tokens_per_s,
+        "goodput_req_s": point.goodput_rps,
+    }
 
 
 def capacity_json(bucket: BucketCapacity | None, attainment: float | None) -> dict[str, Any]:
     """A bucket's searched answers: knee, and the SLO maxima with throughput and goodput there."""
     if bucket is None:
-        return {"knee": None, "attainment_target": attainment, "max_concurrency": None, "max_request_rate": None,
-                "burst_meets_slo": None}
-    return {"knee": bucket.knee, "attainment_target": attainment, "max_concurrency": _point(bucket.max_concurrency),
-            "max_request_rate": _point(bucket.max_request_rate), "burst_meets_slo": bucket.burst_meets_slo}
+        return {
+            "knee": None,
+            "attainment_target": attainment,
+            "max_concurrency": None,
+            "max_request_rate": None,
+            "burst_meets_slo": None,
+        }
+    return {
+        "knee": bucket.knee,
+        "attainment_target": attainment,
+        "max_concurrency": _point(bucket.max_concurrency),
+        "max_request_rate": _point(bucket.max_request_rate),
+        "burst_meets_slo": bucket.burst_meets_slo,
+    }
 
 
 def summary_json(result: RunResult) -> dict[str, Any]:
@@ -82,25 +106,39 @@ def summary_json(result: RunResult) -> dict[str, Any]:
     for bucket in result.buckets:
         searched = engine.bucket(bucket.name) if engine else None
         top = lambda point: None if point is None else point.level  # noqa: E731
-        buckets.append({
-            "name": bucket.name,
-            "knee": searched.knee if searched else bucket.measured_knee,
-            "slo_max_concurrency": top(searched.max_concurrency) if searched else None,
-            "slo_max_request_rate": top(searched.max_request_rate) if searched else None,
-            "levels": [level_json(lv) for lv in result.levels if lv.bucket == bucket.name],
-            "measured_knee": bucket.measured_knee,
-            "simulated_knee": bucket.simulated_knee,
-            "predicted_max_concurrency": bucket.predicted_max_concurrency,
-            "slo_capacity": capacity_json(searched, engine.attainment_target if engine else None),
-        })
+        buckets.append(
+            {
+                "name": bucket.name,
+                "knee": searched.knee if searched else bucket.measured_knee,
+                "slo_max_concurrency": top(searched.max_concurrency) if searched else None,
+                "slo_max_request_rate": top(searched.max_request_rate) if searched else None,
+                "levels": [level_json(lv) for lv in result.levels if lv.bucket == bucket.name],
+                "measured_knee": bucket.measured_knee,
+                "simulated_knee": bucket.simulated_knee,
+                "predicted_max_concurrency": bucket.predicted_max_concurrency,
+                "slo_capacity": capacity_json(searched, engine.attainment_target if engine else None),
+            }
+        )
     return {
         "source": result.source,
         "workload": result.workload.name,
         "status": result.status,
-        "server": None if result.server is None else {
-            key: getattr(result.server, key) for key in ("url", "model", "metrics_available", "num_gpu_blocks", "block_size")},
+        "server": None
+        if result.server is None
+        else {
+            key: getattr(result.server, key)
+            for key in ("url", "model", "metrics_available", "num_gpu_blocks", "block_size")
+        },
         "buckets": buckets,
-        "targets": [{"target": t.target, "model": t.model, "gpu": t.gpu, "tp": t.tp, "kv_cache_dtype": t.kv_cache_dtype,
-                     "buckets": [{"name": b.name, **capacity_json(b, t.attainment_target)} for b in t.buckets]}
-                    for t in result.capacity],
+        "targets": [
+            {
+                "target": t.target,
+                "model": t.model,
+                "gpu": t.gpu,
+                "tp": t.tp,
+                "kv_cache_dtype": t.kv_cache_dtype,
+                "buckets": [{"name": b.name, **capacity_json(b, t.attainment_target)} for b in t.buckets],
+            }
+            for t in result.capacity
+        ],
     }

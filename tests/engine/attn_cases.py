@@ -105,9 +105,7 @@ def stored(x: torch.Tensor, cache_dtype: torch.dtype, scale: float) -> torch.Ten
     return x.to(cache_dtype).double()
 
 
-def dense_attention(
-    case: PagedCase, scale: float, cache_dtype=torch.float32, k_scale=1.0, v_scale=1.0
-) -> torch.Tensor:
+def dense_attention(case: PagedCase, scale: float, cache_dtype=torch.float32, k_scale=1.0, v_scale=1.0) -> torch.Tensor:
     """Plain causal softmax attention in fp64 over the contiguous K/V: [num_tokens, H, d]."""
     num_heads = case.query.shape[1]
     group = num_heads // case.keys[0].shape[1]

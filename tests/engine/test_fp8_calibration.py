@@ -101,7 +101,7 @@ def test_calibration_input_errors():
 
 
 def test_a_layer_of_zeros_keeps_scale_one():
-    from engine.calibration import scale_from_amax
+    from engine.kv_scales import scale_from_amax
 
     assert scale_from_amax(0.0) == 1.0
     assert scale_from_amax(44.8) == pytest.approx(0.1)

@@ -67,8 +67,10 @@ def test_fp8_engine_stores_k_over_scale_within_e4m3_precision():
     fp8.kv_cache.set_scales([0.05, 1.0], [0.02, 1.0])  # layer 0: stored values are k / 0.05, v / 0.02
     fp8.add_request(prompt, SamplingParams(max_tokens=1))
     fp8.step()
-    for stored, scale, ref in ((fp8.kv_cache.k_caches[0], 0.05, exact.kv_cache.k_caches[0]),
-                               (fp8.kv_cache.v_caches[0], 0.02, exact.kv_cache.v_caches[0])):
+    for stored, scale, ref in (
+        (fp8.kv_cache.k_caches[0], 0.05, exact.kv_cache.k_caches[0]),
+        (fp8.kv_cache.v_caches[0], 0.02, exact.kv_cache.v_caches[0]),
+    ):
         assert stored.dtype == torch.float8_e4m3fn
         assert ref.abs().sum() > 0  # the prompt's 11 slots were written
         torch.testing.assert_close(stored.float() * scale, ref, rtol=2**-4, atol=scale * 2**-9)

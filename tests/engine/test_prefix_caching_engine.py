@@ -153,8 +153,14 @@ def smollm2_case():
     tokenizer = engine.tokenizer
     system = next(text for _, text, _ in pairs if 350 <= len(text) <= 500)
     users = [text for _, text, _ in pairs if 20 <= len(text) <= 120][:3]
-    prompts = [tokenizer.apply_chat_template([{"role": "system", "content": system}, {"role": "user", "content": u}],
-                                             add_generation_prompt=True, tokenize=True)["input_ids"] for u in users]
+    prompts = [
+        tokenizer.apply_chat_template(
+            [{"role": "system", "content": system}, {"role": "user", "content": u}],
+            add_generation_prompt=True,
+            tokenize=True,
+        )["input_ids"]
+        for u in users
+    ]
     return engine, prompts
 
 
@@ -166,8 +172,11 @@ def common_prefix_len(a: list[int], b: list[int]) -> int:
 
 
 def smollm2_engine(**overrides) -> LLMEngine:
-    return LLMEngine(EngineConfig(dtype="float32", device="cpu", attention_backend="torch",
-                                  block_size=SMOL_BLOCK, num_blocks=64, **overrides))
+    return LLMEngine(
+        EngineConfig(
+            dtype="float32", device="cpu", attention_backend="torch", block_size=SMOL_BLOCK, num_blocks=64, **overrides
+        )
+    )
 
 
 def run_first_then_rest(engine, prompts, params):

@@ -22,9 +22,14 @@ def test_every_prompt_position_equals_transformers_forward_across_chunks_and_bat
     """A (30 tokens, all logits) and C (21 tokens, the last 6) are prefilled in chunks of a shared
     8-token budget next to B, which asks for none; every returned row equals transformers'."""
     engine = tiny_engine(max_num_batched_tokens=8)
-    a, b, c = engine.generate([A, B, C], [SamplingParams(max_tokens=3, num_prompt_logits=30),
-                                          SamplingParams(max_tokens=3),
-                                          SamplingParams(max_tokens=3, num_prompt_logits=6)])
+    a, b, c = engine.generate(
+        [A, B, C],
+        [
+            SamplingParams(max_tokens=3, num_prompt_logits=30),
+            SamplingParams(max_tokens=3),
+            SamplingParams(max_tokens=3, num_prompt_logits=6),
+        ],
+    )
     assert a.prompt_logits.shape == (30, 512) and a.prompt_logits.dtype == torch.float32
     torch.testing.assert_close(a.prompt_logits, hf_logits(hf_model, A), rtol=0, atol=1e-5)
     assert b.prompt_logits is None
@@ -37,8 +42,9 @@ def test_every_prompt_position_equals_transformers_forward_across_chunks_and_bat
 def test_scoring_skips_the_prefix_cache_so_every_position_is_computed(hf_model):
     engine = tiny_engine()  # prefix caching on, block size 4
     engine.generate([A], SamplingParams(max_tokens=1))  # A's 7 full blocks are now cached
-    plain, scored = engine.generate([A, A], [SamplingParams(max_tokens=1),
-                                             SamplingParams(max_tokens=1, num_prompt_logits=30)])
+    plain, scored = engine.generate(
+        [A, A], [SamplingParams(max_tokens=1), SamplingParams(max_tokens=1, num_prompt_logits=30)]
+    )
     assert plain.num_cached_tokens == 28  # 7 blocks of 4 hit; the last 2 tokens computed
     assert scored.num_cached_tokens == 0
     torch.testing.assert_close(scored.prompt_logits, hf_logits(hf_model, A), rtol=0, atol=1e-5)

@@ -160,8 +160,14 @@ OPS = st.lists(
 @settings(max_examples=300, deadline=None)
 @given(ops=OPS, caching=st.booleans(), budget=st.integers(1, 24), shared=st.booleans())
 def test_random_operations_keep_block_invariants(ops, caching, budget, shared):
-    s = make(num_blocks=10, max_model_len=40, eos=frozenset({0}), enable_prefix_caching=caching,
-             max_num_batched_tokens=budget, max_num_seqs=4)
+    s = make(
+        num_blocks=10,
+        max_model_len=40,
+        eos=frozenset({0}),
+        enable_prefix_caching=caching,
+        max_num_batched_tokens=budget,
+        max_num_seqs=4,
+    )
     bm, n = s.block_manager, 0
 
     def check():

@@ -14,7 +14,7 @@ import urllib.request
 import pytest
 
 from engine.request import SamplingParams
-from engine.serve import bind, build_app, main
+from engine.serve.app import bind, build_app, main
 from tests.engine.tiny import random_prompts, tiny_engine
 
 POOL = dict(block_size=4, num_blocks=64, enable_prefix_caching=False, max_num_seqs=8)
@@ -58,8 +58,11 @@ def post(url: str, body, key: str | None = None) -> tuple[int, bytes]:
 
 
 def events(raw: bytes) -> list:
-    return [json.loads(line[6:]) if line != b"data: [DONE]" else "[DONE]"
-            for line in raw.split(b"\n\n") if line.startswith(b"data: ")]
+    return [
+        json.loads(line[6:]) if line != b"data: [DONE]" else "[DONE]"
+        for line in raw.split(b"\n\n")
+        if line.startswith(b"data: ")
+    ]
 
 
 def metric(url: str, name: str) -> float:
@@ -69,13 +72,24 @@ def metric(url: str, name: str) -> float:
 
 def test_a_stream_carries_the_engines_own_greedy_tokens_and_usage(served):
     prompt = random_prompts([10])[0]
-    status, raw = post(f"{served.url}/v1/completions", {"prompt": prompt, "max_tokens": 9, "temperature": 0,
-                                                        "ignore_eos": True, "stream": True,
-                                                        "stream_options": {"include_usage": True}})
+    status, raw = post(
+        f"{served.url}/v1/completions",
+        {
+            "prompt": prompt,
+            "max_tokens": 9,
+            "temperature": 0,
+            "ignore_eos": True,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+        },
+    )
     assert status == 200
     chunks = events(raw)
-    assert chunks[-1] == "[DONE]" and chunks[-2]["usage"] == {"prompt_tokens": 10, "completion_tokens": 9,
-                                                               "total_tokens": 19}
+    assert chunks[-1] == "[DONE]" and chunks[-2]["usage"] == {
+        "prompt_tokens": 10,
+        "completion_tokens": 9,
+        "total_tokens": 19,
+    }
     text = "".join(c["choices"][0]["text"] for c in chunks[:-2])
     assert chunks[-3]["choices"][0]["finish_reason"] == "length"
     reference = tiny_engine(**POOL).generate([prompt], SamplingParams(max_tokens=9, ignore_eos=True))[0]
@@ -87,19 +101,32 @@ def test_models_health_and_vllm_metric_names(served):
     assert models["data"][0]["id"] == "tiny-random-llama" and models["data"][0]["owned_by"] == "kvplan-engine"
     assert urllib.request.urlopen(f"{served.url}/health").status == 200
     text = urllib.request.urlopen(f"{served.url}/metrics").read().decode()
-    for name in ("vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc",
-                 "vllm:num_preemptions_total", "vllm:prefix_cache_queries_total", "vllm:prefix_cache_hits_total"):
+    for name in (
+        "vllm:num_requests_running",
+        "vllm:num_requests_waiting",
+        "vllm:kv_cache_usage_perc",
+        "vllm:num_preemptions_total",
+        "vllm:prefix_cache_queries_total",
+        "vllm:prefix_cache_hits_total",
+    ):
         assert f"\n{name}{{" in text
-    assert 'vllm:cache_config_info{block_size="4",cache_dtype="auto",enable_prefix_caching="False",num_gpu_blocks="64"} 1.0' in text
+    assert (
+        'vllm:cache_config_info{block_size="4",cache_dtype="auto",enable_prefix_caching="False",'
+        'num_gpu_blocks="64"} 1.0' in text
+    )
 
 
 def test_a_client_that_disconnects_aborts_its_request_and_frees_its_blocks(served):
     host, port = served.url.removeprefix("http://").split(":")
-    body = json.dumps({"prompt": random_prompts([40])[0], "max_tokens": 200, "ignore_eos": True,
-                       "stream": True}).encode()
+    body = json.dumps(
+        {"prompt": random_prompts([40])[0], "max_tokens": 200, "ignore_eos": True, "stream": True}
+    ).encode()
     sock = socket.create_connection((host, int(port)))
-    sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                 + f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
+    sock.sendall(
+        b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        + f"Content-Length: {len(body)}\r\n\r\n".encode()
+        + body
+    )
     got = b""
     while got.count(b"data: ") < 3:  # a few tokens in: the request holds blocks now
         got += sock.recv(4096)
@@ -132,9 +159,16 @@ def bad_bodies(n: int, seed: int = 0) -> list[tuple[str, bytes]]:
     wrong = {
         "prompt": [5, {}, [], "", [1.5], [600], [-1], [[1], [2]], list(range(3, 300))],
         "max_tokens": [0, -1, "5", 1.5, True, [4], 10_000],
-        "temperature": [-1, "hot", [0]], "top_p": [0, 2, "x"], "seed": [-1, "x", 2**64, 1.5],
-        "n": [2, 0, "1"], "stream": ["yes", 1], "ignore_eos": ["true", 1], "min_tokens": [-1, 5, "1"],
-        "cache_salt": [5, "", []], "stop": [["\n"], "x"], "model": [5, ["m"]],
+        "temperature": [-1, "hot", [0]],
+        "top_p": [0, 2, "x"],
+        "seed": [-1, "x", 2**64, 1.5],
+        "n": [2, 0, "1"],
+        "stream": ["yes", 1],
+        "ignore_eos": ["true", 1],
+        "min_tokens": [-1, 5, "1"],
+        "cache_salt": [5, "", []],
+        "stop": [["\n"], "x"],
+        "model": [5, ["m"]],
     }
     out = []
     for _ in range(n):
@@ -145,9 +179,21 @@ def bad_bodies(n: int, seed: int = 0) -> list[tuple[str, bytes]]:
         elif kind < 0.25:
             out.append(("/v1/completions", rng.choice([b"[]", b"5", b'"x"', b"null", b"\xff\xfe"])))
         elif kind < 0.3:
-            out.append(("/v1/chat/completions", json.dumps(rng.choice([
-                {"messages": []}, {"messages": "hi"}, {"messages": [{"role": 5}]},
-                {"messages": [{"role": "user", "content": "hi"}]}])).encode()))
+            out.append(
+                (
+                    "/v1/chat/completions",
+                    json.dumps(
+                        rng.choice(
+                            [
+                                {"messages": []},
+                                {"messages": "hi"},
+                                {"messages": [{"role": 5}]},
+                                {"messages": [{"role": "user", "content": "hi"}]},
+                            ]
+                        )
+                    ).encode(),
+                )
+            )
         else:
             body = dict(good)
             field = rng.choice(sorted(wrong))
@@ -162,15 +208,22 @@ def test_bad_bodies_get_400s_while_good_streams_all_complete(served):
     prompts = random_prompts([12] * 6, seed=3)
 
     async def good(session, prompt):
-        body = {"prompt": prompt, "max_tokens": 40, "ignore_eos": True, "stream": True,
-                "stream_options": {"include_usage": True}}
+        body = {
+            "prompt": prompt,
+            "max_tokens": 40,
+            "ignore_eos": True,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+        }
         async with session.post(f"{served.url}/v1/completions", json=body) as resp:
             raw = await resp.read()
         return events(raw)[-2]["usage"]["completion_tokens"]
 
     async def bad(session, path, body, limit):
-        async with limit, session.post(f"{served.url}{path}", data=body,
-                                       headers={"Content-Type": "application/json"}) as resp:
+        async with (
+            limit,
+            session.post(f"{served.url}{path}", data=body, headers={"Content-Type": "application/json"}) as resp,
+        ):
             return resp.status, (await resp.json())["error"]["message"]
 
     async def run():

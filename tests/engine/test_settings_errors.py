@@ -61,8 +61,10 @@ def test_an_allocator_failure_midway_becomes_the_same_line(monkeypatch):
     def zeros_failing_on_the_third(*args, **kwargs):  # layer 0 K, layer 1 K, then out of memory
         calls.append(args)
         if len(calls) == 3:
-            raise RuntimeError("[enforce fail at alloc_cpu.cpp:127] err == 0. DefaultCPUAllocator: "
-                               "can't allocate memory: you tried to allocate 2048 bytes")
+            raise RuntimeError(
+                "[enforce fail at alloc_cpu.cpp:127] err == 0. DefaultCPUAllocator: "
+                "can't allocate memory: you tried to allocate 2048 bytes"
+            )
         return real_zeros(*args, **kwargs)
 
     from engine import kv_cache
@@ -74,8 +76,11 @@ def test_an_allocator_failure_midway_becomes_the_same_line(monkeypatch):
 
 def test_a_block_larger_than_the_model_positions_is_refused():
     # tiny-random-llama has max_position_embeddings 256: a 257-token block could never fill.
-    with pytest.raises(ValueError, match=r"^block_size: must be <= the model's max_position_embeddings 256 "
-                                         r"\(got 1000000000\)"):
+    with pytest.raises(
+        ValueError,
+        match=r"^block_size: must be <= the model's max_position_embeddings 256 "
+        r"\(got 1000000000\)",
+    ):
         tiny_engine(block_size=10**9, num_blocks=48)
     assert tiny_engine(block_size=256, num_blocks=2).max_model_len == 256
 
@@ -107,8 +112,10 @@ def test_the_largest_seed_runs():
     assert len(first.output_token_ids) == 3 and first.output_token_ids == again.output_token_ids
 
 
-@pytest.mark.parametrize("field, value", [("max_tokens", 2.5), ("max_tokens", math.nan), ("max_tokens", True),
-                                          ("seed", 1.5), ("num_prompt_logits", 1.0)])
+@pytest.mark.parametrize(
+    "field, value",
+    [("max_tokens", 2.5), ("max_tokens", math.nan), ("max_tokens", True), ("seed", 1.5), ("num_prompt_logits", 1.0)],
+)
 def test_counts_and_seeds_must_be_ints(field, value):
     # 2.5 used to run 3 tokens, nan never stopped, a float seed broke every later step.
     with pytest.raises(ValueError, match=rf"^{field}: must be an int \(got {value!r}\)"):

@@ -54,8 +54,9 @@ def case():
     hf, tokenizer = loaded.hf_model, loaded.tokenizer
     prompts = []
     for text in sharegpt_first_turns():
-        ids = tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True,
-                                            tokenize=True)["input_ids"]
+        ids = tokenizer.apply_chat_template(
+            [{"role": "user", "content": text}], add_generation_prompt=True, tokenize=True
+        )["input_ids"]
         if 40 <= len(ids) <= 200 and len(ids) % BLOCK_SIZE:
             prompts.append(ids)
         if len(prompts) == NUM_PROMPTS:
@@ -66,8 +67,9 @@ def case():
 
 
 def smollm2_engine(**overrides) -> LLMEngine:
-    return LLMEngine(EngineConfig(dtype="float32", device="cpu", attention_backend="torch",
-                                  block_size=BLOCK_SIZE, **overrides))
+    return LLMEngine(
+        EngineConfig(dtype="float32", device="cpu", attention_backend="torch", block_size=BLOCK_SIZE, **overrides)
+    )
 
 
 def test_batch_greedy_equals_transformers_generate(case):

@@ -34,8 +34,7 @@ def tiny_hf_model(seed: int = 0) -> torch.nn.Module:
 
 def tiny_engine(**overrides) -> LLMEngine:
     """A tiny fp32 engine on CPU (torch backend unless overridden)."""
-    settings = dict(model=TINY, dtype="float32", device="cpu", attention_backend="torch",
-                    block_size=4, num_blocks=128)
+    settings = dict(model=TINY, dtype="float32", device="cpu", attention_backend="torch", block_size=4, num_blocks=128)
     settings.update(overrides)
     return LLMEngine(EngineConfig(**settings))
 
@@ -55,13 +54,13 @@ def hf_greedy(hf_model, prompt_ids: list[int], max_new_tokens: int, ignore_eos: 
         config = copy.deepcopy(hf_model.generation_config)
         config.eos_token_id = None
         kwargs["generation_config"] = config
-    out = hf_model.generate(torch.tensor([prompt_ids]), max_new_tokens=max_new_tokens,
-                            do_sample=False, **kwargs)
-    return out[0, len(prompt_ids):].tolist()
+    out = hf_model.generate(torch.tensor([prompt_ids]), max_new_tokens=max_new_tokens, do_sample=False, **kwargs)
+    return out[0, len(prompt_ids) :].tolist()
 
 
-def run_to_completion(engine: LLMEngine, prompts: Sequence[list[int]],
-                      params: SamplingParams) -> tuple[list[RequestOutput], list[StepStats]]:
+def run_to_completion(
+    engine: LLMEngine, prompts: Sequence[list[int]], params: SamplingParams
+) -> tuple[list[RequestOutput], list[StepStats]]:
     """Add every prompt at once, step until done; outputs in prompt order, plus every StepStats."""
     ids = [engine.add_request(p, params) for p in prompts]
     done: dict[str, RequestOutput] = {}

@@ -26,8 +26,11 @@ def engine_only_modules() -> set[str]:
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     base = {_name(r) for r in project["dependencies"]}
     extra = {_name(r) for r in project["optional-dependencies"]["engine"]} - base
-    modules = {module for module, dists in packages_distributions().items()
-               if any(d.lower().replace("_", "-") in extra for d in dists)}
+    modules = {
+        module
+        for module, dists in packages_distributions().items()
+        if any(d.lower().replace("_", "-") in extra for d in dists)
+    }
     assert {"torch", "transformers", "triton"} <= modules  # the three the issue names are among them
     return modules
 
@@ -58,37 +61,76 @@ print(json.dumps(answers))
 
 
 def test_the_base_install_estimates_reports_gates_and_load_tests_a_server(tmp_path):
-    gguf = write_gguf(tmp_path / "m.gguf", "llama", block_count=2, embedding_length=64, attention__head_count=4,
-                      attention__head_count_kv=2, attention__key_length=16, attention__value_length=16,
-                      context_length=4096)
+    gguf = write_gguf(
+        tmp_path / "m.gguf",
+        "llama",
+        block_count=2,
+        embedding_length=64,
+        attention__head_count=4,
+        attention__head_count_kv=2,
+        attention__key_length=16,
+        attention__value_length=16,
+        context_length=4096,
+    )
     workload = tmp_path / "w.yaml"
-    workload.write_text(json.dumps({
-        "name": "t", "seed": 0, "dataset": "random", "slo": {"ttft_ms": 5000},
-        "buckets": [{"name": "short", "input_tokens": [8, 16], "output_tokens": 6, "concurrency": [1, 2],
-                     "num_requests": 4}],
-        "target": {"vocab_size": 512, "scrape_interval_ms": 20}}))
+    workload.write_text(
+        json.dumps(
+            {
+                "name": "t",
+                "seed": 0,
+                "dataset": "random",
+                "slo": {"ttft_ms": 5000},
+                "buckets": [
+                    {
+                        "name": "short",
+                        "input_tokens": [8, 16],
+                        "output_tokens": 6,
+                        "concurrency": [1, 2],
+                        "num_requests": 4,
+                    }
+                ],
+                "target": {"vocab_size": 512, "scrape_interval_ms": 20},
+            }
+        )
+    )
     run, baseline = tmp_path / "run", tmp_path / "baseline.yaml"
     server = FakeServer(Options(interval_s=0.001)).start()
     try:
         commands = [
             ["estimate", "--model", str(gguf), "--json"],
             ["estimate", "--model", "llama-3.1-8b", "--json"],
-            ["loadtest", str(workload), "--target", server.url, "--model", "llama-3.1-8b", "--out", str(run), "--quiet"],
+            [
+                "loadtest",
+                str(workload),
+                "--target",
+                server.url,
+                "--model",
+                "llama-3.1-8b",
+                "--out",
+                str(run),
+                "--quiet",
+            ],
             ["report", str(run), "--json"],
             ["gate", str(run), "--baseline", str(baseline), "--update-baseline"],
             ["gate", str(run), "--baseline", str(baseline)],
             ["schema", "results"],
             ["loadtest", "workloads/smoke.yaml", "--quiet"],  # the bundled engine: not in the base
         ]
-        done = subprocess.run([sys.executable, "-c", PROGRAM, json.dumps(sorted(engine_only_modules())),
-                               json.dumps(commands)], cwd=ROOT, capture_output=True, text=True, timeout=300,
-                              env={**os.environ, "PYTHONPATH": str(ROOT)})
+        done = subprocess.run(
+            [sys.executable, "-c", PROGRAM, json.dumps(sorted(engine_only_modules())), json.dumps(commands)],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=300,
+            env={**os.environ, "PYTHONPATH": str(ROOT)},
+        )
     finally:
         server.stop()
     assert done.returncode == 0, done.stderr
     *answers, imported = json.loads(done.stdout.splitlines()[-1])
     assert [code for code, _, _ in answers] == [0, 0, 0, 0, 0, 0, 0, 2], answers
-    # GGUF read by kvplan.plan.gguf_reader (no gguf package): 2 layers x 2 KV heads x (16 + 16) x 2 bytes (f16, llama.cpp's cache type)
+    # GGUF read by kvplan.plan.gguf_reader (no gguf package): 2 layers x 2 KV heads x (16 + 16) x 2 bytes
+    # (f16, llama.cpp's cache type)
     assert json.loads(answers[0][1])["bytes_per_token"] == 2 * 2 * (16 + 16) * 2
     # a preset: Llama-3.1-8B, 32 layers x 8 KV heads x (128 + 128) x 2 bytes (bf16)
     assert json.loads(answers[1][1])["bytes_per_token"] == 32 * 8 * 256 * 2 == 131_072
@@ -99,6 +141,8 @@ def test_the_base_install_estimates_reports_gates_and_load_tests_a_server(tmp_pa
     assert json.loads(answers[6][1])["$schema"].endswith("2020-12/schema")
     code, out, err = answers[7]
     assert out == "" and err.count("\n") == 1 and "Traceback" not in err
-    assert err.startswith("error: workloads/smoke.yaml: engine: the bundled engine needs torch, which is not installed;")
+    assert err.startswith(
+        "error: workloads/smoke.yaml: engine: the bundled engine needs torch, which is not installed;"
+    )
     assert "pip install 'kvplan[engine]'" in err and "--target" in err
     assert imported == []

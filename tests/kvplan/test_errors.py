@@ -21,8 +21,10 @@ def test_within_a_file_the_field_becomes_a_yaml_path_and_stays_one():
     inside = err.within(source="chat.yaml", prefix="plan[1]")
     assert str(inside) == "chat.yaml: plan[1].tp: 3 does not divide the 32 attention heads; pick tp among the divisors"
     assert inside.render(flag).startswith("chat.yaml: plan[1].tp: ")  # a path is never respelled as a flag
-    assert inside.within(fix="use another").render() == "chat.yaml: plan[1].tp: 3 does not divide the 32 attention" \
-                                                        " heads; use another"
+    assert (
+        inside.within(fix="use another").render() == "chat.yaml: plan[1].tp: 3 does not divide the 32 attention"
+        " heads; use another"
+    )
     assert KvplanError("[2]", "bad").within(prefix="concurrency").field == "concurrency[2]"
     assert (inside.field, inside.source, inside.exit_code) == ("plan[1].tp", "chat.yaml", 2)
 

@@ -24,8 +24,11 @@ def schema(which: str) -> dict:
 
 
 def test_an_unknown_schema_is_one_line():
-    assert run_cli("schema", "baseline") == (2, "", "error: which: unknown schema 'baseline'; use one of workload,"
-                                                    " results\n")
+    assert run_cli("schema", "baseline") == (
+        2,
+        "",
+        "error: which: unknown schema 'baseline'; use one of workload, results\n",
+    )
 
 
 @pytest.mark.parametrize("path", WORKLOADS, ids=[p.name for p in WORKLOADS])
@@ -36,12 +39,20 @@ def test_every_bundled_workload_validates(path):
 def test_the_workload_schema_accepts_the_shorthands_and_refuses_typos():
     validator = jsonschema.Draft202012Validator(schema("workload"))
     bucket = {"name": "b", "input_tokens": [16, 256], "output_tokens": 128, "concurrency": [1], "num_requests": 4}
-    good = {"name": "w", "dataset": {"jsonl": "p.jsonl"}, "buckets": [bucket],
-            "plan": [{"model": "llama-3.1-8b", "gpu": "L4", "kv_dtype": "fp8"}]}  # the deprecated name too
+    good = {
+        "name": "w",
+        "dataset": {"jsonl": "p.jsonl"},
+        "buckets": [bucket],
+        "plan": [{"model": "llama-3.1-8b", "gpu": "L4", "kv_dtype": "fp8"}],
+    }  # the deprecated name too
     validator.validate(good)
     validator.validate({**good, "dataset": "sharegpt"})
-    for bad in ({**good, "bukets": []}, {**good, "buckets": [{**bucket, "input_tokens": [16]}]},
-                {**good, "dataset": "imagenet"}, {**good, "seed": -1}):
+    for bad in (
+        {**good, "bukets": []},
+        {**good, "buckets": [{**bucket, "input_tokens": [16]}]},
+        {**good, "dataset": "imagenet"},
+        {**good, "seed": -1},
+    ):
         assert not validator.is_valid(bad), bad
 
 
@@ -54,3 +65,53 @@ def test_a_run_result_validates(tmp_path):
     jsonschema.Draft202012Validator(schema("results")).validate(written)
     assert written["schema_version"] == 2 and written["engine"]["pool_tokens"] == 32 * 4
     assert not jsonschema.Draft202012Validator(schema("results")).is_valid({**written, "status": "paused"})
+
+
+def _undescribed(node, path: str) -> list[str]:
+    """The paths of the properties under ``node`` (an object schema or one combining them) that have
+    no description, nested objects, anyOf/allOf/oneOf branches and array items included."""
+    if not isinstance(node, dict):
+        return []
+    missing = []
+    for name, prop in node.get("properties", {}).items():
+        if not str(prop.get("description", "")).strip():
+            missing.append(f"{path}.{name}")
+        missing += _undescribed(prop, f"{path}.{name}")
+    for key in ("anyOf", "allOf", "oneOf", "prefixItems"):
+        for i, branch in enumerate(node.get(key, [])):
+            missing += _undescribed(branch, f"{path}.{key}[{i}]")
+    for key in ("items", "additionalProperties"):
+        missing += _undescribed(node.get(key), f"{path}.{key}")
+    return missing
+
+
+def test_every_workload_field_is_described():
+    printed = schema("workload")
+    defs = printed["$defs"]
+    missing = _undescribed({k: v for k, v in printed.items() if k != "$defs"}, "workload")
+    for name, definition in defs.items():
+        missing += _undescribed(definition, name)
+        assert str(definition.get("description", "")).strip(), f"{name} has no description"
+    assert not missing, f"{len(missing)} workload fields have no description: {', '.join(missing)}"
+    assert printed["description"].strip()
+    # the walk does reach the nested sections and the shorthands
+    assert {"EngineSettings", "Bucket", "Lengths", "Dataset", "TargetSettings", "Slo", "Tolerance"} <= set(defs)
+    shorthand = next(b for b in defs["Dataset"]["anyOf"] if "jsonl" in b.get("properties", {}))
+    assert "JSONL" in shorthand["properties"]["jsonl"]["description"]
+    # units where they apply
+    units = (
+        ("Slo", "ttft_ms", "ms"),
+        ("Slo", "tpot_ms", "ms"),
+        ("Slo", "e2e_ms", "ms"),
+        ("TargetSettings", "timeout_s", "s,"),
+        ("TargetSettings", "scrape_interval_ms", "ms"),
+        ("EngineSettings", "block_size", "tokens"),
+        ("EngineSettings", "kv_cache_memory", "bytes"),
+        ("EngineSettings", "max_num_batched_tokens", "tokens"),
+        ("Bucket", "request_rates", "req/s"),
+        ("SharedPrefix", "fraction", "0..1"),
+    )
+    for section, field, unit in units:
+        description = defs[section]["properties"][field]["description"]
+        assert unit in description, f"{section}.{field}: {description!r} does not say {unit!r}"
+    assert "Old name of kv_cache_dtype" in defs["PlanTarget"]["properties"]["kv_dtype"]["description"]

@@ -1,6 +1,6 @@
 """Calibrations: a step-time model fitted on one engine's measured run, kept with what it is valid for.
 
-A calibration holds the fitted ``LinearStepCost`` (kvplan.load.sim.calibration), the engine it was
+A calibration holds the fitted ``LinearStepCost`` (kvplan.load.sim.fit), the engine it was
 measured on (model, dtype, KV dtype, block size, device, attention backend: what sets a step's
 cost; pool size and scheduler limits do not, so a calibration serves any of them), the machine,
 and the compact per-step samples it was fitted from. ``--calibrate RUN_DIR`` makes one from a
@@ -20,9 +20,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from kvplan.errors import KvplanError
-from kvplan.load.sim.calibration import FEATURES, Fit, LinearStepCost, StepSample, fit_samples, samples_of
 from kvplan.load.sim.cost import StepWork
 from kvplan.load.sim.drift import Drift, find_drift
+from kvplan.load.sim.fit import FEATURES, Fit, LinearStepCost, StepSample, fit_samples, samples_of
 from kvplan.load.workload import Workload
 from kvplan.plan import dtypes
 
@@ -67,20 +67,33 @@ def from_run(run_dir: str | Path) -> Calibrated:
     data = load_run(run_dir)
     result = data.result
     if result.source != "measured" or result.engine is None:
-        raise KvplanError("calibrate", f"{run_dir} is a {result.source} run; calibrate on a measured load test",
-                          "pass a folder written by `kvplan loadtest`")
+        raise KvplanError(
+            "calibrate",
+            f"{run_dir} is a {result.source} run; calibrate on a measured load test",
+            "pass a folder written by `kvplan loadtest`",
+        )
     steps = [s for s in data.steps if s.num_prefill_tokens + s.num_decode_tokens > 0]
     if not steps or not any(s.num_context_tokens for s in steps):
-        raise KvplanError("calibrate", f"the steps of {run_dir} do not record the work they ran (the run is older "
-                          "than the step-time fields)", "rerun the load test with this kvplan")
+        raise KvplanError(
+            "calibrate",
+            f"the steps of {run_dir} do not record the work they ran (the run is older than the step-time fields)",
+            "rerun the load test with this kvplan",
+        )
     samples = samples_of(steps)
     try:
         fit = fit_samples(samples)
     except ValueError as err:
         raise KvplanError("calibrate", f"{run_dir}: {err}", "run a load test with more steps") from None
     engine = {key: getattr(result.engine, key) for key in ENGINE_KEYS}
-    calibration = Calibration(Path(run_dir).name, fit.model, engine, result.run.platform,
-                              f"{run_dir} ({result.workload.name}, {result.started_at})", fit.r2, fit.num_steps)
+    calibration = Calibration(
+        Path(run_dir).name,
+        fit.model,
+        engine,
+        result.run.platform,
+        f"{run_dir} ({result.workload.name}, {result.started_at})",
+        fit.r2,
+        fit.num_steps,
+    )
     return Calibrated(calibration, fit, samples, find_drift(steps))
 
 
@@ -93,16 +106,21 @@ def check_engine(calibration: Calibration, workload: Workload) -> None:
     settings = workload.engine
     dtype = "bfloat16" if settings.dtype == "auto" else settings.dtype
     wanted = {
-        "model": settings.model, "dtype": dtype, "block_size": settings.block_size,
+        "model": settings.model,
+        "dtype": dtype,
+        "block_size": settings.block_size,
         "kv_cache_dtype": dtypes.canonical(dtype if settings.kv_cache_dtype == "auto" else settings.kv_cache_dtype),
         "device": None if settings.device == "auto" else settings.device,
         "attention_backend": None if settings.attention_backend == "auto" else settings.attention_backend,
     }
     for key in ENGINE_KEYS:
         if wanted[key] is not None and wanted[key] != calibration.engine.get(key):
-            raise KvplanError(f"engine.{key}", f"is {wanted[key]}, the calibration ({calibration.source}) ran "
-                              f"{calibration.engine.get(key)}", "calibrate on a load test of this engine (`calibrate`)"
-                              ", or simulate a GPU with `model` and `gpu`", source=workload.source)
+            raise KvplanError(
+                f"engine.{key}",
+                f"is {wanted[key]}, the calibration ({calibration.source}) ran {calibration.engine.get(key)}",
+                "calibrate on a load test of this engine (`calibrate`), or simulate a GPU with `model` and `gpu`",
+                source=workload.source,
+            )
 
 
 def default_for(workload: Workload) -> Calibration:
@@ -120,9 +138,12 @@ def default_for(workload: Workload) -> Calibration:
         except KvplanError:
             continue
         return calibration
-    raise KvplanError("calibrate", f"no calibration ships for {workload.engine.model} with dtype "
-                      f"{workload.engine.dtype} (shipped: {', '.join(names)})",
-                      "give a load test of this engine to calibrate on, or simulate a GPU with `model` and `gpu`")
+    raise KvplanError(
+        "calibrate",
+        f"no calibration ships for {workload.engine.model} with dtype "
+        f"{workload.engine.dtype} (shipped: {', '.join(names)})",
+        "give a load test of this engine to calibrate on, or simulate a GPU with `model` and `gpu`",
+    )
 
 
 # ---- the shipped files --------------------------------------------------------------------------
@@ -130,25 +151,46 @@ def load(path: Path) -> Calibration:
     """A calibration file (``data/<name>.json``)."""
     data = json.loads(path.read_text())
     model = LinearStepCost(data["intercept_s"], data["coefficients"], data["gap_s"])
-    return Calibration(data["name"], model, data["engine"], data["machine"], data["source"], data["r2"],
-                       data["num_steps"])
+    return Calibration(
+        data["name"], model, data["engine"], data["machine"], data["source"], data["r2"], data["num_steps"]
+    )
 
 
 def save(calibration: Calibration, samples: list[StepSample], folder: Path = DATA_DIR) -> Path:
     """Write ``<name>.json`` and its samples ``<name>.steps.csv.gz`` into ``folder``."""
     c = calibration
     path = folder / f"{c.name}.json"
-    path.write_text(json.dumps({
-        "name": c.name, "engine": c.engine, "machine": c.machine, "source": c.source, "r2": c.r2,
-        "num_steps": c.num_steps, "intercept_s": c.model.intercept_s, "coefficients": c.model.coefficients,
-        "gap_s": c.model.gap_s, "features": list(FEATURES), "steps_file": f"{c.name}.steps.csv.gz",
-    }, indent=2) + "\n")
+    path.write_text(
+        json.dumps(
+            {
+                "name": c.name,
+                "engine": c.engine,
+                "machine": c.machine,
+                "source": c.source,
+                "r2": c.r2,
+                "num_steps": c.num_steps,
+                "intercept_s": c.model.intercept_s,
+                "coefficients": c.model.coefficients,
+                "gap_s": c.model.gap_s,
+                "features": list(FEATURES),
+                "steps_file": f"{c.name}.steps.csv.gz",
+            },
+            indent=2,
+        )
+        + "\n"
+    )
     text = io.StringIO()
     writer = csv.writer(text, lineterminator="\n")
     writer.writerow(["level", *FEATURES, "seconds", "gap_s"])
     for s in samples:
-        writer.writerow([s.level, *(getattr(s.work, f) for f in FEATURES), f"{s.seconds:.7f}",
-                         "" if s.gap_s is None else f"{s.gap_s:.7f}"])
+        writer.writerow(
+            [
+                s.level,
+                *(getattr(s.work, f) for f in FEATURES),
+                f"{s.seconds:.7f}",
+                "" if s.gap_s is None else f"{s.gap_s:.7f}",
+            ]
+        )
     with gzip.GzipFile(folder / f"{c.name}.steps.csv.gz", "wb", mtime=0) as handle:
         handle.write(text.getvalue().encode())
     return path
@@ -159,5 +201,12 @@ def load_samples(path: Path) -> list[StepSample]:
     name = json.loads(path.read_text())["steps_file"]
     with gzip.open(path.parent / name, "rt") as handle:
         rows = list(csv.DictReader(handle))
-    return [StepSample(r["level"], StepWork(*(int(r[f]) for f in FEATURES)), float(r["seconds"]),
-                       float(r["gap_s"]) if r["gap_s"] else None) for r in rows]
+    return [
+        StepSample(
+            r["level"],
+            StepWork(*(int(r[f]) for f in FEATURES)),
+            float(r["seconds"]),
+            float(r["gap_s"]) if r["gap_s"] else None,
+        )
+        for r in rows
+    ]

@@ -15,10 +15,19 @@ from kvplan.load.sim.run import SimSetup
 from kvplan.load.workload import Workload
 
 
-def setups_for(workload: Workload, *, calibrate: Path | None = None, model: str | None = None,
-               gpu: str | None = None, tp: int = 1, kv_cache_dtype: str = "auto", weight_dtype: str = "auto",
-               gpu_memory_utilization: float | None = None, replay: Path | None = None,
-               attainment: float = 0.95) -> tuple[SimSetup, tuple[SimSetup, ...], Calibrated | None]:
+def setups_for(
+    workload: Workload,
+    *,
+    calibrate: Path | None = None,
+    model: str | None = None,
+    gpu: str | None = None,
+    tp: int = 1,
+    kv_cache_dtype: str = "auto",
+    weight_dtype: str = "auto",
+    gpu_memory_utilization: float | None = None,
+    replay: Path | None = None,
+    attainment: float = 0.95,
+) -> tuple[SimSetup, tuple[SimSetup, ...], Calibrated | None]:
     """(the setup to simulate, the plan targets to answer for, the calibration fitted on
     ``calibrate`` if given). Options are named by their fields.
 
@@ -33,20 +42,29 @@ def setups_for(workload: Workload, *, calibrate: Path | None = None, model: str 
         raise KvplanError("attainment", f"must be in (0, 1] (got {attainment})", "give a fraction such as 0.95")
     if (model is None) != (gpu is None):
         given, missing = ("model", "gpu") if gpu is None else ("gpu", "model")
-        raise KvplanError(missing, f"`{given}` needs `{missing}` too",
-                          "give both, or neither to simulate the workload's engine")
+        raise KvplanError(
+            missing, f"`{given}` needs `{missing}` too", "give both, or neither to simulate the workload's engine"
+        )
     clocks = [name for name, value in (("calibrate", calibrate), ("replay", replay), ("gpu", gpu)) if value]
     if len(clocks) > 1:
         raise KvplanError(clocks[1], f"given with `{clocks[0]}`; each sets how steps are timed", "give one of them")
     if gpu is None:
-        unused = [name for name, value, default in (("tp", tp, 1), ("kv_cache_dtype", kv_cache_dtype, "auto"),
-                  ("weight_dtype", weight_dtype, "auto"), ("gpu_memory_utilization", gpu_memory_utilization, None))
-                  if value != default]
+        unused = [
+            name
+            for name, value, default in (
+                ("tp", tp, 1),
+                ("kv_cache_dtype", kv_cache_dtype, "auto"),
+                ("weight_dtype", weight_dtype, "auto"),
+                ("gpu_memory_utilization", gpu_memory_utilization, None),
+            )
+            if value != default
+        ]
         if unused:
             raise KvplanError(unused[0], "applies to a simulated GPU only", "give `model` and `gpu`, or drop it")
         if replay is not None:
             return setups.replay_setup(workload, replay), (), None
         setup, calibrated = setups.engine_setup(workload, calibrate)
         return setup, tuple(gpu_target.plan_setups(workload)[0]), calibrated
+    assert model is not None  # given with gpu (checked above)
     setup = gpu_target.gpu_setup(workload, model, gpu, tp, kv_cache_dtype, weight_dtype, gpu_memory_utilization)
     return setup, (), None

@@ -34,8 +34,13 @@ class StepWork:
     @classmethod
     def of(cls, step: Any) -> StepWork:
         """From anything with these five fields (a SchedulerOutput, StepStats or StepRecord)."""
-        return cls(step.num_prefill_tokens, step.num_decode_tokens, step.num_prefill_seqs,
-                   step.num_context_tokens, step.num_attended_tokens)
+        return cls(
+            step.num_prefill_tokens,
+            step.num_decode_tokens,
+            step.num_prefill_seqs,
+            step.num_context_tokens,
+            step.num_attended_tokens,
+        )
 
     @property
     def num_tokens(self) -> int:
@@ -46,7 +51,8 @@ class CostModel(Protocol):
     """Seconds a step of ``work`` takes (``step_seconds``), and ``gap_s``: seconds between one
     step's end and the next one's start (the serving loop's own work)."""
 
-    gap_s: float
+    @property
+    def gap_s(self) -> float: ...  # read only: the cost models are frozen dataclasses
 
     def step_seconds(self, work: StepWork) -> float: ...
 

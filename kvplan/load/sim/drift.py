@@ -38,9 +38,11 @@ class Drift:
         return self.slow_ms / self.baseline_ms
 
     def describe(self) -> str:
-        return (f"step {self.step_index:,} ({self.level}): decode steps of {self.num_decode} requests took "
-                f"{self.ratio:.2f}x as long as at the run's start ({self.slow_ms:.1f} ms against "
-                f"{self.baseline_ms:.1f} ms); the machine slowed down part-way, so the run calibrates badly")
+        return (
+            f"step {self.step_index:,} ({self.level}): decode steps of {self.num_decode} requests took "
+            f"{self.ratio:.2f}x as long as at the run's start ({self.slow_ms:.1f} ms against "
+            f"{self.baseline_ms:.1f} ms); the machine slowed down part-way, so the run calibrates badly"
+        )
 
 
 def find_drift(steps: Sequence, window: int = WINDOW, threshold: float = THRESHOLD) -> list[Drift]:

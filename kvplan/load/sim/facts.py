@@ -1,6 +1,6 @@
 """The facts of the engine a workload describes, worked out without building it (no torch, no weights).
 
-A simulation needs what ``kvplan.load.backends.engine.engine_facts`` reads off a built engine: the
+A simulation needs what ``kvplan.load.bundled.backend.engine_facts`` reads off a built engine: the
 model's dims (from the GGUF header, a folder's config.json, or ``engine.config.TINY_LLAMA``) and
 the KV pool, sized as ``engine.kv_cache.KVCache`` and ``engine.llm_engine.LLMEngine`` size it::
 
@@ -42,8 +42,11 @@ def model_config(model: str) -> dict[str, Any]:
         return read_gguf_config(smollm2_gguf())[0]
     path = Path(model).expanduser() / "config.json"
     if not path.is_file():
-        raise KvplanError("engine.model", f"{model!r} is neither {DEFAULT_MODEL}, {TINY_RANDOM_MODEL} nor a local "
-                          "Hugging Face folder with a config.json")
+        raise KvplanError(
+            "engine.model",
+            f"{model!r} is neither {DEFAULT_MODEL}, {TINY_RANDOM_MODEL} nor a local "
+            "Hugging Face folder with a config.json",
+        )
     return json.loads(path.read_text())
 
 
@@ -66,22 +69,40 @@ def simulated_facts(workload: Workload, device: str, attention_backend: str) -> 
     per_block = 2 * layers * settings.block_size * kv_heads * head_dim * _ELEMENT_BYTES[kv]
     for field, value in (("max_model_len", settings.max_model_len), ("block_size", settings.block_size)):
         if value is not None and value > max_pos:
-            raise KvplanError(f"engine.{field}", f"must be <= the model's max_position_embeddings {max_pos} "
-                              f"(got {value})", source=workload.source)
+            raise KvplanError(
+                f"engine.{field}",
+                f"must be <= the model's max_position_embeddings {max_pos} (got {value})",
+                source=workload.source,
+            )
     num_blocks = settings.num_blocks
     if num_blocks is None:
         memory = int(settings.kv_cache_memory or DEFAULT_KV_CACHE_MEMORY_BYTES)
         num_blocks = memory // per_block
         if num_blocks < 1:
-            raise KvplanError("engine.kv_cache_memory", f"{memory:,} bytes hold not one block of {per_block:,} bytes",
-                              source=workload.source)
+            raise KvplanError(
+                "engine.kv_cache_memory",
+                f"{memory:,} bytes hold not one block of {per_block:,} bytes",
+                source=workload.source,
+            )
     return EngineFacts(
-        model=settings.model, device=device, dtype=dtype, kv_cache_dtype=kv, attention_backend=attention_backend,
-        block_size=settings.block_size, num_blocks=num_blocks, bytes_per_block=per_block,
+        model=settings.model,
+        device=device,
+        dtype=dtype,
+        kv_cache_dtype=kv,
+        attention_backend=attention_backend,
+        block_size=settings.block_size,
+        num_blocks=num_blocks,
+        bytes_per_block=per_block,
         max_model_len=settings.max_model_len or min(max_pos, num_blocks * settings.block_size),
-        max_num_seqs=settings.max_num_seqs, max_num_batched_tokens=settings.max_num_batched_tokens,
-        enable_prefix_caching=settings.enable_prefix_caching, seed=workload.seed, num_layers=layers,
-        num_kv_heads=kv_heads, head_dim=head_dim, vocab_size=cfg.get("vocab_size"), hf_config=cfg,
+        max_num_seqs=settings.max_num_seqs,
+        max_num_batched_tokens=settings.max_num_batched_tokens,
+        enable_prefix_caching=settings.enable_prefix_caching,
+        seed=workload.seed,
+        num_layers=layers,
+        num_kv_heads=kv_heads,
+        head_dim=head_dim,
+        vocab_size=cfg.get("vocab_size"),
+        hf_config=cfg,
     )
 
 
@@ -89,6 +110,9 @@ def simulated_run_info(dataset: dict[str, Any]) -> RunInfo:
     """Versions and machine of a simulation (no torch or transformers took part)."""
     import kvplan
 
-    return RunInfo(kvplan_version=kvplan.__version__, python=platform.python_version(), platform=platform.platform(),
-                   dataset=dataset)
-
+    return RunInfo(
+        kvplan_version=kvplan.__version__,
+        python=platform.python_version(),
+        platform=platform.platform(),
+        dataset=dataset,
+    )

@@ -57,8 +57,9 @@ class ReplayClock:
     def _measured(self) -> list[tuple[float, float]]:
         steps = self._steps.get(self._level, [])
         if self._k >= len(steps):
-            raise RuntimeError(f"replay: the simulation ran more steps in level {self._level} than the "
-                               f"measured run ({len(steps)})")
+            raise RuntimeError(
+                f"replay: the simulation ran more steps in level {self._level} than the measured run ({len(steps)})"
+            )
         return steps
 
     def next_start(self, now: float) -> tuple[float, float]:

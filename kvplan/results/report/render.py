@@ -47,7 +47,7 @@ def render_charts(data: RunData) -> list[str]:
     if result.prefix_caching is not None:
         names += render_prefix_charts(data)
 
-    for bucket in knees or {"(none)": {}}:
+    for bucket in knees or ["(none)"]:
         for mode, suffix in (("closed", ""), ("open", "_open")):
             own = [lv for lv in levels if lv.bucket == bucket and lv.mode == mode]
             if mode == "open" and not own:
@@ -106,15 +106,25 @@ def render_report(run_dir: str | Path, charts: bool = True, data: RunData | None
     data = load_run(run_dir) if data is None else data
     check_records(data)
     if not data.result.summarized:
-        data = RunData(data.run_dir, summarize(data.result, data.requests, data.steps, data.server_samples),
-                       data.requests, data.steps, data.server_samples)
+        data = RunData(
+            data.run_dir,
+            summarize(data.result, data.requests, data.steps, data.server_samples),
+            data.requests,
+            data.steps,
+            data.server_samples,
+        )
         save_result(data.run_dir, data.result)
     write_tables(data.run_dir, data.requests, data.steps)
-    charts = render_charts(data) if charts else []
-    write_atomic(data.run_dir / "summary.md", summary_markdown(data.result, charts))
+    chart_names = render_charts(data) if charts else []
+    write_atomic(data.run_dir / "summary.md", summary_markdown(data.result, chart_names))
     if not data.result.report_written:  # an older run's file is otherwise left as it was
-        data = RunData(data.run_dir, data.result.model_copy(update={"report_written": True}), data.requests, data.steps,
-                       data.server_samples)
+        data = RunData(
+            data.run_dir,
+            data.result.model_copy(update={"report_written": True}),
+            data.requests,
+            data.steps,
+            data.server_samples,
+        )
         save_result(data.run_dir, data.result)
     return data
 

@@ -27,9 +27,11 @@ def _header(result: RunResult) -> list[str]:
         f"- workload: `{workload.source}` (sha256 `{workload.sha256[:12]}`)",
     ]
     if eng is not None:
-        lines.append(f"- engine: {eng.model} on {eng.device}, dtype {eng.dtype}, KV dtype {eng.kv_cache_dtype},"
-                     f" attention backend {eng.attention_backend}, block size {eng.block_size},"
-                     f" prefix caching {'on' if eng.enable_prefix_caching else 'off'}")
+        lines.append(
+            f"- engine: {eng.model} on {eng.device}, dtype {eng.dtype}, KV dtype {eng.kv_cache_dtype},"
+            f" attention backend {eng.attention_backend}, block size {eng.block_size},"
+            f" prefix caching {'on' if eng.enable_prefix_caching else 'off'}"
+        )
     lines += target_lines(result)
     lines += [
         f"- dataset: {dataset.get('kind', '?')}"
@@ -44,19 +46,23 @@ def _header(result: RunResult) -> list[str]:
 
 def _exactness(result: RunResult) -> str:
     kv = result.kv
-    steps, error = (kv.num_steps, kv.max_paged_error_bytes) if kv else (0, 0)
-    if not steps:
+    if kv is None or not kv.num_steps:
         return "No engine step was recorded."
+    steps, error = kv.num_steps, kv.max_paged_error_bytes
     shared = kv.num_shared_steps or 0
     if shared:  # a shared_prefix run: only the uncached variant's steps can be exact
         verdict = "equal" if error == 0 else f"differ by up to {error:,} B from"
-        return (f"Measured KV bytes {verdict} the paged estimate at every one of the uncached variant's"
-                f" {steps - shared:,} steps; the cached variant's {shared:,} steps share prefix blocks"
-                " (see Prefix caching).")
+        return (
+            f"Measured KV bytes {verdict} the paged estimate at every one of the uncached variant's"
+            f" {steps - shared:,} steps; the cached variant's {shared:,} steps share prefix blocks"
+            " (see Prefix caching)."
+        )
     if error == 0:
         return f"Measured KV bytes equal the paged estimate at every one of {steps:,} steps (max |difference| 0 B)."
-    return (f"Measured KV bytes differ from the paged estimate by up to {error:,} B over {steps:,} steps"
-            " (expected with prefix caching on: shared blocks are counted once by the engine).")
+    return (
+        f"Measured KV bytes differ from the paged estimate by up to {error:,} B over {steps:,} steps"
+        " (expected with prefix caching on: shared blocks are counted once by the engine)."
+    )
 
 
 def _simulation(result: RunResult) -> str:
@@ -65,27 +71,35 @@ def _simulation(result: RunResult) -> str:
     if cost is None:
         return ""
     source = f" ({cost.source})" if cost.source else ""
-    return (f"Steps timed by a {cost.kind} cost model: {cost.description}{source}. Knee: the lowest concurrency"
-            " that preempts. Max concurrency and max req/s: the highest closed-loop concurrency and Poisson request"
-            " rate at which the attainment target of requests meet every SLO, with output tokens/s and goodput"
-            " (req/s) there.")
+    return (
+        f"Steps timed by a {cost.kind} cost model: {cost.description}{source}. Knee: the lowest concurrency"
+        " that preempts. Max concurrency and max req/s: the highest closed-loop concurrency and Poisson request"
+        " rate at which the attainment target of requests meet every SLO, with output tokens/s and goodput"
+        " (req/s) there."
+    )
 
 
 def summary_markdown(result: RunResult, charts: list[str]) -> str:
     """The whole summary.md for one run's result and the chart files beside it."""
     sections = [
         ("KV pool: kvplan's estimate against the engine", tables.estimate_table(result), ""),
-        ("Knee: predicted max concurrency against measured", tables.knee_table(result),
-         "Predicted: how many requests of the bucket's P95 length (prompt + output tokens) fit the pool"
-         " in whole blocks at once. Simulated knee: the lowest concurrency at which the engine's own"
-         " scheduler, replayed on the bucket's requests at every concurrency, preempts. Measured knee:"
-         " the lowest concurrency level at which the engine preempted a request."),
+        (
+            "Knee: predicted max concurrency against measured",
+            tables.knee_table(result),
+            "Predicted: how many requests of the bucket's P95 length (prompt + output tokens) fit the pool"
+            " in whole blocks at once. Simulated knee: the lowest concurrency at which the engine's own"
+            " scheduler, replayed on the bucket's requests at every concurrency, preempts. Measured knee:"
+            " the lowest concurrency level at which the engine preempted a request.",
+        ),
         ("Capacity within the SLO (simulated)", tables.capacity_table(result), _simulation(result)),
         ("Latency (ms, completed requests)", tables.latency_table(result), ""),
         ("Throughput and goodput", tables.throughput_table(result), ""),
         ("KV cache per level", tables.kv_table(result), _exactness(result)),
-        ("Production targets (plan)", tables.plan_table(result),
-         "Max concurrency per bucket at its P95 request length, from kvplan's capacity estimate."),
+        (
+            "Production targets (plan)",
+            tables.plan_table(result),
+            "Max concurrency per bucket at its P95 request length, from kvplan's capacity estimate.",
+        ),
     ]
     lines = _header(result)
     for title, frame, note in sections:
@@ -101,9 +115,15 @@ def summary_markdown(result: RunResult, charts: list[str]) -> str:
     lines += ["", "## Charts", ""]
     lines += [f"![{name}]({name})" for name in charts] or ["Not drawn: `kvplan report DIR` draws them."]
     definitions = DEFINITIONS + (TARGET_DEFINITIONS if result.server is not None else "")
-    lines += ["", "## Metric definitions", "", definitions.rstrip("\n"),
-              "- Ideal KV = sum over requests holding KV of resident tokens x kvplan's bytes per token;"
-              " paged = whole blocks per request x bytes per block; contiguous = max_model_len per"
-              " request (a naive allocator's reservation); measured = used blocks x the engine's real"
-              " bytes per block (read from its K/V tensors).", ""]
+    lines += [
+        "",
+        "## Metric definitions",
+        "",
+        definitions.rstrip("\n"),
+        "- Ideal KV = sum over requests holding KV of resident tokens x kvplan's bytes per token;"
+        " paged = whole blocks per request x bytes per block; contiguous = max_model_len per"
+        " request (a naive allocator's reservation); measured = used blocks x the engine's real"
+        " bytes per block (read from its K/V tensors).",
+        "",
+    ]
     return "\n".join(lines)

@@ -86,13 +86,21 @@ def capacity_table(result: RunResult) -> pd.DataFrame:
         on = target.gpu if target.tp == 1 else f"{target.gpu} x{target.tp}"
         for b in target.buckets:
             c, r = b.max_concurrency, b.max_request_rate
-            rows.append({
-                "target": target.target, "model": target.model, "GPU": on or "", "bucket": b.name, "knee": b.knee,
-                f"max c ({target.attainment_target:.0%} in SLO)": c and int(c.level),
-                "out tok/s": c and _round(c.output_tokens_per_s), "goodput": c and _round(c.goodput_rps),
-                "max req/s": "any" if b.burst_meets_slo else r and r.level,
-                "out tok/s at rate": r and _round(r.output_tokens_per_s), "goodput at rate": r and _round(r.goodput_rps),
-            })
+            rows.append(
+                {
+                    "target": target.target,
+                    "model": target.model,
+                    "GPU": on or "",
+                    "bucket": b.name,
+                    "knee": b.knee,
+                    f"max c ({target.attainment_target:.0%} in SLO)": c and int(c.level),
+                    "out tok/s": c and _round(c.output_tokens_per_s),
+                    "goodput": c and _round(c.goodput_rps),
+                    "max req/s": "any" if b.burst_meets_slo else r and r.level,
+                    "out tok/s at rate": r and _round(r.output_tokens_per_s),
+                    "goodput at rate": r and _round(r.goodput_rps),
+                }
+            )
     return pd.DataFrame(rows)
 
 
@@ -104,9 +112,13 @@ def latency_table(result: RunResult) -> pd.DataFrame:
     """TTFT, TPOT, ITL and E2E percentiles (ms) per bucket and level."""
     rows = []
     for lv in result.levels:
-        row = {"bucket": lv.bucket, "level": level_name(lv), "done/planned": _done(lv)}
-        for metric, keys in (("ttft_ms", ("p50", "p95", "p99")), ("tpot_ms", ("p50", "p95", "p99")),
-                             ("itl_ms", ("p50", "p99")), ("e2e_ms", ("p50", "p99"))):
+        row: dict[str, str | float | None] = {"bucket": lv.bucket, "level": level_name(lv), "done/planned": _done(lv)}
+        for metric, keys in (
+            ("ttft_ms", ("p50", "p95", "p99")),
+            ("tpot_ms", ("p50", "p95", "p99")),
+            ("itl_ms", ("p50", "p99")),
+            ("e2e_ms", ("p50", "p99")),
+        ):
             for key in keys:
                 row[f"{metric[:-3].upper()} {key.upper()} ms"] = _stat(getattr(lv, metric), key)
         rows.append(row)
@@ -117,10 +129,14 @@ def throughput_table(result: RunResult) -> pd.DataFrame:
     """Throughput and goodput per bucket and level."""
     rows = [
         {
-            "bucket": lv.bucket, "level": level_name(lv),
-            "output tok/s": lv.output_tokens_per_s, "total tok/s": lv.total_tokens_per_s,
-            "req/s": lv.requests_per_s, "goodput req/s": lv.goodput_rps,
-            "SLO attainment": lv.slo_attainment, "failed": lv.num_failed,
+            "bucket": lv.bucket,
+            "level": level_name(lv),
+            "output tok/s": lv.output_tokens_per_s,
+            "total tok/s": lv.total_tokens_per_s,
+            "req/s": lv.requests_per_s,
+            "goodput req/s": lv.goodput_rps,
+            "SLO attainment": lv.slo_attainment,
+            "failed": lv.num_failed,
         }
         for lv in result.levels
     ]
@@ -131,12 +147,18 @@ def kv_table(result: RunResult) -> pd.DataFrame:
     """KV cache per level: blocks, usage, preemptions, KV OOM, queue, and the four KV sizes."""
     rows = [
         {
-            "bucket": lv.bucket, "level": level_name(lv),
-            "blocks": lv.num_total_blocks, "peak used": lv.peak_used_blocks,
-            "mean usage": lv.mean_kv_usage, "preemptions": lv.num_preemptions,
-            "KV OOM": lv.num_cannot_fit, "mem errors": lv.num_oom,
-            "queue mean": lv.mean_queue_len, "queue max": lv.max_queue_len,
-            "peak ideal MiB": _mib(lv.peak_ideal_bytes), "peak paged MiB": _mib(lv.peak_paged_bytes),
+            "bucket": lv.bucket,
+            "level": level_name(lv),
+            "blocks": lv.num_total_blocks,
+            "peak used": lv.peak_used_blocks,
+            "mean usage": lv.mean_kv_usage,
+            "preemptions": lv.num_preemptions,
+            "KV OOM": lv.num_cannot_fit,
+            "mem errors": lv.num_oom,
+            "queue mean": lv.mean_queue_len,
+            "queue max": lv.max_queue_len,
+            "peak ideal MiB": _mib(lv.peak_ideal_bytes),
+            "peak paged MiB": _mib(lv.peak_paged_bytes),
             "peak measured MiB": _mib(lv.peak_measured_bytes),
             "peak contiguous MiB": _mib(lv.peak_contiguous_bytes),
             "max abs(measured - paged) B": lv.max_paged_error_bytes,
@@ -166,14 +188,21 @@ def console_table(result: RunResult) -> pd.DataFrame:
     """One narrow row per level for an 80-column terminal; summary.md has the full tables."""
     rows = [
         {
-            "bucket": lv.bucket, "level": level_name(lv), "done": _done(lv),
-            "TTFT p50": _stat(lv.ttft_ms, "p50"), "TTFT p99": _stat(lv.ttft_ms, "p99"),
-            "TPOT p50": _stat(lv.tpot_ms, "p50"), "TPOT p99": _stat(lv.tpot_ms, "p99"),
-            "out tok/s": lv.output_tokens_per_s, "goodput": lv.goodput_rps,
+            "bucket": lv.bucket,
+            "level": level_name(lv),
+            "done": _done(lv),
+            "TTFT p50": _stat(lv.ttft_ms, "p50"),
+            "TTFT p99": _stat(lv.ttft_ms, "p99"),
+            "TPOT p50": _stat(lv.tpot_ms, "p50"),
+            "TPOT p99": _stat(lv.tpot_ms, "p99"),
+            "out tok/s": lv.output_tokens_per_s,
+            "goodput": lv.goodput_rps,
             "preempt": metrics.preemptions(lv),
-            "peak blocks": (f"{lv.peak_used_blocks}/{lv.num_total_blocks}" if lv.num_steps
-                            else "server " + (f"{lv.server_peak_kv_usage:.0%}" if lv.server_peak_kv_usage is not None
-                                              else "n/a")),
+            "peak blocks": (
+                f"{lv.peak_used_blocks}/{lv.num_total_blocks}"
+                if lv.num_steps
+                else "server " + (f"{lv.server_peak_kv_usage:.0%}" if lv.server_peak_kv_usage is not None else "n/a")
+            ),
         }
         for lv in result.levels
     ]
@@ -191,8 +220,11 @@ def request_row(rec: RequestRecord) -> dict[str, Any]:
 
 def step_row(rec: StepRecord) -> dict[str, Any]:
     """The steps.csv row: resident tokens summed, KV usage added."""
-    row = {f.name: getattr(rec, f.name) for f in fields(rec)
-           if f.name not in ("kv_resident_tokens", "kv_resident_request_ids")}
+    row = {
+        f.name: getattr(rec, f.name)
+        for f in fields(rec)
+        if f.name not in ("kv_resident_tokens", "kv_resident_request_ids")
+    }
     row["num_kv_requests"] = len(rec.kv_resident_tokens)
     row["kv_resident_tokens"] = sum(rec.kv_resident_tokens)
     row["kv_cache_usage"] = metrics.kv_cache_usage(rec)

@@ -21,11 +21,11 @@ import yaml
 from kvplan.errors import KvplanError
 from kvplan.gate.baseline import Baseline, load_baseline
 from kvplan.gate.gate import check_same_workload, compare, run_gate
-from kvplan.gate.view import describe_failure
 from kvplan.gate.values import CheckKey
+from kvplan.gate.view import describe_failure
+from kvplan.load.workload_file import parse_workload
 from kvplan.results.gated import METRICS, METRICS_BY_NAME, Tolerance
 from kvplan.results.run_result import load_run
-from kvplan.load.workload_file import parse_workload
 from tests.kvplan.cli_runner import run_cli
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -70,8 +70,10 @@ def kv_trace(run_dir: Path):
     """Every step's record but its clock times, and every request's preemptions and lengths."""
     data = load_run(run_dir)
     steps = [{k: v for k, v in asdict(s).items() if k not in ("start_time", "end_time")} for s in data.steps]
-    requests = sorted((r.request_id, r.num_preemptions, r.num_prompt_tokens, r.num_output_tokens, r.finish_reason)
-                      for r in data.requests)
+    requests = sorted(
+        (r.request_id, r.num_preemptions, r.num_prompt_tokens, r.num_output_tokens, r.finish_reason)
+        for r in data.requests
+    )
     return data, steps, requests
 
 
@@ -112,16 +114,23 @@ def test_the_workloads_gate_section_overrides_the_baseline_files_tolerances(runs
     assert saved["ttft_p99_ms"] == {"worse": "higher", "abs": 20.0, "rel": 9.0}
     assert saved["ttft_p95_ms"] == {"worse": "higher", "abs": 10.0, "rel": 9.0}
     assert saved["num_preemptions"] == {"worse": "higher", "abs": 0.0, "rel": 0.0}
-    assert ("# from the workload's gate: section (edit them there): output_tokens_per_s, goodput_rps, "
-            "ttft_p95_ms, ttft_p99_ms, tpot_p95_ms, tpot_p99_ms\n") in text
+    assert (
+        "# from the workload's gate: section (edit them there): output_tokens_per_s, goodput_rps, "
+        "ttft_p95_ms, ttft_p99_ms, tpot_p95_ms, tpot_p99_ms\n"
+    ) in text
     # Editing such a tolerance in the baseline file changes nothing: the workload's section wins.
     edited = tmp_path / "edited.yaml"
-    edited.write_text(text.replace("ttft_p99_ms: {worse: higher, abs: 20.0, rel: 9.0}",
-                                   "ttft_p99_ms: {worse: higher, abs: 0.0, rel: 0.0}"))
+    edited.write_text(
+        text.replace(
+            "ttft_p99_ms: {worse: higher, abs: 20.0, rel: 9.0}", "ttft_p99_ms: {worse: higher, abs: 0.0, rel: 0.0}"
+        )
+    )
     assert yaml.safe_load(edited.read_text())["tolerances"]["ttft_p99_ms"]["rel"] == 0.0
     result = run_gate(runs[1], edited)
-    assert any(n.startswith("tolerances from the workload's gate: section (they win over the baseline file's)")
-               for n in result.notes)
+    assert any(
+        n.startswith("tolerances from the workload's gate: section (they win over the baseline file's)")
+        for n in result.notes
+    )
     ttft = next(c for c in result.checks if c.key == CheckKey("ttft_p99_ms", "short", "c=2"))
     assert (ttft.tolerance.rel, ttft.tolerance.abs) == (9.0, 20.0)  # ci.yaml's gate: section
     assert ttft.limit == pytest.approx(ttft.baseline * 10 + 20)
@@ -143,8 +152,14 @@ def test_a_smaller_kv_pool_fails_with_exit_1_naming_the_metrics(runs, baseline, 
     assert "REGRESSION measured_knee [long]: baseline 3, current 2 requests, limit 3" in out
     assert "REGRESSION max_clean_concurrency [long]: baseline 2, current 1 requests, limit 2" in out
     assert any(line.startswith("REGRESSION num_preemptions [long c=2]: baseline 0, current ") for line in regressions)
-    failed = {(c.get("classname"), c.get("name")): c.find("failure") for c in ET.parse(junit).getroot().iter("testcase")}
-    assert failed[("kvplan.gate.ci.long", "measured_knee")].get("message").startswith("measured_knee [long]: baseline 3, current 2")
+    failed = {
+        (c.get("classname"), c.get("name")): c.find("failure") for c in ET.parse(junit).getroot().iter("testcase")
+    }
+    assert (
+        failed[("kvplan.gate.ci.long", "measured_knee")]
+        .get("message")
+        .startswith("measured_knee [long]: baseline 3, current 2")
+    )
     assert failed[("kvplan.gate.ci.run", "kv_bytes_per_token")] is None
     assert out.splitlines()[-1] == f"gate: {NUM_CHECKS - len(regressions)} passed, {len(regressions)} failed"
 
@@ -155,14 +170,18 @@ def test_a_baseline_from_another_workload_exits_2_with_one_line(runs, tmp_path):
     assert run_cli("gate", str(run_dir), "--baseline", str(smoke_baseline), "--update-baseline")[0] == 0
     code, out, err = run_cli("gate", str(runs[0]), "--baseline", str(smoke_baseline))
     assert (code, out) == (2, "")
-    assert err == (f"error: {smoke_baseline}: workload: recorded for workload 'smoke', the run is of 'ci'; "
-                   "pass this workload's baseline, or record one with --update-baseline\n")
+    assert err == (
+        f"error: {smoke_baseline}: workload: recorded for workload 'smoke', the run is of 'ci'; "
+        "pass this workload's baseline, or record one with --update-baseline\n"
+    )
     # Recording over it is refused the same way: it would silently become ci's baseline.
     recorded = smoke_baseline.read_text()
     code, out, err = run_cli("gate", str(runs[0]), "--baseline", str(smoke_baseline), "--update-baseline")
     assert (code, out) == (2, "")
-    assert err == (f"error: {smoke_baseline}: workload: will not overwrite the baseline of workload 'smoke' with a"
-                   " run of 'ci'; choose another --baseline path (or delete that file)\n")
+    assert err == (
+        f"error: {smoke_baseline}: workload: will not overwrite the baseline of workload 'smoke' with a"
+        " run of 'ci'; choose another --baseline path (or delete that file)\n"
+    )
     assert smoke_baseline.read_text() == recorded
 
 
@@ -192,8 +211,12 @@ def test_the_committed_baseline_is_of_ci_yaml_and_its_capacity_holds(runs):
 
 def test_update_baseline_keeps_the_files_tolerances(runs, baseline, tmp_path):
     path = tmp_path / "b.yaml"
-    path.write_text(baseline.read_text().replace(
-        "num_preemptions: {worse: higher, abs: 0.0, rel: 0.0}", "num_preemptions: {worse: higher, abs: 7.0, rel: 0.0}"))
+    path.write_text(
+        baseline.read_text().replace(
+            "num_preemptions: {worse: higher, abs: 0.0, rel: 0.0}",
+            "num_preemptions: {worse: higher, abs: 7.0, rel: 0.0}",
+        )
+    )
     assert run_cli("gate", str(runs[1]), "--baseline", str(path), "--update-baseline")[0] == 0
     doc = yaml.safe_load(path.read_text())
     assert doc["tolerances"]["num_preemptions"] == {"worse": "higher", "abs": 7.0, "rel": 0.0}
@@ -212,13 +235,16 @@ def test_a_larger_pool_passes_although_the_peak_rises_where_the_baseline_was_poo
     run_dir = loadtest(larger, tmp_path / "run")
     result = run_gate(run_dir, baseline)
     assert result.exit_code == 0, [c.key for c in result.regressions]
-    peaks = {c.key.scope_label: (c.baseline, c.current, c.limit) for c in result.checks
-             if c.key.metric == "peak_used_blocks"}
+    peaks = {
+        c.key.scope_label: (c.baseline, c.current, c.limit) for c in result.checks if c.key.metric == "peak_used_blocks"
+    }
     assert peaks["long c=3"] == (48, 72, math.inf)
     assert peaks["long c=1"] == (24, 24, 24)
     assert peaks["short c=8"][1] > peaks["short c=8"][0] and peaks["short c=8"][2] == math.inf
-    assert ("peak_used_blocks not held at 2 level(s) where the baseline preempted (e.g. short c=8): the peak "
-            "there was the pool's size, not the demand") in result.notes
+    assert (
+        "peak_used_blocks not held at 2 level(s) where the baseline preempted (e.g. short c=8): the peak "
+        "there was the pool's size, not the demand"
+    ) in result.notes
     knees = {c.key.bucket: (c.baseline, c.current) for c in result.checks if c.key.metric == "measured_knee"}
     assert knees == {"short": (8, None), "long": (3, None)}  # no level preempts: the best value
 
@@ -231,8 +257,10 @@ def test_a_baseline_without_values_is_refused(runs, baseline, tmp_path):
     empty.write_text(yaml.safe_dump(doc, sort_keys=False))
     code, out, err = run_cli("gate", str(runs[0]), "--baseline", str(empty))
     assert (code, out) == (2, "")
-    assert err == (f"error: {empty}: values: empty: a baseline that checks nothing cannot pass a run; record one "
-                   "with: kvplan gate RUN_DIR --baseline FILE --update-baseline\n")
+    assert err == (
+        f"error: {empty}: values: empty: a baseline that checks nothing cannot pass a run; record one "
+        "with: kvplan gate RUN_DIR --baseline FILE --update-baseline\n"
+    )
 
 
 def test_a_baseline_path_that_cannot_be_written_is_one_line(runs, tmp_path):
@@ -240,7 +268,10 @@ def test_a_baseline_path_that_cannot_be_written_is_one_line(runs, tmp_path):
     blocker.write_text("")
     code, out, err = run_cli("gate", str(runs[0]), "--baseline", str(blocker / "b.yaml"), "--update-baseline")
     assert (code, out) == (2, "")
-    assert err.startswith(f"error: --baseline: cannot make the folder of {blocker / 'b.yaml'} (") and len(err.splitlines()) == 1
+    assert (
+        err.startswith(f"error: --baseline: cannot make the folder of {blocker / 'b.yaml'} (")
+        and len(err.splitlines()) == 1
+    )
     folder = tmp_path / "is-a-folder.yaml"
     (folder / "inside").mkdir(parents=True)
     code, out, err = run_cli("gate", str(runs[0]), "--baseline", str(folder), "--update-baseline")
@@ -255,16 +286,27 @@ def test_update_baseline_never_overwrites_a_file_that_is_not_a_baseline(runs, tm
     assert err.startswith(f"error: --baseline: will not overwrite {target}: not a kvplan gate baseline")
 
 
-@pytest.mark.parametrize("edit, message", [
-    (lambda d: d["tolerances"].update(ttft_p96_ms={"rel": 1.0}),
-     "tolerances: unknown metric 'ttft_p96_ms'; use one of kv_bytes_per_token, "),
-    (lambda d: d["values"]["short c=2"].update(queue_len=3),
-     "values.short c=2.queue_len: unknown metric; use one of kv_bytes_per_token, "),
-    (lambda d: d["values"]["short c=2"].update(measured_knee=8),
-     "values.short c=2.measured_knee: is a bucket metric, not a level one"),
-    (lambda d: d["tolerances"]["goodput_rps"].update(rel="half"),
-     "tolerances.goodput_rps.rel: must be a number (got 'half')"),
-])
+@pytest.mark.parametrize(
+    "edit, message",
+    [
+        (
+            lambda d: d["tolerances"].update(ttft_p96_ms={"rel": 1.0}),
+            "tolerances: unknown metric 'ttft_p96_ms'; use one of kv_bytes_per_token, ",
+        ),
+        (
+            lambda d: d["values"]["short c=2"].update(queue_len=3),
+            "values.short c=2.queue_len: unknown metric; use one of kv_bytes_per_token, ",
+        ),
+        (
+            lambda d: d["values"]["short c=2"].update(measured_knee=8),
+            "values.short c=2.measured_knee: is a bucket metric, not a level one",
+        ),
+        (
+            lambda d: d["tolerances"]["goodput_rps"].update(rel="half"),
+            "tolerances.goodput_rps.rel: must be a number (got 'half')",
+        ),
+    ],
+)
 def test_a_bad_baseline_is_one_line(runs, baseline, tmp_path, edit, message):
     doc = yaml.safe_load(baseline.read_text())
     edit(doc)
@@ -289,12 +331,18 @@ def test_missing_files_and_unfinished_runs_are_one_line(runs, baseline, tmp_path
         code, out, err = run_cli("gate", str(run_dir), "--baseline", str(path))
         assert (code, out) == (2, "") and err.startswith(start) and len(err.splitlines()) == 1, err
     code, _, err = run_cli("gate", str(runs[0]), "--baseline", str(baseline), "--update-baseline", "--junit", "j.xml")
-    assert (code, err) == (2, "error: --junit: there are no checks to write with --update-baseline; drop one of the two\n")
+    assert (code, err) == (
+        2,
+        "error: --junit: there are no checks to write with --update-baseline; drop one of the two\n",
+    )
 
 
 def test_an_option_without_its_value_points_at_the_commands_help():
     assert run_cli("gate", "run", "--baseline") == (
-        2, "", "error: Option '--baseline' requires an argument; see `kvplan gate --help`\n")
+        2,
+        "",
+        "error: Option '--baseline' requires an argument; see `kvplan gate --help`\n",
+    )
 
 
 def test_an_unknown_metric_in_a_workloads_gate_section_is_one_line():

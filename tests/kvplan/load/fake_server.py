@@ -59,7 +59,7 @@ class FakeServer:
     def url(self) -> str:
         return f"http://{self.host}:{self.port}/v1"
 
-    def start(self) -> "FakeServer":
+    def start(self) -> FakeServer:
         self._thread.start()
         self._ready.wait(10)
         return self
@@ -71,8 +71,9 @@ class FakeServer:
 
     def _run(self) -> None:
         asyncio.set_event_loop(self.loop)
-        self._server = self.loop.run_until_complete(asyncio.start_server(self._handle, self.host, self.port,
-                                                                          backlog=4096))
+        self._server = self.loop.run_until_complete(
+            asyncio.start_server(self._handle, self.host, self.port, backlog=4096)
+        )
         self.port = self._server.sockets[0].getsockname()[1]
         self._ready.set()
         self.loop.run_forever()
@@ -102,8 +103,9 @@ class FakeServer:
             writer.close()
 
     def _plain(self, writer, status: int, payload: bytes, kind: str = "application/json") -> None:
-        writer.write(f"HTTP/1.1 {status} X\r\nContent-Type: {kind}\r\nContent-Length: {len(payload)}\r\n\r\n".encode()
-                     + payload)
+        writer.write(
+            f"HTTP/1.1 {status} X\r\nContent-Type: {kind}\r\nContent-Length: {len(payload)}\r\n\r\n".encode() + payload
+        )
 
     async def _respond(self, method: str, path: str, headers: dict, body: bytes, writer) -> bool:
         o = self.options
@@ -111,13 +113,20 @@ class FakeServer:
             self._plain(writer, 401, b'{"error": {"message": "bad key"}}')
             return True
         if method == "GET" and path == "/v1/models":
-            self._plain(writer, 200, json.dumps({"object": "list", "data": [
-                {"id": o.model, "object": "model", "owned_by": o.owned_by}]}).encode())
+            self._plain(
+                writer,
+                200,
+                json.dumps(
+                    {"object": "list", "data": [{"id": o.model, "object": "model", "owned_by": o.owned_by}]}
+                ).encode(),
+            )
             return True
         if method == "GET" and path == "/metrics" and o.metrics:
-            text = ('vllm:cache_config_info{block_size="4",num_gpu_blocks="48",cache_dtype="auto"} 1.0\n'
-                    f'vllm:num_preemptions_total{{model_name="{o.model}"}} {float(self.served)}\n'
-                    f'vllm:kv_cache_usage_perc{{model_name="{o.model}"}} 0.25\n')
+            text = (
+                'vllm:cache_config_info{block_size="4",num_gpu_blocks="48",cache_dtype="auto"} 1.0\n'
+                f'vllm:num_preemptions_total{{model_name="{o.model}"}} {float(self.served)}\n'
+                f'vllm:kv_cache_usage_perc{{model_name="{o.model}"}} 0.25\n'
+            )
             self._plain(writer, 200, text.encode(), "text/plain")
             return True
         if method != "POST" or path not in ("/v1/completions", "/v1/chat/completions"):
@@ -159,12 +168,15 @@ class FakeServer:
         return False
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _chunk_head(chat: bool, num_tokens: int, last: bool) -> bytes:
     """A chunk's bytes up to its ``t`` value (pre-encoded: the server's cost per chunk stays small)."""
     text, done = "x " * num_tokens, '"length"' if last else "null"
-    choice = (f'{{"index":0,"delta":{{"content":"{text}"}},"finish_reason":{done}}}' if chat
-              else f'{{"index":0,"text":"{text}","finish_reason":{done}}}')
+    choice = (
+        f'{{"index":0,"delta":{{"content":"{text}"}},"finish_reason":{done}}}'
+        if chat
+        else f'{{"index":0,"text":"{text}","finish_reason":{done}}}'
+    )
     return f'data: {{"choices":[{choice}],"t":'.encode()
 
 

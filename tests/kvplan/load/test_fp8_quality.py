@@ -11,8 +11,13 @@ import torch
 
 from engine.config import EngineConfig
 from kvplan.errors import KvplanError
-from kvplan.load.fp8_check import (
-    Fp8Quality, QualityPrompt, greedy_agreement, kl_divergence, leading_agreement, random_quality_prompts,
+from kvplan.load.bundled.fp8_quality import (
+    Fp8Quality,
+    QualityPrompt,
+    greedy_agreement,
+    kl_divergence,
+    leading_agreement,
+    random_quality_prompts,
     run_fp8_quality,
 )
 from kvplan.load.workload_file import parse_workload
@@ -79,8 +84,9 @@ def test_quality_numbers_equal_transformers_with_e4m3_kv():
     num_tokens = 8
     prompts = random_quality_prompts(512, 6, num_tokens, max_prompt_tokens=24, seed=5)
     calibration = random_prompts((20, 33), seed=9)
-    config = EngineConfig(model=TINY, dtype="float32", device="cpu", attention_backend="torch",
-                          block_size=4, num_blocks=128)
+    config = EngineConfig(
+        model=TINY, dtype="float32", device="cpu", attention_backend="torch", block_size=4, num_blocks=128
+    )
     quality = run_fp8_quality(config, prompts, calibration, num_tokens, "random")
     assert isinstance(quality, Fp8Quality) and quality.num_prompts == 6 and quality.num_kl_positions == 48
 
@@ -119,12 +125,18 @@ def test_random_quality_prompts_have_fixed_reply_length():
 
 # ---- the load test's hooks -----------------------------------------------------------------------
 FP8_WORKLOAD = {
-    "name": "fp8-tiny", "seed": 3,
-    "engine": {"model": TINY, "dtype": "float32", "block_size": 4, "num_blocks": 64,
-               "kv_cache_dtype": "fp8", "enable_prefix_caching": False},
+    "name": "fp8-tiny",
+    "seed": 3,
+    "engine": {
+        "model": TINY,
+        "dtype": "float32",
+        "block_size": 4,
+        "num_blocks": 64,
+        "kv_cache_dtype": "fp8",
+        "enable_prefix_caching": False,
+    },
     "dataset": "random",
-    "buckets": [{"name": "short", "input_tokens": [12, 20], "output_tokens": 6, "concurrency": [4],
-                 "num_requests": 4}],
+    "buckets": [{"name": "short", "input_tokens": [12, 20], "output_tokens": 6, "concurrency": [4], "num_requests": 4}],
     "fp8_quality": {"num_calibration_prompts": 2, "num_prompts": 5, "num_tokens": 6},
 }
 
@@ -180,13 +192,13 @@ def test_a_check_that_cannot_run_fails_before_the_load_test(tmp_path):
 def test_ctrl_c_during_calibration_leaves_no_run_folder(tmp_path, monkeypatch):
     # The folder used to appear before calibration, holding only workload.yaml: `kvplan report`
     # could not read it and the same --out was refused as not empty.
-    import kvplan.load.fp8_check
+    import kvplan.load.bundled.fp8_quality
     from kvplan.load.loadtest import run_loadtest
 
     def interrupted(*args, **kwargs):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(kvplan.load.fp8_check, "calibrate_for_run", interrupted)
+    monkeypatch.setattr(kvplan.load.bundled.fp8_quality, "calibrate_for_run", interrupted)
     with pytest.raises(KeyboardInterrupt):
         run_loadtest(parse_workload(FP8_WORKLOAD), tmp_path / "run")
     assert not (tmp_path / "run").exists()

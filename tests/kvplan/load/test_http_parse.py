@@ -3,8 +3,8 @@ source of the output count, and failures by reason."""
 
 import json
 
-from kvplan.load.backends.http_client import HttpResult
-from kvplan.load.backends.http_parse import chunk_tokens, to_finished
+from kvplan.load.target.client import HttpResult
+from kvplan.load.target.sse import chunk_tokens, to_finished
 
 
 def sse(*objs) -> tuple:
@@ -17,10 +17,17 @@ def chat(text=None, finish=None, role=False):
 
 
 def test_ttft_skips_the_role_only_chunk_and_a_chunk_of_k_tokens_counts_k_times():
-    events = sse((10, chat(role=True)), (11, chat("")), (12, chat("ab")), (13, chat("cde", "length")),
-                 (13.5, {"choices": [], "usage": {"prompt_tokens": 9, "completion_tokens": 5}}), (14, "[DONE]"))
-    out = to_finished(HttpResult("r", 9.0, 14.0, 200, events), arrival_time=9.0, num_prompt_tokens=3,
-                      count_tokens=len)  # one token per character
+    events = sse(
+        (10, chat(role=True)),
+        (11, chat("")),
+        (12, chat("ab")),
+        (13, chat("cde", "length")),
+        (13.5, {"choices": [], "usage": {"prompt_tokens": 9, "completion_tokens": 5}}),
+        (14, "[DONE]"),
+    )
+    out = to_finished(
+        HttpResult("r", 9.0, 14.0, 200, events), arrival_time=9.0, num_prompt_tokens=3, count_tokens=len
+    )  # one token per character
     assert out.token_times == (12.0, 12.0, 13.0, 13.0, 13.0)  # 2 tokens at 12, 3 at 13: TTFT = 3 s
     assert (out.num_output_tokens, out.output_tokens_source, out.num_prompt_tokens) == (5, "usage", 9)
     assert (out.finish_reason, out.finish_time, out.sent_time) == ("length", 13.5, 9.0)
@@ -28,11 +35,13 @@ def test_ttft_skips_the_role_only_chunk_and_a_chunk_of_k_tokens_counts_k_times()
 
 def test_without_usage_the_tokenizer_counts_and_without_one_each_chunk_is_a_token():
     events = sse((1, {"choices": [{"text": "ab"}]}), (2, {"choices": [{"text": "c", "finish_reason": "stop"}]}))
-    by_tokenizer = to_finished(HttpResult("r", 0.5, 3, 200, events), arrival_time=0.5, num_prompt_tokens=4,
-                               count_tokens=len)
+    by_tokenizer = to_finished(
+        HttpResult("r", 0.5, 3, 200, events), arrival_time=0.5, num_prompt_tokens=4, count_tokens=len
+    )
     assert (by_tokenizer.token_times, by_tokenizer.output_tokens_source) == ((1.0, 1.0, 2.0), "tokenizer")
-    by_chunks = to_finished(HttpResult("r", 0.5, 3, 200, events), arrival_time=0.5, num_prompt_tokens=4,
-                            count_tokens=None)
+    by_chunks = to_finished(
+        HttpResult("r", 0.5, 3, 200, events), arrival_time=0.5, num_prompt_tokens=4, count_tokens=None
+    )
     assert (by_chunks.token_times, by_chunks.output_tokens_source) == ((1.0, 2.0), "chunks")
     assert by_chunks.num_prompt_tokens == 4 and by_chunks.finish_reason == "stop"
 

@@ -8,10 +8,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from kvplan.load.backends.engine import build_engine
+from kvplan.load.bundled.backend import build_engine
 from kvplan.load.loadtest import run_loadtest
-from kvplan.results.run_result import load_run
 from kvplan.load.workload_file import load_workload
+from kvplan.results.run_result import load_run
 from tests.kvplan.cli_runner import run_cli
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -33,9 +33,20 @@ def smoke(tmp_path_factory):
 
 def test_smoke_run_writes_every_report_file(smoke):
     names = {p.name for p in smoke.run_dir.iterdir()}
-    assert {"results.json", "requests.jsonl", "steps.jsonl", "requests.csv", "steps.csv", "summary.md",
-            "workload.yaml", "kv_over_time.png", "latency_short.png", "latency_short_open.png",
-            "throughput_goodput.png", "kv_estimate_vs_measured.png"} <= names
+    assert {
+        "results.json",
+        "requests.jsonl",
+        "steps.jsonl",
+        "requests.csv",
+        "steps.csv",
+        "summary.md",
+        "workload.yaml",
+        "kv_over_time.png",
+        "latency_short.png",
+        "latency_short_open.png",
+        "throughput_goodput.png",
+        "kv_estimate_vs_measured.png",
+    } <= names
     result = smoke.result
     assert result.status == "complete" and result.schema_version == 2 and result.source == "measured"
     assert json.loads((smoke.run_dir / "results.json").read_text())["schema_version"] == 2
@@ -45,7 +56,11 @@ def test_smoke_run_writes_every_report_file(smoke):
     assert len(smoke.requests) == 32
     assert all(r.finish_reason == "length" and r.num_output_tokens == r.max_tokens == 12 for r in smoke.requests)
     assert [(lv.mode, lv.level, lv.num_completed) for lv in result.levels] == [
-        ("closed", 1.0, 8), ("closed", 4.0, 8), ("closed", 8.0, 8), ("open", 200.0, 8)]
+        ("closed", 1.0, 8),
+        ("closed", 4.0, 8),
+        ("closed", 8.0, 8),
+        ("open", 200.0, 8),
+    ]
 
 
 def test_measured_kv_equals_the_paged_estimate_at_every_step(smoke):
@@ -112,7 +127,9 @@ def test_an_interrupted_run_keeps_a_report_that_kvplan_report_renders(tmp_path):
     assert len(data.requests) == 12
     # c=4 finished 4 of its 8 planned requests: partial, and so not a level "without preemption".
     assert [(lv.level, lv.num_completed, lv.num_planned, lv.partial) for lv in data.result.levels] == [
-        (1.0, 8, 8, False), (4.0, 4, 8, True)]
+        (1.0, 8, 8, False),
+        (4.0, 4, 8, True),
+    ]
     assert data.result.buckets[0].max_clean_concurrency == 1
     summary = (run_dir / "summary.md").read_text()
     assert "| short | c=1 | 8/8 |" in summary and "| short | c=4 partial | 4/8 |" in summary
@@ -155,8 +172,9 @@ def test_engine_settings_the_engine_refuses_are_one_line(tmp_path):
     path.write_text(SMOKE.read_text().replace("block_size: 4", "block_size: 4\n  max_model_len: 1000"))
     code, out, err = run_cli("loadtest", str(path), "--out", str(tmp_path / "run"))
     assert code == 2
-    assert err.strip() == (f"error: {path}: engine.max_model_len: must be <= the model's "
-                           "max_position_embeddings 256 (got 1000)")
+    assert err.strip() == (
+        f"error: {path}: engine.max_model_len: must be <= the model's max_position_embeddings 256 (got 1000)"
+    )
     assert not (tmp_path / "run").exists()
 
 
@@ -202,14 +220,20 @@ def test_ctrl_c_while_the_report_is_written_says_to_run_kvplan_report(tmp_path, 
         raise KeyboardInterrupt
 
     path = tmp_path / "w.yaml"  # one level of 4 requests, to be quick
-    path.write_text(SMOKE.read_text().replace("concurrency: [1, 4, 8]", "concurrency: [4]")
-                    .replace("request_rates: [200]", "").replace("num_requests: 8", "num_requests: 4"))
+    path.write_text(
+        SMOKE.read_text()
+        .replace("concurrency: [1, 4, 8]", "concurrency: [4]")
+        .replace("request_rates: [200]", "")
+        .replace("num_requests: 8", "num_requests: 4")
+    )
     monkeypatch.setattr(kvplan.results.report.render, "render_charts", interrupted)
     run_dir = tmp_path / "run"
     code, out, err = run_cli("loadtest", str(path), "--out", str(run_dir), "--quiet")
     assert (code, out) == (130, "")
-    assert err == (f"error: {run_dir}: interrupted while writing the report; the records are saved; "
-                   f"run `kvplan report {run_dir}` to write it\n")
+    assert err == (
+        f"error: {run_dir}: interrupted while writing the report; the records are saved; "
+        f"run `kvplan report {run_dir}` to write it\n"
+    )
     result = load_run(run_dir).result
     assert (result.status, result.report_written) == ("complete", False)
     assert not (run_dir / "summary.md").exists()
@@ -228,8 +252,10 @@ def test_an_out_path_that_cannot_be_a_new_folder_is_one_line(tmp_path):
         (afile / "sub", f"{afile} is a file, so {afile / 'sub'} cannot be a folder; give a new folder path"),
         (long, "over 255 bytes; give a shorter path"),
         # found only when the folder is made, after the engine is built: nothing is left behind
-        (Path("/proc/kvplan-test"), "cannot create folder /proc/kvplan-test (No such file or directory);"
-                                    " give a writable folder path"),
+        (
+            Path("/proc/kvplan-test"),
+            "cannot create folder /proc/kvplan-test (No such file or directory); give a writable folder path",
+        ),
         (Path("/sys/kernel/kvplan-test"), "cannot create folder /sys/kernel/kvplan-test"),
     ]
     for out, message in cases:
@@ -245,16 +271,18 @@ def test_a_run_folder_that_cannot_be_made_under_the_default_root_is_one_line(tmp
 
     root = tmp_path / "reports"
     root.write_text("")  # a file where the reports folder should be
-    with pytest.raises(KvplanError, match=r"reports: cannot create folder .*/reports/smoke-\d{8}-\d{6} "
-                                          r"\(Not a directory\); pass out"):
+    with pytest.raises(
+        KvplanError,
+        match=r"reports: cannot create folder .*/reports/smoke-\d{8}-\d{6} "
+        r"\(Not a directory\); pass out",
+    ):
         create_run_dir(load_workload(SMOKE).name, None, root)
 
 
 def test_an_engine_error_names_the_yaml_field_not_the_engine_config_field(monkeypatch):
     import engine.llm_engine
-    from kvplan.errors import KvplanError
-
     from engine.config import SettingError
+    from kvplan.errors import KvplanError
 
     def refuse(config):
         raise SettingError("kv_cache_memory_bytes", "1 TiB cannot be allocated on cpu; lower kv_cache_memory_bytes")
@@ -262,8 +290,9 @@ def test_an_engine_error_names_the_yaml_field_not_the_engine_config_field(monkey
     monkeypatch.setattr(engine.llm_engine, "LLMEngine", refuse)
     with pytest.raises(KvplanError) as caught:
         build_engine(load_workload(SMOKE))
-    assert str(caught.value) == (f"{SMOKE}: engine.kv_cache_memory: 1 TiB cannot be allocated on cpu;"
-                                 " lower kv_cache_memory")
+    assert str(caught.value) == (
+        f"{SMOKE}: engine.kv_cache_memory: 1 TiB cannot be allocated on cpu; lower kv_cache_memory"
+    )
 
 
 def test_a_level_of_one_token_requests_shows_its_blocks(tmp_path):
@@ -271,11 +300,13 @@ def test_a_level_of_one_token_requests_shows_its_blocks(tmp_path):
     (steps were read after finished requests freed theirs). Fixed 16-token prompts in blocks of
     4 hold 4 blocks each while their one step runs: c=1 peaks at 4 blocks, c=4 at 16."""
     path = tmp_path / "one_token.yaml"
-    path.write_text("name: one_token\nseed: 0\n"
-                    "engine: {model: tiny-random-llama, dtype: float32, block_size: 4, num_blocks: 48,"
-                    " enable_prefix_caching: false}\n"
-                    "dataset: random\n"
-                    "buckets:\n  - {name: short, input_tokens: 16, output_tokens: 1, concurrency: [1, 4], num_requests: 8}\n")
+    path.write_text(
+        "name: one_token\nseed: 0\n"
+        "engine: {model: tiny-random-llama, dtype: float32, block_size: 4, num_blocks: 48,"
+        " enable_prefix_caching: false}\n"
+        "dataset: random\n"
+        "buckets:\n  - {name: short, input_tokens: 16, output_tokens: 1, concurrency: [1, 4], num_requests: 8}\n"
+    )
     code, out, err = run_cli("loadtest", str(path), "--out", str(tmp_path / "run"), "--quiet")
     assert (code, err) == (0, ""), err
     run = load_run(tmp_path / "run")

@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 from kvplan.errors import KvplanError
+from kvplan.load.buckets import Lengths
 from kvplan.load.prompts import draw_lengths, read_sharegpt, sample_buckets, sharegpt_pairs
-from kvplan.load.workload import Lengths
 from kvplan.load.workload_file import parse_workload
 
 
@@ -17,8 +17,9 @@ def words(texts):
 
 
 def workload(dataset="random", buckets=None, seed=0, source="<memory>"):
-    buckets = buckets or [{"name": "a", "input_tokens": [4, 8], "output_tokens": [2, 6],
-                           "concurrency": [1], "num_requests": 5}]
+    buckets = buckets or [
+        {"name": "a", "input_tokens": [4, 8], "output_tokens": [2, 6], "concurrency": [1], "num_requests": 5}
+    ]
     return parse_workload({"name": "w", "seed": seed, "dataset": dataset, "buckets": buckets}, source)
 
 
@@ -27,8 +28,10 @@ def turn(who, text):
 
 
 def test_sharegpt_reader_stops_cleanly_at_a_cut_record(tmp_path):
-    records = [{"id": "a", "conversations": [turn("human", "hi there"), turn("gpt", "hello")]},
-               {"id": "b", "conversations": [turn("gpt", "sys"), turn("human", "q"), turn("gpt", "r s t")]}]
+    records = [
+        {"id": "a", "conversations": [turn("human", "hi there"), turn("gpt", "hello")]},
+        {"id": "b", "conversations": [turn("gpt", "sys"), turn("human", "q"), turn("gpt", "r s t")]},
+    ]
     text = "[\n" + ",\n".join(json.dumps(r) for r in records) + ',\n{"id": "c", "conversations": [{"from": "hu'
     path = tmp_path / "cut.json"
     path.write_text(text)
@@ -82,8 +85,16 @@ def test_random_buckets_are_deterministic_for_the_seed():
 
 
 def test_sharegpt_buckets_use_real_lengths_within_the_ranges():
-    buckets = [{"name": "short", "input_tokens": [5, 20], "output_tokens": [10, 60], "concurrency": [1], "num_requests": 6},
-               {"name": "long", "input_tokens": [100, 400], "output_tokens": [100, 400], "concurrency": [1], "num_requests": 3}]
+    buckets = [
+        {"name": "short", "input_tokens": [5, 20], "output_tokens": [10, 60], "concurrency": [1], "num_requests": 6},
+        {
+            "name": "long",
+            "input_tokens": [100, 400],
+            "output_tokens": [100, 400],
+            "concurrency": [1],
+            "num_requests": 3,
+        },
+    ]
     sampled = sample_buckets(workload("sharegpt", buckets, seed=7), words, vocab_size=49_152)
     assert sampled.dataset_info["num_conversations"] == 17_671
     pairs = {index: (prompt, reply) for index, prompt, reply in sharegpt_pairs(read_sharegpt())}
@@ -99,14 +110,22 @@ def test_sharegpt_buckets_use_real_lengths_within_the_ranges():
 
 def test_jsonl_prompts_text_or_ids_with_optional_output_length(tmp_path):
     path = tmp_path / "p.jsonl"
-    path.write_text("\n".join([
-        json.dumps({"prompt": "one two three four five", "output_tokens": 3}),
-        json.dumps({"prompt_token_ids": [1, 2, 3, 4, 5, 6], "output_tokens": 4}),
-        json.dumps({"prompt": "a b c d e f g"}),  # output length drawn from the bucket's range
-        json.dumps({"prompt": "too short"}),
-    ]) + "\n")
-    w = workload({"jsonl": "p.jsonl"}, [{"name": "a", "input_tokens": [5, 8], "output_tokens": [2, 6],
-                                         "concurrency": [1], "num_requests": 3}], source=str(tmp_path / "w.yaml"))
+    path.write_text(
+        "\n".join(
+            [
+                json.dumps({"prompt": "one two three four five", "output_tokens": 3}),
+                json.dumps({"prompt_token_ids": [1, 2, 3, 4, 5, 6], "output_tokens": 4}),
+                json.dumps({"prompt": "a b c d e f g"}),  # output length drawn from the bucket's range
+                json.dumps({"prompt": "too short"}),
+            ]
+        )
+        + "\n"
+    )
+    w = workload(
+        {"jsonl": "p.jsonl"},
+        [{"name": "a", "input_tokens": [5, 8], "output_tokens": [2, 6], "concurrency": [1], "num_requests": 3}],
+        source=str(tmp_path / "w.yaml"),
+    )
     got = sorted(sample_buckets(w, words, vocab_size=512).requests["a"], key=lambda r: r.source)
     assert [(r.source, r.num_prompt_tokens) for r in got] == [("jsonl:1", 5), ("jsonl:2", 6), ("jsonl:3", 7)]
     assert got[0].max_tokens == 3 and got[1].max_tokens == 4 and 2 <= got[2].max_tokens <= 6

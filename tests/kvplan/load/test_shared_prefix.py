@@ -7,12 +7,12 @@ from pathlib import Path
 import pytest
 
 from kvplan.errors import KvplanError
-from kvplan.results.prefix_metrics import PrefixPricing, residents, shared_prefix_estimate_bytes
 from kvplan.load.prompts import read_sharegpt, sample_buckets
+from kvplan.load.workload_file import load_workload, parse_workload
+from kvplan.results.prefix_metrics import PrefixPricing, residents, shared_prefix_estimate_bytes
 from kvplan.results.records import RequestRecord, StepRecord
 from kvplan.results.run_result import load_run
 from kvplan.results.summarize import prefix_pricing
-from kvplan.load.workload_file import load_workload, parse_workload
 
 ROOT = Path(__file__).resolve().parents[3]
 BYTES_PER_TOKEN = 2 * 2 * 2 * 16 * 4  # tiny-random-llama fp32: 2 layers x K,V x 2 heads x 16 x 4 B
@@ -22,13 +22,24 @@ PREFIX = 18  # 4 full blocks of 4 (16 tokens) + 2 tokens that share a block with
 
 def tiny_workload(shared_prefix=None, **engine):
     return {
-        "name": "sp", "seed": 3, "dataset": "random",
-        "engine": {"model": "tiny-random-llama", "dtype": "float32", "block_size": BLOCK, "num_blocks": 96,
-                   "max_num_seqs": 16, "max_num_batched_tokens": 256, **engine},
-        "shared_prefix": shared_prefix if shared_prefix is not None else
-        {"num_tokens": PREFIX, "num_prefixes": 2, "fraction": 0.75, "num_tenants": 2},
-        "buckets": [{"name": "short", "input_tokens": [6, 10], "output_tokens": 5, "concurrency": [1, 4],
-                     "num_requests": 8}],
+        "name": "sp",
+        "seed": 3,
+        "dataset": "random",
+        "engine": {
+            "model": "tiny-random-llama",
+            "dtype": "float32",
+            "block_size": BLOCK,
+            "num_blocks": 96,
+            "max_num_seqs": 16,
+            "max_num_batched_tokens": 256,
+            **engine,
+        },
+        "shared_prefix": shared_prefix
+        if shared_prefix is not None
+        else {"num_tokens": PREFIX, "num_prefixes": 2, "fraction": 0.75, "num_tenants": 2},
+        "buckets": [
+            {"name": "short", "input_tokens": [6, 10], "output_tokens": 5, "concurrency": [1, 4], "num_requests": 8}
+        ],
     }
 
 
@@ -40,14 +51,23 @@ BAD = [
     ({"num_tokens": "18"}, {}, "<memory>: shared_prefix.num_tokens: must be an integer (got '18')"),
     ({"num_tokens": 18, "tenants": 2}, {}, "<memory>: shared_prefix.tenants: unknown field; check the spelling"),
     ({"fraction": 0.5}, {}, "<memory>: shared_prefix.num_tokens: required field missing"),
-    ({"num_tokens": 18}, {"enable_prefix_caching": False},
-     "<memory>: engine.enable_prefix_caching: shared_prefix needs prefix caching on (got false); "
-     "set engine.enable_prefix_caching: true"),
-    ({"num_tokens": 3}, {}, "<memory>: shared_prefix.num_tokens: must be >= engine.block_size 4: only full"
-                            " blocks are shared (got 3)"),
-    ({"num_tokens": 190}, {"max_model_len": 200},
-     "<memory>: buckets[0]: shortest request with the shared prefix (190 + 6 + 5 = 201 tokens) exceeds"
-     " engine.max_model_len 200"),
+    (
+        {"num_tokens": 18},
+        {"enable_prefix_caching": False},
+        "<memory>: engine.enable_prefix_caching: shared_prefix needs prefix caching on (got false); "
+        "set engine.enable_prefix_caching: true",
+    ),
+    (
+        {"num_tokens": 3},
+        {},
+        "<memory>: shared_prefix.num_tokens: must be >= engine.block_size 4: only full blocks are shared (got 3)",
+    ),
+    (
+        {"num_tokens": 190},
+        {"max_model_len": 200},
+        "<memory>: buckets[0]: shortest request with the shared prefix (190 + 6 + 5 = 201 tokens) exceeds"
+        " engine.max_model_len 200",
+    ),
 ]
 
 
@@ -115,22 +135,65 @@ def test_too_few_long_sharegpt_turns_name_the_field():
     data["engine"].update(model="SmolLM2-135M-Instruct", max_model_len=None)
     data["dataset"] = "sharegpt"
     data["buckets"][0]["output_tokens"] = [5, 400]
-    with pytest.raises(KvplanError, match=r"^<memory>: shared_prefix.num_tokens: only 0 ShareGPT turns hold"
-                                          r" 1000000 tokens and num_prefixes asks for 1; lower num_tokens"):
+    with pytest.raises(
+        KvplanError,
+        match=r"^<memory>: shared_prefix.num_tokens: only 0 ShareGPT turns hold"
+        r" 1000000 tokens and num_prefixes asks for 1; lower num_tokens",
+    ):
         sample_buckets(parse_workload(data), words, 49_152)
 
 
 # ---- the estimate with the prefix counted once, on hand-made records -------------------------
 def request(index, group, salt, admitted, finished, preemptions=0):
-    return RequestRecord(f"b/closed/4/cached/{index}", "b", "closed", 4.0, 0.0, admitted, finished, (finished,),
-                         30, 5, 5, "length", num_preemptions=preemptions, variant="cached",
-                         prefix_group=group, cache_salt=salt)
+    return RequestRecord(
+        f"b/closed/4/cached/{index}",
+        "b",
+        "closed",
+        4.0,
+        0.0,
+        admitted,
+        finished,
+        (finished,),
+        30,
+        5,
+        5,
+        "length",
+        num_preemptions=preemptions,
+        variant="cached",
+        prefix_group=group,
+        cache_salt=salt,
+    )
 
 
 def step(start, end, resident, paged_bytes, ids=None):
     ids = tuple(f"b/closed/4/cached/{i}" for i in range(len(resident))) if ids is None else ids
-    return StepRecord(7, "b", "closed", 4.0, start, end, 0, len(resident), len(resident), 0, 0, 0, 96, 0, 0, 0,
-                      0, 0, tuple(resident), 0, paged_bytes, 0, 0, variant="cached", kv_resident_request_ids=ids)
+    return StepRecord(
+        7,
+        "b",
+        "closed",
+        4.0,
+        start,
+        end,
+        0,
+        len(resident),
+        len(resident),
+        0,
+        0,
+        0,
+        96,
+        0,
+        0,
+        0,
+        0,
+        0,
+        tuple(resident),
+        0,
+        paged_bytes,
+        0,
+        0,
+        variant="cached",
+        kv_resident_request_ids=ids,
+    )
 
 
 def by_id(reqs):
@@ -188,8 +251,10 @@ def test_hits_at_concurrency_1_follow_the_groups_and_tenants(run):
     # One request at a time: a carrier hits the prefix's 4 full blocks (16 tokens) exactly when
     # an earlier request of its group and tenant ran in the same level; nothing else is ever hit.
     seen, expected, got = set(), [], []
-    for r in sorted((r for r in run.requests if r.level == 1.0 and r.variant == "cached"),
-                    key=lambda r: int(r.request_id.rsplit("/", 1)[1])):
+    for r in sorted(
+        (r for r in run.requests if r.level == 1.0 and r.variant == "cached"),
+        key=lambda r: int(r.request_id.rsplit("/", 1)[1]),
+    ):
         key = (r.prefix_group, r.tenant)
         expected.append(16 if r.prefix_group is not None and key in seen else 0)
         seen.add(key)

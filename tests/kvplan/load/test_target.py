@@ -22,11 +22,23 @@ ROOT = Path(__file__).resolve().parents[3]
 
 def workload(tmp_path: Path, **target) -> Path:
     """Closed loop c=1 and c=4 and 50 req/s, 8 random requests of 12 output tokens each."""
-    doc = {"name": "t", "seed": 0, "dataset": "random",
-           "slo": {"ttft_ms": 5000},
-           "buckets": [{"name": "short", "input_tokens": [8, 16], "output_tokens": 12, "concurrency": [1, 4],
-                        "request_rates": [50], "num_requests": 8}],
-           "target": {"vocab_size": 512, "scrape_interval_ms": 20, **target}}
+    doc = {
+        "name": "t",
+        "seed": 0,
+        "dataset": "random",
+        "slo": {"ttft_ms": 5000},
+        "buckets": [
+            {
+                "name": "short",
+                "input_tokens": [8, 16],
+                "output_tokens": 12,
+                "concurrency": [1, 4],
+                "request_rates": [50],
+                "num_requests": 8,
+            }
+        ],
+        "target": {"vocab_size": 512, "scrape_interval_ms": 20, **target},
+    }
     path = tmp_path / "w.yaml"
     path.write_text(yaml.safe_dump(doc))
     return path
@@ -49,8 +61,9 @@ def fake():
 def test_a_target_run_measures_every_request_and_reads_the_servers_metrics(tmp_path, fake):
     server = fake(interval_s=0.002)
     run_dir = tmp_path / "run"
-    code, out, err = run_cli("loadtest", str(workload(tmp_path)), "--target", server.url, "--out", str(run_dir),
-                             "--quiet")
+    code, out, err = run_cli(
+        "loadtest", str(workload(tmp_path)), "--target", server.url, "--out", str(run_dir), "--quiet"
+    )
     assert (code, err) == (0, ""), err
     data = load_run(run_dir)
     result = data.result
@@ -75,8 +88,13 @@ def test_a_target_run_measures_every_request_and_reads_the_servers_metrics(tmp_p
     opened = result.levels[2]
     assert (opened.requested_rate, opened.mode) == (50.0, "open") and opened.achieved_rate > 0
     summary = summary_json(result)
-    assert summary["server"] == {"url": server.url, "model": "fake-model", "metrics_available": True,
-                                 "num_gpu_blocks": 48, "block_size": 4}
+    assert summary["server"] == {
+        "url": server.url,
+        "model": "fake-model",
+        "metrics_available": True,
+        "num_gpu_blocks": 48,
+        "block_size": 4,
+    }
     level = summary["buckets"][0]["levels"][0]
     assert (level["server_preemptions"], level["server_peak_kv_usage"], level["preemptions"]) == (8, 0.25, 8)
     assert level["peak_used_blocks"] is None
@@ -87,7 +105,9 @@ def test_a_target_run_measures_every_request_and_reads_the_servers_metrics(tmp_p
 def test_without_metrics_the_server_side_is_unavailable_not_zero(tmp_path, fake):
     server = fake(metrics=False, owned_by="huggingface")
     run_dir = tmp_path / "run"
-    code, _, err = run_cli("loadtest", str(workload(tmp_path)), "--target", server.url, "--out", str(run_dir), "--quiet")
+    code, _, err = run_cli(
+        "loadtest", str(workload(tmp_path)), "--target", server.url, "--out", str(run_dir), "--quiet"
+    )
     assert code == 0, err
     result = load_run(run_dir).result
     assert result.server.metrics_available is False and result.server.num_gpu_blocks is None
@@ -101,7 +121,9 @@ def test_without_metrics_the_server_side_is_unavailable_not_zero(tmp_path, fake)
 def test_failed_requests_are_counted_by_reason_and_kept_out_of_latency(tmp_path, fake):
     server = fake(status=429)
     run_dir = tmp_path / "run"
-    code, _, err = run_cli("loadtest", str(workload(tmp_path)), "--target", server.url, "--out", str(run_dir), "--quiet")
+    code, _, err = run_cli(
+        "loadtest", str(workload(tmp_path)), "--target", server.url, "--out", str(run_dir), "--quiet"
+    )
     assert code == 0, err
     data = load_run(run_dir)
     assert all(r.finish_reason == "error" and r.finish_detail == "http 429" for r in data.requests)
@@ -112,8 +134,9 @@ def test_failed_requests_are_counted_by_reason_and_kept_out_of_latency(tmp_path,
 def test_a_server_that_dies_mid_run_leaves_a_valid_partial_report(tmp_path, fake):
     server = fake(die_after=10, interval_s=0.002)
     run_dir = tmp_path / "run"
-    code, out, err = run_cli("loadtest", str(workload(tmp_path)), "--target", server.url, "--out", str(run_dir),
-                             "--quiet")
+    code, out, err = run_cli(
+        "loadtest", str(workload(tmp_path)), "--target", server.url, "--out", str(run_dir), "--quiet"
+    )
     assert code == 1 and err.count("\n") == 1 and "stopped: the server stopped answering" in err
     result = load_run(run_dir).result
     assert result.status == "interrupted" and "stopped answering" in result.stop_reason
@@ -138,7 +161,7 @@ class WebPage(http.server.BaseHTTPRequestHandler):
 
 @pytest.mark.parametrize("case", ["unreachable", "not_openai", "wrong_model", "no_key", "bad_key"])
 def test_bad_targets_fail_in_one_line_before_any_level(tmp_path, fake, case, monkeypatch):
-    extra, args = {}, []
+    extra = {}
     if case == "unreachable":
         url = "http://127.0.0.1:9/v1"  # the discard port: nothing listens
         expect = "--target: cannot reach http://127.0.0.1:9/v1"
@@ -167,12 +190,25 @@ def test_bad_targets_fail_in_one_line_before_any_level(tmp_path, fake, case, mon
 def test_the_api_key_comes_from_the_named_environment_variable(tmp_path, fake, monkeypatch):
     server = fake(api_key="s3cret")
     monkeypatch.setenv("KVPLAN_TEST_KEY", "s3cret")
-    code, _, err = run_cli("loadtest", str(workload(tmp_path, api_key_env="KVPLAN_TEST_KEY")), "--target", server.url,
-                           "--out", str(tmp_path / "run"), "--quiet")
+    code, _, err = run_cli(
+        "loadtest",
+        str(workload(tmp_path, api_key_env="KVPLAN_TEST_KEY")),
+        "--target",
+        server.url,
+        "--out",
+        str(tmp_path / "run"),
+        "--quiet",
+    )
     assert code == 0, err
     monkeypatch.delenv("KVPLAN_TEST_KEY")
-    code, _, err = run_cli("loadtest", str(workload(tmp_path, api_key_env="KVPLAN_TEST_KEY")), "--target", server.url,
-                           "--out", str(tmp_path / "run2"))
+    code, _, err = run_cli(
+        "loadtest",
+        str(workload(tmp_path, api_key_env="KVPLAN_TEST_KEY")),
+        "--target",
+        server.url,
+        "--out",
+        str(tmp_path / "run2"),
+    )
     assert code == 2 and "target.api_key_env: the environment variable KVPLAN_TEST_KEY is not set" in err
 
 
@@ -188,7 +224,9 @@ class Refuse(importlib.abc.MetaPathFinder):
 sys.meta_path.insert(0, Refuse())
 from tests.kvplan.load.fake_server import FakeServer, Options
 server = FakeServer(Options()).start()
-sys.argv = ['kvplan', 'loadtest', {str(workload(tmp_path))!r}, '--target', server.url, '--out', {str(run_dir)!r}, '--quiet']
+sys.argv = [
+    'kvplan', 'loadtest', {str(workload(tmp_path))!r}, '--target', server.url, '--out', {str(run_dir)!r}, '--quiet'
+]
 from kvplan.cli import main
 try:
     main()
@@ -196,7 +234,13 @@ except SystemExit as done:
     assert not [m for m in sys.modules if m.split('.')[0] in ('torch', 'transformers', 'triton')]
     sys.exit(done.code)
 """
-    done = subprocess.run([sys.executable, "-c", program], cwd=ROOT, capture_output=True, text=True, timeout=120,
-                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+    done = subprocess.run(
+        [sys.executable, "-c", program],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
     assert done.returncode == 0, done.stderr
     assert load_run(run_dir).result.status == "complete"

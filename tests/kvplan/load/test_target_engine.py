@@ -16,9 +16,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from kvplan.load.backends.engine import build_engine
+from kvplan.load.bundled.backend import build_engine
 from kvplan.load.loadtest import run_loadtest
-from kvplan.load.target_run import run_target_loadtest
+from kvplan.load.target.run import run_target_loadtest
 from kvplan.load.workload_file import load_workload
 from kvplan.results.run_result import load_run
 from tests.engine.test_serve import Served
@@ -35,8 +35,9 @@ def write(tmp_path: Path, name: str, doc: dict) -> Path:
 
 def test_in_process_and_over_http_see_the_same_preemptions_and_peak_kv(tmp_path):
     doc = yaml.safe_load((ROOT / "workloads" / "ci.yaml").read_text())
-    doc["buckets"] = [{"name": "short", "input_tokens": [8, 24], "output_tokens": 24, "concurrency": [2, 4, 8],
-                       "num_requests": 16}]
+    doc["buckets"] = [
+        {"name": "short", "input_tokens": [8, 24], "output_tokens": 24, "concurrency": [2, 4, 8], "num_requests": 16}
+    ]
     doc.pop("gate")
     local = run_loadtest(load_workload(write(tmp_path, "local.yaml", doc)), tmp_path / "local")
     inproc = load_run(local)
@@ -50,13 +51,19 @@ def test_in_process_and_over_http_see_the_same_preemptions_and_peak_kv(tmp_path)
     for ours, theirs in zip(inproc.result.levels, remote.result.levels):
         assert ours.key == theirs.key
         assert (theirs.server_preemptions == 0) == (ours.num_preemptions == 0), ours.key
-        print(f"{ours.key.label}: preemptions {ours.num_preemptions} in-process, {theirs.server_preemptions} over HTTP;"
-              f" HTTP overhead TTFT p50 {theirs.ttft_ms.p50 - ours.ttft_ms.p50:+.1f} ms,"
-              f" TPOT p50 {theirs.tpot_ms.p50 - ours.tpot_ms.p50:+.2f} ms")
+        print(
+            f"{ours.key.label}: preemptions {ours.num_preemptions} in-process, {theirs.server_preemptions} over HTTP;"
+            f" HTTP overhead TTFT p50 {theirs.ttft_ms.p50 - ours.ttft_ms.p50:+.1f} ms,"
+            f" TPOT p50 {theirs.tpot_ms.p50 - ours.tpot_ms.p50:+.2f} ms"
+        )
         # How far KV usage moved within one scrape interval in the in-process trace bounds the miss.
         steps = [s for s in inproc.steps if s.key == ours.key]
-        move = max(abs(b.num_used_blocks - a.num_used_blocks) / a.num_total_blocks
-                   for a in steps for b in steps if 0 <= b.end_time - a.end_time <= SCRAPE_MS / 1e3)
+        move = max(
+            abs(b.num_used_blocks - a.num_used_blocks) / a.num_total_blocks
+            for a in steps
+            for b in steps
+            if 0 <= b.end_time - a.end_time <= SCRAPE_MS / 1e3
+        )
         assert abs(theirs.server_peak_kv_usage - ours.peak_kv_usage) <= move + 1e-9, (ours.key, move)
     assert inproc.result.buckets[0].measured_knee == remote.result.buckets[0].measured_knee == 8
 
@@ -74,14 +81,34 @@ def test_a_small_workload_against_transformers_serve(tmp_path):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    proc = subprocess.Popen([str(Path(sys.executable).parent / "transformers"), "serve", str(folder),
-                             "--continuous-batching", "--cb-block-size", "16", "--cb-num-blocks", "256",
-                             "--dtype", "bfloat16", "--device", "cpu", "--host", "127.0.0.1", "--port", str(port),
-                             "--log-level", "error"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                            env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    proc = subprocess.Popen(
+        [
+            str(Path(sys.executable).parent / "transformers"),
+            "serve",
+            str(folder),
+            "--continuous-batching",
+            "--cb-block-size",
+            "16",
+            "--cb-num-blocks",
+            "256",
+            "--dtype",
+            "bfloat16",
+            "--device",
+            "cpu",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--log-level",
+            "error",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        env={**os.environ, "HF_HUB_OFFLINE": "1"},
+    )
     url = f"http://127.0.0.1:{port}/v1"
     try:
-        from kvplan.load.preflight import get
+        from kvplan.load.target.preflight import get
 
         deadline = time.time() + 180
         while time.time() < deadline:
@@ -90,10 +117,21 @@ def test_a_small_workload_against_transformers_serve(tmp_path):
                     break
             except OSError:
                 time.sleep(1)
-        doc = {"name": "tf", "seed": 0, "dataset": "sharegpt",
-               "buckets": [{"name": "chat", "input_tokens": [16, 64], "output_tokens": [8, 16], "concurrency": [2],
-                            "num_requests": 4}],
-               "target": {"url": url, "api": "chat", "tokenizer": str(folder), "timeout_s": 300}}
+        doc = {
+            "name": "tf",
+            "seed": 0,
+            "dataset": "sharegpt",
+            "buckets": [
+                {
+                    "name": "chat",
+                    "input_tokens": [16, 64],
+                    "output_tokens": [8, 16],
+                    "concurrency": [2],
+                    "num_requests": 4,
+                }
+            ],
+            "target": {"url": url, "api": "chat", "tokenizer": str(folder), "timeout_s": 300},
+        }
         run = load_run(run_target_loadtest(load_workload(write(tmp_path, "tf.yaml", doc)), tmp_path / "run"))
     finally:
         proc.terminate()

@@ -19,12 +19,13 @@ BAD_CASES = {
     "wrong_type.yaml": "buckets[0].concurrency: must be a list (got 'four')",
     "negative_concurrency.yaml": "buckets[1].concurrency[1]: must be >= 1 (got -1)",
     "concurrency_over_requests.yaml": "buckets[0].concurrency[1]: 100 in flight needs at least 100 requests, the"
-                                      " bucket has num_requests 8 (its measured knee would claim a level never"
-                                      " reached); raise num_requests to >= 100 or drop the level",
+    " bucket has num_requests 8 (its measured knee would claim a level never"
+    " reached); raise num_requests to >= 100 or drop the level",
     "empty_buckets.yaml": "buckets: must not be empty",
     "unknown_dataset.yaml": "dataset.kind: must be one of 'sharegpt', 'random', 'jsonl' (got 'wikipedia')",
     "unreadable_dataset.yaml": "dataset.path: file not found:",
-    "bad_units.yaml": "engine.kv_cache_memory: unknown unit; use B, KB, MB, GB, KiB, MiB or GiB (e.g. 48MiB) (got '48 parsecs')",
+    "bad_units.yaml": "engine.kv_cache_memory: unknown unit; use B, KB, MB, GB, KiB, MiB or GiB (e.g. 48MiB)"
+    " (got '48 parsecs')",
     "malformed.yaml": "malformed YAML: line 6, column 18: expected ',' or ']', but got ':'",
     "unknown_field.yaml": "buckets[0].concurency: unknown field",
     "dataset_unknown_key.yaml": "dataset.foo: unknown field; check the spelling or remove it (got 1)",
@@ -39,14 +40,14 @@ BAD_CASES = {
     "zero_rate.yaml": "buckets[0].request_rates[1]: must be > 0",
     # 1000 and 1000.0001 shared one level key, so one cache salt: the second level hit the first's blocks.
     "rates_alike.yaml": "buckets[0]: request_rates has levels that read alike as 1000 req/s ([1000.0, 1000.0001]);"
-                        " make them differ within 6 significant digits",
+    " make them differ within 6 significant digits",
     "duplicate_key.yaml": "line 10: duplicate key 'name' (first at line 2); keep one of them",
     "negative_seed.yaml": "seed: must be >= 0 (got -1)",
     "huge_seed.yaml": "seed: must be <= 4294967295 (got 1180591620717411303424)",
     "infinite_rate.yaml": "buckets[0].request_rates[1]: must be a finite number (got inf)",
     # 4 / 1e-9 s; the lowest rate that arrives within 24 h: 4 / 86,400 s = 4.63e-05 req/s.
     "tiny_rate.yaml": "buckets[0].request_rates[0]: 4 requests at 1e-09 req/s take about 4e+09 s to arrive"
-                      " (num_requests / rate), over the 24 h a level may last; give a rate >= 4.63e-05 req/s",
+    " (num_requests / rate), over the 24 h a level may last; give a rate >= 4.63e-05 req/s",
     "out_of_range_memory.yaml": "engine.kv_cache_memory: the number is out of range (got '1e400GiB')",
     "jsonl_is_a_folder.yaml": f"dataset.path: is a folder, not a JSONL file: {BAD}; give the path of the .jsonl file",
     "long_name.yaml": "name: must be at most 200 characters (names become file names) (got 201 characters)",
@@ -57,20 +58,36 @@ BAD_CASES = {
 # Refused by `kvplan loadtest` once the engine is built and prompts are sampled (the YAML is
 # valid): file -> where the line starts (after "error: ") and what it says.
 RUN_CASES = {
-    "input_over_pool.yaml": ("input_over_pool.yaml", "buckets[0].input_tokens: the longest request (200 + 12 tokens)"
-                             " needs 53 blocks of 4 tokens, the KV pool has 48; lower it or grow engine.num_blocks"),
-    "output_over_pool.yaml": ("output_over_pool.yaml", "buckets[0].output_tokens: the longest request (12 + 300"
-                              " tokens) needs 78 blocks of 4 tokens, the KV pool has 48; lower it or grow"
-                              " engine.kv_cache_memory"),
-    "prefix_over_pool.yaml": ("prefix_over_pool.yaml", "shared_prefix.num_tokens: the longest request (prefix 200 +"
-                              " 12 + 12 tokens) needs 56 blocks of 4 tokens, the KV pool has 48"),
-    "over_max_model_len.yaml": ("over_max_model_len.yaml", "buckets[0].input_tokens: the longest request (20 + 12 ="
-                                " 32 tokens) exceeds engine.max_model_len 25; lower it or raise engine.max_model_len"),
-    "jsonl_ids_outside_vocab.yaml": ("ids_outside_vocab.jsonl", "line 2: prompt_token_ids: id 512 is outside the"
-                                     " model's vocabulary [0, 512)"),
+    "input_over_pool.yaml": (
+        "input_over_pool.yaml",
+        "buckets[0].input_tokens: the longest request (200 + 12 tokens)"
+        " needs 53 blocks of 4 tokens, the KV pool has 48; lower it or grow engine.num_blocks",
+    ),
+    "output_over_pool.yaml": (
+        "output_over_pool.yaml",
+        "buckets[0].output_tokens: the longest request (12 + 300"
+        " tokens) needs 78 blocks of 4 tokens, the KV pool has 48; lower it or grow"
+        " engine.kv_cache_memory",
+    ),
+    "prefix_over_pool.yaml": (
+        "prefix_over_pool.yaml",
+        "shared_prefix.num_tokens: the longest request (prefix 200 +"
+        " 12 + 12 tokens) needs 56 blocks of 4 tokens, the KV pool has 48",
+    ),
+    "over_max_model_len.yaml": (
+        "over_max_model_len.yaml",
+        "buckets[0].input_tokens: the longest request (20 + 12 ="
+        " 32 tokens) exceeds engine.max_model_len 25; lower it or raise engine.max_model_len",
+    ),
+    "jsonl_ids_outside_vocab.yaml": (
+        "ids_outside_vocab.jsonl",
+        "line 2: prompt_token_ids: id 512 is outside the model's vocabulary [0, 512)",
+    ),
     # the capacity estimate names the option `tp`; in a workload it is the entry's field
-    "bad_plan_tp.yaml": ("bad_plan_tp.yaml", "plan[1].tp: 3 does not divide the 32 attention heads; pick a divisor"
-                         " of the head count"),
+    "bad_plan_tp.yaml": (
+        "bad_plan_tp.yaml",
+        "plan[1].tp: 3 does not divide the 32 attention heads; pick a divisor of the head count",
+    ),
 }
 
 
@@ -112,8 +129,9 @@ def test_a_size_with_an_exponent_is_read_as_a_number():
 def test_the_installed_command_prints_no_traceback():
     code = "from kvplan.cli import main; main()"
     missing = BAD / "missing_field.yaml"
-    done = subprocess.run([sys.executable, "-c", code, "loadtest", str(missing)], capture_output=True, text=True,
-                          timeout=120)
+    done = subprocess.run(
+        [sys.executable, "-c", code, "loadtest", str(missing)], capture_output=True, text=True, timeout=120
+    )
     assert done.returncode == 2
     assert done.stderr.strip() == f"error: {missing}: buckets[0].num_requests: required field missing"
     assert "Traceback" not in done.stderr + done.stdout
@@ -132,19 +150,28 @@ def test_shipped_workloads_load(name):
     assert all(b.concurrency or b.request_rates for b in workload.buckets)
 
 
-SMALL = {"name": "w", "dataset": "random",
-         "buckets": [{"name": "a", "input_tokens": 8, "output_tokens": 4, "concurrency": [1], "num_requests": 1}]}
+SMALL = {
+    "name": "w",
+    "dataset": "random",
+    "buckets": [{"name": "a", "input_tokens": 8, "output_tokens": 4, "concurrency": [1], "num_requests": 1}],
+}
 
 
 def test_shorthands_and_units():
-    w = parse_workload({
-        "name": "w", "dataset": "random",
-        "engine": {"kv_cache_memory": "1.5GiB", "block_size": 8},
-        "buckets": [{"name": "a", "input_tokens": 128, "output_tokens": [16, 64], "concurrency": [1, 8],
-                     "num_requests": 8}],
-    })
+    w = parse_workload(
+        {
+            "name": "w",
+            "dataset": "random",
+            "engine": {"kv_cache_memory": "1.5GiB", "block_size": 8},
+            "buckets": [
+                {"name": "a", "input_tokens": 128, "output_tokens": [16, 64], "concurrency": [1, 8], "num_requests": 8}
+            ],
+        }
+    )
     assert w.engine.kv_cache_memory == 1.5 * 2**30
-    assert parse_workload({**w.model_dump(), "engine": {"kv_cache_memory": "48MiB"}}).engine.kv_cache_memory == 48 * 2**20
+    assert (
+        parse_workload({**w.model_dump(), "engine": {"kv_cache_memory": "48MiB"}}).engine.kv_cache_memory == 48 * 2**20
+    )
     bucket = w.buckets[0]
     assert (bucket.input_tokens.min, bucket.input_tokens.max, bucket.input_tokens.dist) == (128, 128, "fixed")
     assert (bucket.output_tokens.min, bucket.output_tokens.max, bucket.output_tokens.dist) == (16, 64, "uniform")
@@ -161,8 +188,13 @@ def test_plan_kv_dtype_is_the_deprecated_name_of_kv_cache_dtype():
 
 
 def test_one_kv_dtype_vocabulary_for_the_engine_and_the_plan():
-    w = parse_workload({**SMALL, "engine": {"kv_cache_dtype": "bfloat16"},
-                        "plan": [{"model": "llama-3.1-8b", "gpu": "L4", "kv_cache_dtype": "float8_e4m3fn"}]})
+    w = parse_workload(
+        {
+            **SMALL,
+            "engine": {"kv_cache_dtype": "bfloat16"},
+            "plan": [{"model": "llama-3.1-8b", "gpu": "L4", "kv_cache_dtype": "float8_e4m3fn"}],
+        }
+    )
     assert (w.engine.kv_cache_dtype, w.plan[0].kv_cache_dtype) == ("bf16", "fp8")
     assert w.engine.to_engine_config(seed=0).kv_cache_dtype == "bfloat16"  # the engine keeps torch's name
     assert parse_workload({**SMALL, "engine": {"kv_cache_dtype": "fp8"}}).engine.kv_cache_dtype == "fp8"
@@ -189,9 +221,17 @@ def test_a_relative_plan_model_is_read_from_the_workload_files_folder(tmp_path, 
     from kvplan.load.run_estimate import plan_target
 
     (tmp_path / "models").mkdir()
-    config = {"num_hidden_layers": 4, "num_attention_heads": 8, "num_key_value_heads": 2, "head_dim": 64,
-              "hidden_size": 512, "intermediate_size": 1024, "vocab_size": 1000, "max_position_embeddings": 4096,
-              "torch_dtype": "bfloat16"}
+    config = {
+        "num_hidden_layers": 4,
+        "num_attention_heads": 8,
+        "num_key_value_heads": 2,
+        "head_dim": 64,
+        "hidden_size": 512,
+        "intermediate_size": 1024,
+        "vocab_size": 1000,
+        "max_position_embeddings": 4096,
+        "torch_dtype": "bfloat16",
+    }
     (tmp_path / "models" / "tiny.json").write_text(json.dumps(config))
     path = tmp_path / "w.yaml"
     path.write_text(json.dumps({**SMALL, "plan": [{"model": "models/tiny.json", "gpu": "L4"}]}))

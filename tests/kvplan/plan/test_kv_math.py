@@ -2,8 +2,8 @@
 
 import pytest
 
-from kvplan.plan import kv_math
 from kvplan.errors import KvplanError
+from kvplan.plan import kv_math
 from kvplan.plan.dtypes import DTYPES as KV_DTYPES
 from kvplan.plan.kv_math import FullAttentionSpec, MLASpec, SlidingWindowSpec
 from kvplan.plan.model_spec import ModelSpec
@@ -88,8 +88,14 @@ def test_pp_splits_layers_and_the_largest_stage_limits():
 
 def test_mla_caches_one_latent_not_split_by_tp():
     deepseek_v3 = model(
-        num_layers=61, heads=128, kv_heads=128, head_dim=None, kv_lora_rank=512, qk_rope_head_dim=64,
-        qk_nope_head_dim=128, v_head_dim=128,
+        num_layers=61,
+        heads=128,
+        kv_heads=128,
+        head_dim=None,
+        kv_lora_rank=512,
+        qk_rope_head_dim=64,
+        qk_nope_head_dim=128,
+        v_head_dim=128,
     )
     assert kv_math.bytes_per_token(deepseek_v3) == 61 * (512 + 64) * 2 == 70_272
     assert kv_math.bytes_per_token(deepseek_v3, tp=8) == 70_272

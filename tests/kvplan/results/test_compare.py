@@ -14,24 +14,71 @@ PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 def level(mode, value, ttft, tpot, tok_s, preemptions=0):
     stats = lambda ms: LatencyStats(count=4, mean=ms, p50=ms, p90=ms, p95=ms * 1.5, p99=ms * 2)  # noqa: E731
     return LevelSummary(
-        bucket="short", mode=mode, level=value, num_requests=4, num_completed=4, num_failed=0, num_cannot_fit=0,
-        num_oom=0, num_aborted=0, duration_s=1.0, ttft_ms=stats(ttft), tpot_ms=stats(tpot), itl_ms=stats(tpot),
-        e2e_ms=stats(ttft + 10 * tpot), output_tokens_per_s=tok_s, total_tokens_per_s=tok_s * 2, requests_per_s=4.0,
-        goodput_rps=4.0, slo_attainment=1.0, num_steps=10, num_preemptions=preemptions, num_preempted_requests=0,
-        num_total_blocks=48, peak_used_blocks=20 + preemptions, mean_used_blocks=10.0, peak_kv_usage=0.5,
-        mean_kv_usage=0.2, mean_queue_len=0.0, max_queue_len=0, peak_ideal_bytes=0, peak_paged_bytes=0,
-        peak_contiguous_bytes=0, peak_measured_bytes=0, max_paged_error_bytes=0, prefix_hit_rate=None)
+        bucket="short",
+        mode=mode,
+        level=value,
+        num_requests=4,
+        num_completed=4,
+        num_failed=0,
+        num_cannot_fit=0,
+        num_oom=0,
+        num_aborted=0,
+        duration_s=1.0,
+        ttft_ms=stats(ttft),
+        tpot_ms=stats(tpot),
+        itl_ms=stats(tpot),
+        e2e_ms=stats(ttft + 10 * tpot),
+        output_tokens_per_s=tok_s,
+        total_tokens_per_s=tok_s * 2,
+        requests_per_s=4.0,
+        goodput_rps=4.0,
+        slo_attainment=1.0,
+        num_steps=10,
+        num_preemptions=preemptions,
+        num_preempted_requests=0,
+        num_total_blocks=48,
+        peak_used_blocks=20 + preemptions,
+        mean_used_blocks=10.0,
+        peak_kv_usage=0.5,
+        mean_kv_usage=0.2,
+        mean_queue_len=0.0,
+        max_queue_len=0,
+        peak_ideal_bytes=0,
+        peak_paged_bytes=0,
+        peak_contiguous_bytes=0,
+        peak_measured_bytes=0,
+        max_paged_error_bytes=0,
+        prefix_hit_rate=None,
+    )
 
 
 def run(source, levels):
-    return RunResult(source=source, status="complete", started_at="now", workload=WorkloadRef(name="w"),
-                     run=RunInfo(kvplan_version="0", python="3", platform="p"), levels=levels)
+    return RunResult(
+        source=source,
+        status="complete",
+        started_at="now",
+        workload=WorkloadRef(name="w"),
+        run=RunInfo(kvplan_version="0", python="3", platform="p"),
+        levels=levels,
+    )
 
 
-SIMULATED = run("simulated", [level("closed", 1, 22.0, 18.0, 55.0), level("closed", 8, 33.0, 24.0, 300.0, 2),
-                              level("open", 2.0, 30.0, 19.0, 100.0)])
-MEASURED = run("measured", [level("closed", 1, 20.0, 20.0, 50.0), level("closed", 4, 25.0, 20.0, 190.0),
-                            level("closed", 8, 30.0, 24.0, 320.0, 2)])
+SIMULATED = run(
+    "simulated",
+    [
+        level("closed", 1, 22.0, 18.0, 55.0),
+        level("closed", 8, 33.0, 24.0, 300.0, 2),
+        level("open", 2.0, 30.0, 19.0, 100.0),
+    ],
+)
+MEASURED = run(
+    "measured",
+    [
+        level("closed", 1, 20.0, 20.0, 50.0),
+        level("closed", 4, 25.0, 20.0, 190.0),
+        level("closed", 8, 30.0, 24.0, 320.0, 2),
+    ],
+)
 
 
 def test_error_is_relative_to_b():
@@ -50,7 +97,8 @@ def test_levels_pair_by_key_and_every_metric_gets_its_error():
     wide = wide_table(frame, ("TPOT P50 ms",))
     assert wide.to_dict("records") == [
         {"bucket": "short", "level": "c=1", "TPOT P50 A": 18.0, "TPOT P50 B": 20.0, "TPOT P50 err %": -10.0},
-        {"bucket": "short", "level": "c=8", "TPOT P50 A": 24.0, "TPOT P50 B": 24.0, "TPOT P50 err %": 0.0}]
+        {"bucket": "short", "level": "c=8", "TPOT P50 A": 24.0, "TPOT P50 B": 24.0, "TPOT P50 err %": 0.0},
+    ]
 
 
 def test_the_comparison_is_written_beside_a_and_printed(tmp_path):

@@ -3,27 +3,53 @@
 import pytest
 
 from kvplan.results import metrics
-from kvplan.results.records import LevelKey, RequestRecord, StepRecord
 from kvplan.results.metrics import Slo
+from kvplan.results.records import LevelKey, RequestRecord, StepRecord
 
 
 def req(rid, arrival, token_times, finish=None, reason="length", preemptions=0, prompt=10):
     return RequestRecord(
-        request_id=rid, bucket="b", mode="closed", level=4.0, arrival_time=arrival,
-        first_scheduled_time=arrival, finish_time=finish if finish is not None else token_times[-1],
-        token_times=tuple(token_times), num_prompt_tokens=prompt, num_output_tokens=len(token_times),
-        max_tokens=max(len(token_times), 1), finish_reason=reason, num_preemptions=preemptions,
+        request_id=rid,
+        bucket="b",
+        mode="closed",
+        level=4.0,
+        arrival_time=arrival,
+        first_scheduled_time=arrival,
+        finish_time=finish if finish is not None else token_times[-1],
+        token_times=tuple(token_times),
+        num_prompt_tokens=prompt,
+        num_output_tokens=len(token_times),
+        max_tokens=max(len(token_times), 1),
+        finish_reason=reason,
+        num_preemptions=preemptions,
     )
 
 
 def step(i, used, waiting=0, preemptions=0, total=10, paged=0, measured=0, queried=0, hit=0, level=4.0):
     return StepRecord(
-        step_index=i, bucket="b", mode="closed", level=level, start_time=i, end_time=i + 0.5,
-        num_prefill_tokens=0, num_decode_tokens=1, num_running=1, num_waiting=waiting,
-        num_used_blocks=used, num_free_blocks=total - used, num_total_blocks=total,
-        num_preemptions=preemptions, num_finished=0, num_oom=0, num_prefix_queried_tokens=queried,
-        num_prefix_hit_tokens=hit, kv_resident_tokens=(), ideal_bytes=0, paged_bytes=paged,
-        contiguous_bytes=0, measured_bytes=measured,
+        step_index=i,
+        bucket="b",
+        mode="closed",
+        level=level,
+        start_time=i,
+        end_time=i + 0.5,
+        num_prefill_tokens=0,
+        num_decode_tokens=1,
+        num_running=1,
+        num_waiting=waiting,
+        num_used_blocks=used,
+        num_free_blocks=total - used,
+        num_total_blocks=total,
+        num_preemptions=preemptions,
+        num_finished=0,
+        num_oom=0,
+        num_prefix_queried_tokens=queried,
+        num_prefix_hit_tokens=hit,
+        kv_resident_tokens=(),
+        ideal_bytes=0,
+        paged_bytes=paged,
+        contiguous_bytes=0,
+        measured_bytes=measured,
     )
 
 
@@ -60,8 +86,12 @@ def test_level_summary_by_hand():
     assert s.ttft_ms.p95 == pytest.approx(950)
     assert s.ttft_ms.p99 == pytest.approx(990)
     # TPOT over r1 (200 ms) and r4 (300 ms); r2 has none.
-    assert (s.tpot_ms.count, s.tpot_ms.mean, s.tpot_ms.p50, s.tpot_ms.p90) == (2, pytest.approx(250),
-                                                                             pytest.approx(250), pytest.approx(290))
+    assert (s.tpot_ms.count, s.tpot_ms.mean, s.tpot_ms.p50, s.tpot_ms.p90) == (
+        2,
+        pytest.approx(250),
+        pytest.approx(250),
+        pytest.approx(290),
+    )
     # ITL pooled: r1's three 200 ms gaps and r4's 300 ms gap.
     assert (s.itl_ms.count, s.itl_ms.mean, s.itl_ms.p50) == (4, pytest.approx(225), pytest.approx(200))
     # E2E [1100, 200, 1300] ms.
@@ -94,8 +124,11 @@ def test_tpot_slo_cannot_fail_a_one_token_request():
 
 
 def test_kv_and_queue_from_steps():
-    steps = [step(0, 2, waiting=0, paged=8, measured=8), step(1, 6, waiting=3, preemptions=1, paged=24, measured=24),
-             step(2, 4, waiting=1, paged=16, measured=20, queried=32, hit=8)]
+    steps = [
+        step(0, 2, waiting=0, paged=8, measured=8),
+        step(1, 6, waiting=3, preemptions=1, paged=24, measured=24),
+        step(2, 4, waiting=1, paged=16, measured=20, queried=32, hit=8),
+    ]
     s = metrics.summarize_level(LevelKey("b", "closed", 4.0), [], steps, Slo())
     assert (s.num_steps, s.num_preemptions, s.peak_used_blocks, s.num_total_blocks) == (3, 1, 6, 10)
     assert s.mean_used_blocks == pytest.approx(4.0)
@@ -108,8 +141,9 @@ def test_kv_and_queue_from_steps():
 
 
 def level(n, preemptions, mode="closed", requests=(R1,), planned=None):
-    return metrics.summarize_level(LevelKey("b", mode, float(n)), list(requests), [step(0, 1, preemptions=preemptions)],
-                                   Slo(), num_planned=planned)
+    return metrics.summarize_level(
+        LevelKey("b", mode, float(n)), list(requests), [step(0, 1, preemptions=preemptions)], Slo(), num_planned=planned
+    )
 
 
 def test_knee_is_the_lowest_level_that_preempted():

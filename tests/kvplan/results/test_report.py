@@ -6,12 +6,19 @@ import pytest
 from matplotlib.figure import Figure
 
 from kvplan.errors import KvplanError
-from kvplan.results.report import plots, tables
-from kvplan.results.report.render import render_report
 from kvplan.results.metrics import Slo
 from kvplan.results.records import RequestRecord, StepRecord
+from kvplan.results.report import plots, tables
+from kvplan.results.report.render import render_report
 from kvplan.results.run_result import (
-    BucketEstimate, EngineFacts, RunEstimate, RunInfo, RunResult, WorkloadRef, load_run, save_result,
+    BucketEstimate,
+    EngineFacts,
+    RunEstimate,
+    RunInfo,
+    RunResult,
+    WorkloadRef,
+    load_run,
+    save_result,
 )
 from kvplan.results.store import RunWriter
 from kvplan.results.summarize import summarize
@@ -21,31 +28,100 @@ CHARTS = ["kv_over_time.png", "latency_b.png", "throughput_goodput.png", "kv_est
 
 
 def request(rid, level, arrival, tokens):
-    return RequestRecord(rid, "b", "closed", level, arrival, arrival, tokens[-1], tuple(tokens), 8, len(tokens),
-                         len(tokens), "length", "", 0, 0)
+    return RequestRecord(
+        rid,
+        "b",
+        "closed",
+        level,
+        arrival,
+        arrival,
+        tokens[-1],
+        tuple(tokens),
+        8,
+        len(tokens),
+        len(tokens),
+        "length",
+        "",
+        0,
+        0,
+    )
 
 
 def step(i, level, used, preemptions=0, bytes_per_block=1024):
-    return StepRecord(i, "b", "closed", level, i * 0.1, i * 0.1 + 0.05, 0, 1, 1, 0, used, 10 - used, 10,
-                      preemptions, 0, 0, 0, 0, (used * 4,), used * 4 * 256, used * bytes_per_block,
-                      256 * 256, used * bytes_per_block)
+    return StepRecord(
+        i,
+        "b",
+        "closed",
+        level,
+        i * 0.1,
+        i * 0.1 + 0.05,
+        0,
+        1,
+        1,
+        0,
+        used,
+        10 - used,
+        10,
+        preemptions,
+        0,
+        0,
+        0,
+        0,
+        (used * 4,),
+        used * 4 * 256,
+        used * bytes_per_block,
+        256 * 256,
+        used * bytes_per_block,
+    )
 
 
 def results_head(**fields):
     """A run result as saved before the first step: 10 blocks of 4 tokens, 1024 bytes each."""
-    return RunResult(**{
-        "status": "running", "started_at": "2026-11-29T10:00:00+00:00", "slo": Slo(ttft_ms=150.0),
-        "workload": WorkloadRef(name="t", source="t.yaml", sha256="ab" * 32),
-        "run": RunInfo(kvplan_version="0", python="3.11", platform="test"),
-        "engine": EngineFacts(model="tiny", device="cpu", dtype="float32", kv_cache_dtype="fp32",
-                              attention_backend="torch", block_size=4, num_blocks=10, bytes_per_block=1024,
-                              max_model_len=40, max_num_seqs=8, max_num_batched_tokens=64,
-                              enable_prefix_caching=False, seed=0),
-        "estimate": RunEstimate(model="tiny", kv_cache_dtype="fp32", bytes_per_token=256, bytes_per_block=1024,
-                                block_size=4, num_blocks=10, pool_tokens=40, pool_bytes=10240,
-                                buckets=[BucketEstimate(name="b", num_requests=2, p95_request_tokens=14,
-                                                        blocks_per_request=4, max_concurrency=2, simulated_knee=3)]),
-        **fields})
+    return RunResult(
+        **{
+            "status": "running",
+            "started_at": "2026-11-29T10:00:00+00:00",
+            "slo": Slo(ttft_ms=150.0),
+            "workload": WorkloadRef(name="t", source="t.yaml", sha256="ab" * 32),
+            "run": RunInfo(kvplan_version="0", python="3.11", platform="test"),
+            "engine": EngineFacts(
+                model="tiny",
+                device="cpu",
+                dtype="float32",
+                kv_cache_dtype="fp32",
+                attention_backend="torch",
+                block_size=4,
+                num_blocks=10,
+                bytes_per_block=1024,
+                max_model_len=40,
+                max_num_seqs=8,
+                max_num_batched_tokens=64,
+                enable_prefix_caching=False,
+                seed=0,
+            ),
+            "estimate": RunEstimate(
+                model="tiny",
+                kv_cache_dtype="fp32",
+                bytes_per_token=256,
+                bytes_per_block=1024,
+                block_size=4,
+                num_blocks=10,
+                pool_tokens=40,
+                pool_bytes=10240,
+                buckets=[
+                    BucketEstimate(
+                        name="b",
+                        num_requests=2,
+                        p95_request_tokens=14,
+                        blocks_per_request=4,
+                        max_concurrency=2,
+                        simulated_knee=3,
+                    )
+                ],
+            ),
+            **fields,
+        }
+    )
 
 
 def write_run(run_dir):
@@ -75,7 +151,9 @@ def test_report_rebuilds_summaries_of_an_unfinished_run(tmp_path):
         assert (tmp_path / name).read_bytes()[:8] == PNG_MAGIC
     summary = (tmp_path / "summary.md").read_text()
     assert "incomplete" in summary
-    assert "| b | 14 | 2 | 3 | 4 | 1 |" in summary  # P95 tokens, predicted, simulated knee, measured knee, highest clean
+    assert (
+        "| b | 14 | 2 | 3 | 4 | 1 |" in summary
+    )  # P95 tokens, predicted, simulated knee, measured knee, highest clean
     assert "TPOT = (E2E latency - TTFT) / (output tokens - 1)" in summary
     assert "Measured KV bytes equal the paged estimate at every one of 6 steps" in summary
     assert "![kv_over_time.png](kv_over_time.png)" in summary
@@ -149,8 +227,10 @@ def test_report_refuses_missing_records_and_writes_nothing(tmp_path):
     before = snapshot(run_dir)
     code, out, err = run_cli("report", str(run_dir))
     assert (code, out) == (2, "")
-    assert err == (f"error: {run_dir / 'steps.jsonl'}: missing; restore it from the run (kvplan report rebuilds"
-                   " every view from the records; nothing was written)\n")
+    assert err == (
+        f"error: {run_dir / 'steps.jsonl'}: missing; restore it from the run (kvplan report rebuilds"
+        " every view from the records; nothing was written)\n"
+    )
     assert snapshot(run_dir) == before  # the CSVs, PNGs and summary.md keep the measured run
 
 
@@ -175,10 +255,13 @@ def test_report_of_a_killed_run_refuses_requests_without_steps(tmp_path):
     assert snapshot(tmp_path) == before
 
 
-@pytest.mark.parametrize("damage, message", [
-    (lambda d: d.update(workload="x"), "results.json: workload: must be a mapping (got 'x')"),
-    (lambda d: d["levels"][0].update(ttft_ms="abc"), "results.json: levels[0].ttft_ms: "),
-])
+@pytest.mark.parametrize(
+    "damage, message",
+    [
+        (lambda d: d.update(workload="x"), "results.json: workload: must be a mapping (got 'x')"),
+        (lambda d: d["levels"][0].update(ttft_ms="abc"), "results.json: levels[0].ttft_ms: "),
+    ],
+)
 def test_report_on_a_damaged_results_json_is_one_line(tmp_path, damage, message):
     from tests.kvplan.cli_runner import run_cli
 
@@ -204,12 +287,15 @@ def test_report_json_prints_the_summary_and_writes_nothing(tmp_path):
     (bucket,) = summary["buckets"]
     assert (bucket["name"], bucket["knee"], bucket["slo_max_concurrency"]) == ("b", 4, None)
     assert [(lv["mode"], lv["level"], lv["preemptions"], lv["peak_used_blocks"]) for lv in bucket["levels"]] == [
-        ("closed", 1.0, 0, 4), ("closed", 4.0, 2, 10)]
+        ("closed", 1.0, 0, 4),
+        ("closed", 4.0, 2, 10),
+    ]
     # c=1: requests a (0.0 -> 0.1, 0.2, 0.3) and b (0.3 -> 0.5, 0.6): TTFT 100 and 200 ms
     ttft = bucket["levels"][0]["ttft_ms"]
     assert (ttft["mean"], ttft["p50"]) == (pytest.approx(150.0), pytest.approx(150.0))
-    assert bucket["levels"][0]["num_completed"] == 2 and bucket["levels"][0]["output_throughput_tok_s"] == \
-        pytest.approx(5 / 0.6)  # 3 + 2 tokens from the first arrival (0.0 s) to the last finish (0.6 s)
+    assert bucket["levels"][0]["num_completed"] == 2 and bucket["levels"][0][
+        "output_throughput_tok_s"
+    ] == pytest.approx(5 / 0.6)  # 3 + 2 tokens from the first arrival (0.0 s) to the last finish (0.6 s)
 
 
 def test_report_json_of_a_killed_run_computes_summaries_without_saving_them(tmp_path):

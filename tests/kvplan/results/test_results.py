@@ -10,7 +10,14 @@ from kvplan.results.metrics import Slo
 from kvplan.results.records import RequestRecord, StepRecord
 from kvplan.results.report.tables import write_tables
 from kvplan.results.run_result import (
-    SCHEMA_VERSION, BucketEstimate, RunEstimate, RunInfo, RunResult, WorkloadRef, load_run, save_result,
+    SCHEMA_VERSION,
+    BucketEstimate,
+    RunEstimate,
+    RunInfo,
+    RunResult,
+    WorkloadRef,
+    load_run,
+    save_result,
 )
 from kvplan.results.store import RunWriter, write_atomic
 from kvplan.results.summarize import summarize
@@ -18,14 +25,26 @@ from kvplan.results.summarize import summarize
 
 def result(**fields):
     """A run result holding only what a test needs (a run just started)."""
-    base = dict(started_at="2026-11-30T10:00:00+00:00", workload=WorkloadRef(name="t"),
-                run=RunInfo(kvplan_version="0", python="3.11", platform="test"))
+    base = dict(
+        started_at="2026-11-30T10:00:00+00:00",
+        workload=WorkloadRef(name="t"),
+        run=RunInfo(kvplan_version="0", python="3.11", platform="test"),
+    )
     return RunResult(**{**base, **fields})
 
 
 def estimate(*buckets):
-    return RunEstimate(model="m", kv_cache_dtype="bf16", bytes_per_token=256, bytes_per_block=1024, block_size=4,
-                       num_blocks=10, pool_tokens=40, pool_bytes=10240, buckets=list(buckets))
+    return RunEstimate(
+        model="m",
+        kv_cache_dtype="bf16",
+        bytes_per_token=256,
+        bytes_per_block=1024,
+        block_size=4,
+        num_blocks=10,
+        pool_tokens=40,
+        pool_bytes=10240,
+        buckets=list(buckets),
+    )
 
 
 def write_results(run_dir, data):
@@ -34,13 +53,51 @@ def write_results(run_dir, data):
 
 
 def request(rid="b/closed/2/0", level=2.0, tokens=(1.25, 1.5, 2.0), reason="length"):
-    return RequestRecord(rid, "b", "closed", level, 1.0, 1.0, tokens[-1] if tokens else 1.1, tuple(tokens),
-                         12, len(tokens), 3, reason, "", 0, 0)
+    return RequestRecord(
+        rid,
+        "b",
+        "closed",
+        level,
+        1.0,
+        1.0,
+        tokens[-1] if tokens else 1.1,
+        tuple(tokens),
+        12,
+        len(tokens),
+        3,
+        reason,
+        "",
+        0,
+        0,
+    )
 
 
 def step(i, used=3, level=2.0, preemptions=0, measured=3072, paged=3072):
-    return StepRecord(i, "b", "closed", level, float(i), i + 0.5, 4, 1, 2, 0, used, 5, 8, preemptions, 0, 0,
-                      0, 0, (9, 3), 6000, paged, 9000, measured)
+    return StepRecord(
+        i,
+        "b",
+        "closed",
+        level,
+        float(i),
+        i + 0.5,
+        4,
+        1,
+        2,
+        0,
+        used,
+        5,
+        8,
+        preemptions,
+        0,
+        0,
+        0,
+        0,
+        (9, 3),
+        6000,
+        paged,
+        9000,
+        measured,
+    )
 
 
 def test_records_are_on_disk_before_the_writer_closes(tmp_path):
@@ -109,18 +166,33 @@ def test_csv_tables_hold_derived_latencies_in_ms(tmp_path):
 
 
 def test_summarize_pairs_each_bucket_estimate_with_its_knee():
-    before = result(slo=Slo(ttft_ms=300.0), estimate=estimate(BucketEstimate(
-        name="b", num_requests=1, p95_request_tokens=40, blocks_per_request=10, max_concurrency=3)))
+    before = result(
+        slo=Slo(ttft_ms=300.0),
+        estimate=estimate(
+            BucketEstimate(name="b", num_requests=1, p95_request_tokens=40, blocks_per_request=10, max_concurrency=3)
+        ),
+    )
     steps = [step(0, level=2.0), step(1, level=4.0, preemptions=2, measured=4096)]
     reqs = [request(), request("b/closed/4/0", level=4.0)]
     out = summarize(before, reqs, steps)
     assert not before.summarized and out.summarized
-    assert [b.model_dump() for b in out.buckets] == [{
-        "name": "b", "p95_request_tokens": 40, "predicted_max_concurrency": 3, "simulated_knee": None, "measured_knee": 4,
-        "max_clean_concurrency": 2, "levels_run": [2.0, 4.0],
-    }]
-    assert out.kv.model_dump() == {"num_steps": 2, "max_paged_error_bytes": 1024, "num_requests": 2,
-                                   "num_shared_steps": None}
+    assert [b.model_dump() for b in out.buckets] == [
+        {
+            "name": "b",
+            "p95_request_tokens": 40,
+            "predicted_max_concurrency": 3,
+            "simulated_knee": None,
+            "measured_knee": 4,
+            "max_clean_concurrency": 2,
+            "levels_run": [2.0, 4.0],
+        }
+    ]
+    assert out.kv.model_dump() == {
+        "num_steps": 2,
+        "max_paged_error_bytes": 1024,
+        "num_requests": 2,
+        "num_shared_steps": None,
+    }
     # TTFT 250 ms meets the 300 ms SLO: goodput = requests/s = 1 request / 1.0 s span.
     assert out.levels[0].goodput_rps == pytest.approx(1.0)
 
@@ -144,11 +216,14 @@ def test_summary_files_get_the_umask_mode_like_the_jsonl(tmp_path):
         (tmp_path / "steps.jsonl").unlink()
 
 
-@pytest.mark.parametrize("line, message", [
-    ("null", "steps.jsonl: line 2: must be a JSON object (a record)"),
-    ("[]", "steps.jsonl: line 2: must be a JSON object (a record)"),
-    ('{"step_index": 1}', "steps.jsonl: line 2: bucket: required field missing [+21 more]"),
-])
+@pytest.mark.parametrize(
+    "line, message",
+    [
+        ("null", "steps.jsonl: line 2: must be a JSON object (a record)"),
+        ("[]", "steps.jsonl: line 2: must be a JSON object (a record)"),
+        ('{"step_index": 1}', "steps.jsonl: line 2: bucket: required field missing [+21 more]"),
+    ],
+)
 def test_a_record_that_is_not_a_step_is_one_line_naming_file_and_line(tmp_path, line, message):
     save_result(tmp_path, result())
     with RunWriter(tmp_path) as writer:
@@ -171,17 +246,23 @@ def test_a_field_of_the_wrong_type_is_named(tmp_path):
     assert str(caught.value) == f"{tmp_path}/steps.jsonl: line 1: num_used_blocks: must be an integer (got 'abc')"
 
 
-HEAD = {"started_at": "2026-11-30T10:00:00+00:00", "workload": {"name": "t"},
-        "run": {"kvplan_version": "0", "python": "3.11", "platform": "test"}}
+HEAD = {
+    "started_at": "2026-11-30T10:00:00+00:00",
+    "workload": {"name": "t"},
+    "run": {"kvplan_version": "0", "python": "3.11", "platform": "test"},
+}
 
 
-@pytest.mark.parametrize("results, message", [
-    ({"workload": "x"}, "workload: must be a mapping (got 'x')"),
-    ({"slo": {"ttft_ms": "fast"}}, "slo.ttft_ms: must be a number (got 'fast')"),
-    ({"levels": [{"bucket": "b"}]}, "levels[0].mode: required field missing [+"),
-    ({"kv": []}, "kv: must be a mapping"),
-    ({"status": "paused"}, "status: must be one of 'running', 'complete', 'interrupted' (got 'paused')"),
-])
+@pytest.mark.parametrize(
+    "results, message",
+    [
+        ({"workload": "x"}, "workload: must be a mapping (got 'x')"),
+        ({"slo": {"ttft_ms": "fast"}}, "slo.ttft_ms: must be a number (got 'fast')"),
+        ({"levels": [{"bucket": "b"}]}, "levels[0].mode: required field missing [+"),
+        ({"kv": []}, "kv: must be a mapping"),
+        ({"status": "paused"}, "status: must be one of 'running', 'complete', 'interrupted' (got 'paused')"),
+    ],
+)
 def test_results_sections_of_the_wrong_shape_are_one_line(tmp_path, results, message):
     write_results(tmp_path, {**HEAD, "status": "complete", **results})
     with pytest.raises(KvplanError) as caught:
@@ -199,8 +280,11 @@ def test_a_level_cut_short_counts_against_the_buckets_planned_requests():
     from kvplan.results.report import tables
 
     # A killed open-loop run: 1 of the bucket's 8 requests at 200 req/s finished.
-    planned = result(estimate=estimate(BucketEstimate(name="b", num_requests=8, p95_request_tokens=15,
-                                                      blocks_per_request=4, max_concurrency=2)))
+    planned = result(
+        estimate=estimate(
+            BucketEstimate(name="b", num_requests=8, p95_request_tokens=15, blocks_per_request=4, max_concurrency=2)
+        )
+    )
     done = RequestRecord(**{**request().__dict__, "mode": "open", "level": 200.0})
     out = summarize(planned, [done], [StepRecord(**{**step(0).__dict__, "mode": "open", "level": 200.0})])
     (level,) = out.levels

@@ -43,8 +43,10 @@ def test_the_shipped_calibration_predicts_a_run_at_other_levels(tmp_path):
             for q, limit in (("p50", 10), ("p95", 20)):
                 error = (getattr(getattr(lv, metric), q) / measured[metric][q] - 1) * 100
                 within[q].append(abs(error) <= limit)
-                rows.append(f"{lv.key.name:16s} {metric} {q}: measured {measured[metric][q]:9.1f} ms, "
-                            f"predicted {getattr(getattr(lv, metric), q):9.1f} ms ({error:+.1f} %)")
+                rows.append(
+                    f"{lv.key.name:16s} {metric} {q}: measured {measured[metric][q]:9.1f} ms, "
+                    f"predicted {getattr(getattr(lv, metric), q):9.1f} ms ({error:+.1f} %)"
+                )
     print("\n".join(rows))
     assert len(MEASURED["levels"]) == 8
     assert sum(within["p50"]) >= 0.9 * len(within["p50"])

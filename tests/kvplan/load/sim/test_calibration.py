@@ -8,13 +8,19 @@ import numpy as np
 import pytest
 
 from kvplan.load.sim import calibrations
-from kvplan.load.sim.calibration import FEATURES, StepSample, fit_samples
 from kvplan.load.sim.cost import StepWork
 from kvplan.load.sim.drift import find_drift
+from kvplan.load.sim.fit import FEATURES, StepSample, fit_samples
 from kvplan.results.records import LevelKey
 
-TRUE = {"intercept": 4e-3, "num_prefill_tokens": 30e-6, "num_decode_tokens": 150e-6, "num_prefill_seqs": 1e-3,
-        "num_context_tokens": 2e-6, "num_attended_tokens": 5e-9}
+TRUE = {
+    "intercept": 4e-3,
+    "num_prefill_tokens": 30e-6,
+    "num_decode_tokens": 150e-6,
+    "num_prefill_seqs": 1e-3,
+    "num_context_tokens": 2e-6,
+    "num_attended_tokens": 5e-9,
+}
 
 
 def seconds(work: StepWork) -> float:
@@ -49,13 +55,17 @@ def test_the_fit_recovers_the_coefficients_that_made_the_steps():
 def test_outliers_are_dropped_and_a_negative_coefficient_is_left_out():
     steps = made_up_steps()
     # a garbage collection made 5 steps take 50 ms longer
-    steps = [StepSample(s.level, s.work, s.seconds + (0.05 if i % 80 == 0 else 0), s.gap_s) for i, s in enumerate(steps)]
+    steps = [
+        StepSample(s.level, s.work, s.seconds + (0.05 if i % 80 == 0 else 0), s.gap_s) for i, s in enumerate(steps)
+    ]
     fit = fit_samples(steps, held_out=False)
     assert fit.num_outliers == 5
     assert fit.model.coefficients["num_decode_tokens"] == pytest.approx(TRUE["num_decode_tokens"], rel=1e-5)
     # steps that get faster with context: the context coefficient would be negative; it is dropped
-    faster = [StepSample(s.level, s.work, 0.01 + 1e-4 * s.work.num_decode_tokens - 1e-7 * s.work.num_context_tokens, None)
-              for s in made_up_steps()]
+    faster = [
+        StepSample(s.level, s.work, 0.01 + 1e-4 * s.work.num_decode_tokens - 1e-7 * s.work.num_context_tokens, None)
+        for s in made_up_steps()
+    ]
     assert "num_context_tokens" not in fit_samples(faster, held_out=False).model.coefficients
 
 
@@ -81,8 +91,9 @@ def test_drift_names_the_first_step_where_a_shape_got_slower():
     assert [(d.step_index, d.num_decode) for d in drift] == [(180, 4), (181, 8)]
     assert drift[0].ratio == pytest.approx(1.5)
     assert drift[0].describe().startswith("step 180 (short c=8): decode steps of 4 requests took 1.50x as long")
-    steady = [Step(s.step_index, 0.0, (0.010 + 0.001 * s.num_decode_tokens), 0, s.num_decode_tokens, s.key)
-              for s in steps]
+    steady = [
+        Step(s.step_index, 0.0, (0.010 + 0.001 * s.num_decode_tokens), 0, s.num_decode_tokens, s.key) for s in steps
+    ]
     assert find_drift(steady) == []
 
 

@@ -20,9 +20,22 @@ from kvplan.results.run_result import load_run
 from kvplan.results.simulated import CostModelInfo
 
 WORKLOAD = Path(__file__).resolve().parents[2] / "data" / "sim_exact.yaml"
-SAME = ("num_used_blocks", "num_free_blocks", "num_preemptions", "num_running", "num_prefill_tokens",
-        "num_decode_tokens", "kv_resident_tokens", "kv_resident_request_ids", "num_prefix_queried_tokens",
-        "num_prefix_hit_tokens", "num_prefill_seqs", "num_context_tokens", "num_attended_tokens", "num_finished")
+SAME = (
+    "num_used_blocks",
+    "num_free_blocks",
+    "num_preemptions",
+    "num_running",
+    "num_prefill_tokens",
+    "num_decode_tokens",
+    "kv_resident_tokens",
+    "kv_resident_request_ids",
+    "num_prefix_queried_tokens",
+    "num_prefix_hit_tokens",
+    "num_prefill_seqs",
+    "num_context_tokens",
+    "num_attended_tokens",
+    "num_finished",
+)
 
 
 @pytest.fixture(scope="module")
@@ -43,7 +56,11 @@ def test_the_workload_exercises_what_it_claims(measured):
     assert sum(s.num_prefix_hit_tokens for s in steps) > 0  # shared prefixes hit the cache
     assert any(s.num_prefill_tokens == 24 and s.num_prefill_seqs >= 1 for s in steps)  # the budget cuts prefills
     assert {(lv.mode, lv.variant) for lv in measured.result.levels} == {
-        ("closed", "cached"), ("closed", "uncached"), ("open", "cached"), ("open", "uncached")}
+        ("closed", "cached"),
+        ("closed", "uncached"),
+        ("open", "cached"),
+        ("open", "uncached"),
+    }
 
 
 def test_replayed_simulation_agrees_with_the_measured_run_at_every_step(measured, tmp_path):
@@ -63,24 +80,39 @@ def test_replayed_simulation_agrees_with_the_measured_run_at_every_step(measured
                 assert a.num_waiting == b.num_waiting
     for a, b in zip(run.result.levels, measured.result.levels):
         assert (a.key, a.peak_used_blocks, a.num_preemptions, a.num_completed, a.prefix_hit_rate) == (
-            b.key, b.peak_used_blocks, b.num_preemptions, b.num_completed, b.prefix_hit_rate)
+            b.key,
+            b.peak_used_blocks,
+            b.num_preemptions,
+            b.num_completed,
+            b.prefix_hit_rate,
+        )
     assert [(b.measured_knee, b.max_clean_concurrency) for b in run.result.buckets] == [
-        (b.measured_knee, b.max_clean_concurrency) for b in measured.result.buckets]
+        (b.measured_knee, b.max_clean_concurrency) for b in measured.result.buckets
+    ]
+
     # Every request is the same request: the same prompt length, output length and preemptions.
-    shape = lambda rs: sorted((r.request_id, r.num_prompt_tokens, r.num_output_tokens, r.num_preemptions,  # noqa: E731
-                               r.num_cached_tokens) for r in rs)
+    def shape(rs):
+        return sorted(
+            (r.request_id, r.num_prompt_tokens, r.num_output_tokens, r.num_preemptions, r.num_cached_tokens) for r in rs
+        )
+
     assert shape(run.requests) == shape(measured.requests)
 
 
 def test_closed_loop_levels_agree_under_any_clock(measured, tmp_path):
     workload = load_workload(WORKLOAD)
     facts = replay_setup(workload, measured.run_dir).facts
-    setup = SimSetup(facts, lambda: ModelClock(FixedStepCost(0.123)),
-                     CostModelInfo(kind="calibrated", description="every step 123 ms"))
+    setup = SimSetup(
+        facts,
+        lambda: ModelClock(FixedStepCost(0.123)),
+        CostModelInfo(kind="calibrated", description="every step 123 ms"),
+    )
     run = load_run(simulate(workload, setup, tmp_path / "sim"))
     mine, theirs = by_level(run.steps), by_level(measured.steps)
     for key in (k for k in theirs if k.mode == "closed"):
-        assert [[getattr(s, f) for f in SAME] for s in mine[key]] == [[getattr(s, f) for f in SAME] for s in theirs[key]]
+        assert [[getattr(s, f) for f in SAME] for s in mine[key]] == [
+            [getattr(s, f) for f in SAME] for s in theirs[key]
+        ]
     assert all(s.end_time - s.start_time == pytest.approx(0.123) for s in run.steps)
 
 

@@ -38,8 +38,10 @@ def test_no_rate_meets_it_when_even_the_lowest_fails():
     assert _highest_rate(lambda r: False, 1.0) is None
 
 
-@pytest.mark.parametrize("knee, num_requests, levels", [
-    (9, 48, [1, 7, 8, 9, 10]), (2, 8, [1, 2, 3]), (1, 8, [1, 2]), (8, 8, [1, 6, 7, 8]), (None, 8, [1, 8])])
+@pytest.mark.parametrize(
+    "knee, num_requests, levels",
+    [(9, 48, [1, 7, 8, 9, 10]), (2, 8, [1, 2, 3]), (1, 8, [1, 2]), (8, 8, [1, 6, 7, 8]), (None, 8, [1, 8])],
+)
 def test_levels_around_the_knee(knee, num_requests, levels):
     assert levels_around(knee, num_requests) == levels
 

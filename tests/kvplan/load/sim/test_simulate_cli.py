@@ -28,8 +28,9 @@ print("HEAVY", heavy)
 
 def run_fresh(*args: str) -> subprocess.CompletedProcess:
     """``kvplan ARGS`` in a fresh interpreter, printing which heavy packages it imported."""
-    return subprocess.run([sys.executable, "-c", TORCH_FREE, *args], capture_output=True, text=True, cwd=ROOT,
-                          timeout=600)
+    return subprocess.run(
+        [sys.executable, "-c", TORCH_FREE, *args], capture_output=True, text=True, cwd=ROOT, timeout=600
+    )
 
 
 @pytest.mark.smollm2
@@ -44,8 +45,9 @@ def test_simulating_chat_yaml_imports_neither_torch_nor_transformers(tmp_path):
 
 def test_simulating_a_gpu_imports_no_torch_and_prints_the_report_json(tmp_path):
     run_dir = tmp_path / "run"
-    done = run_fresh("simulate", str(SMOKE), "--model", "llama-3.1-8b", "--gpu", "H100-SXM", "--out", str(run_dir),
-                     "--json")
+    done = run_fresh(
+        "simulate", str(SMOKE), "--model", "llama-3.1-8b", "--gpu", "H100-SXM", "--out", str(run_dir), "--json"
+    )
     assert done.returncode == 0, done.stderr
     printed, heavy = done.stdout.rsplit("HEAVY", 1)
     assert heavy.strip() == "[]"
@@ -54,8 +56,20 @@ def test_simulating_a_gpu_imports_no_torch_and_prints_the_report_json(tmp_path):
     bucket = simulated["buckets"][0]
     for key in ("name", "knee", "slo_max_concurrency", "slo_max_request_rate", "levels"):
         assert key in bucket
-    for key in ("mode", "level", "num_completed", "num_failed", "preemptions", "peak_used_blocks",
-                "output_throughput_tok_s", "goodput_req_s", "ttft_ms", "tpot_ms", "itl_ms", "e2e_ms"):
+    for key in (
+        "mode",
+        "level",
+        "num_completed",
+        "num_failed",
+        "preemptions",
+        "peak_used_blocks",
+        "output_throughput_tok_s",
+        "goodput_req_s",
+        "ttft_ms",
+        "tpot_ms",
+        "itl_ms",
+        "e2e_ms",
+    ):
         assert key in bucket["levels"][0]
     assert set(bucket["levels"][0]["ttft_ms"]) == {"mean", "p50", "p95", "p99"}
     # An 8B model's pool on an 80 GB GPU holds every smoke request at once: no knee; the SLO is met
@@ -80,15 +94,20 @@ def test_report_and_gate_read_a_simulated_run_unchanged(tmp_path, smoke_run):
     assert code == 0 and out.splitlines()[-1].endswith("0 failed")
 
 
-@pytest.mark.parametrize("args, line", [
-    (["--model", "llama-3.1-8b", "--gpu", "X100"], "error: --gpu: unknown GPU 'X100'; use one of A100-40GB, "),
-    (["--model", "llama-3.1-8b", "--gpu", "A10G"],
-     "error: --gpu: no FLOP/s or bandwidth figures for A10G; use one of A100-40GB, "),
-    (["--model", "llama-3.1-8b"], "error: --gpu: --model needs --gpu too"),
-    (["--tp", "2"], "error: --tp: applies to a simulated GPU only"),
-    (["--attainment", "1.5"], "error: --attainment: must be in (0, 1] (got 1.5)"),
-    (["--model", "no-such-model", "--gpu", "H100-SXM"], "error: --model: unknown model 'no-such-model'"),
-])
+@pytest.mark.parametrize(
+    "args, line",
+    [
+        (["--model", "llama-3.1-8b", "--gpu", "X100"], "error: --gpu: unknown GPU 'X100'; use one of A100-40GB, "),
+        (
+            ["--model", "llama-3.1-8b", "--gpu", "A10G"],
+            "error: --gpu: no FLOP/s or bandwidth figures for A10G; use one of A100-40GB, ",
+        ),
+        (["--model", "llama-3.1-8b"], "error: --gpu: --model needs --gpu too"),
+        (["--tp", "2"], "error: --tp: applies to a simulated GPU only"),
+        (["--attainment", "1.5"], "error: --attainment: must be in (0, 1] (got 1.5)"),
+        (["--model", "no-such-model", "--gpu", "H100-SXM"], "error: --model: unknown model 'no-such-model'"),
+    ],
+)
 def test_bad_options_get_one_line_and_exit_2(args, line):
     code, out, err = run_cli("simulate", str(SMOKE), *args)
     assert code == 2 and out == "" and err.startswith(line) and err.count("\n") == 1, err

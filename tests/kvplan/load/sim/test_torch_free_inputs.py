@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from kvplan.errors import KvplanError
-from kvplan.load.backends.engine import build_engine, engine_facts, tokenizer_function
+from kvplan.load.bundled.backend import build_engine, engine_facts, tokenizer_function
 from kvplan.load.prompts import sample_buckets
 from kvplan.load.sim import samples
 from kvplan.load.sim.facts import simulated_facts
@@ -15,9 +15,23 @@ from kvplan.load.sim.tokenizer import tokenize_function, tokenizer_identity
 from kvplan.load.workload_file import load_workload, parse_workload
 
 ROOT = Path(__file__).resolve().parents[4]
-FACT_FIELDS = ("model", "dtype", "kv_cache_dtype", "block_size", "num_blocks", "bytes_per_block", "max_model_len",
-               "max_num_seqs", "max_num_batched_tokens", "enable_prefix_caching", "seed", "num_layers",
-               "num_kv_heads", "head_dim", "vocab_size")
+FACT_FIELDS = (
+    "model",
+    "dtype",
+    "kv_cache_dtype",
+    "block_size",
+    "num_blocks",
+    "bytes_per_block",
+    "max_model_len",
+    "max_num_seqs",
+    "max_num_batched_tokens",
+    "enable_prefix_caching",
+    "seed",
+    "num_layers",
+    "num_kv_heads",
+    "head_dim",
+    "vocab_size",
+)
 
 
 def assert_same_facts(workload):
@@ -34,23 +48,35 @@ def test_tiny_model_facts_equal_the_built_engines(name):
 
 
 def test_pool_by_memory_and_fp8_kv_equal_the_built_engines():
-    base = {"name": "x", "dataset": "random", "buckets": [{"name": "b", "input_tokens": 8, "output_tokens": 8,
-                                                           "concurrency": [1], "num_requests": 1}]}
-    for engine in ({"model": "tiny-random-llama", "kv_cache_memory": "100KiB", "dtype": "float32"},
-                   {"model": "tiny-random-llama", "kv_cache_memory": "100KiB", "kv_cache_dtype": "fp8"},
-                   {"model": "tiny-random-llama", "num_blocks": 7, "block_size": 8}):
+    base = {
+        "name": "x",
+        "dataset": "random",
+        "buckets": [{"name": "b", "input_tokens": 8, "output_tokens": 8, "concurrency": [1], "num_requests": 1}],
+    }
+    for engine in (
+        {"model": "tiny-random-llama", "kv_cache_memory": "100KiB", "dtype": "float32"},
+        {"model": "tiny-random-llama", "kv_cache_memory": "100KiB", "kv_cache_dtype": "fp8"},
+        {"model": "tiny-random-llama", "num_blocks": 7, "block_size": 8},
+    ):
         assert_same_facts(parse_workload({**base, "engine": engine}))
 
 
 def test_settings_the_engine_refuses_are_refused_by_field():
-    base = {"name": "x", "dataset": "random", "buckets": [{"name": "b", "input_tokens": 8, "output_tokens": 8,
-                                                           "concurrency": [1], "num_requests": 1}]}
+    base = {
+        "name": "x",
+        "dataset": "random",
+        "buckets": [{"name": "b", "input_tokens": 8, "output_tokens": 8, "concurrency": [1], "num_requests": 1}],
+    }
     with pytest.raises(KvplanError, match="engine.max_model_len: must be <= the model's max_position_embeddings 256"):
-        simulated_facts(parse_workload({**base, "engine": {"model": "tiny-random-llama", "max_model_len": 512}}),
-                        "cpu", "torch")
+        simulated_facts(
+            parse_workload({**base, "engine": {"model": "tiny-random-llama", "max_model_len": 512}}), "cpu", "torch"
+        )
     with pytest.raises(KvplanError, match="engine.kv_cache_memory: 100 bytes hold not one block"):
-        simulated_facts(parse_workload({**base, "engine": {"model": "tiny-random-llama", "kv_cache_memory": "100B"}}),
-                        "cpu", "torch")
+        simulated_facts(
+            parse_workload({**base, "engine": {"model": "tiny-random-llama", "kv_cache_memory": "100B"}}),
+            "cpu",
+            "torch",
+        )
 
 
 @pytest.mark.smollm2
@@ -60,8 +86,11 @@ def test_smollm2_chat_yaml_facts_and_sampled_requests_equal_the_engines():
     by_engine = sample_buckets(workload, tokenizer_function(engine), engine.hf_config.vocab_size)
     ours = sample_buckets(workload, tokenize_function(workload.engine.model), engine.hf_config.vocab_size)
     assert ours.requests == by_engine.requests  # same prompts, same token ids, same lengths and order
-    texts = ["What is the capital of France? Answer in one sentence.", "<|im_start|>user\nhi<|im_end|>\n",
-             "naïve café — 東京 😀\ttabs  and   spaces\n\n"]
+    texts = [
+        "What is the capital of France? Answer in one sentence.",
+        "<|im_start|>user\nhi<|im_end|>\n",
+        "naïve café — 東京 😀\ttabs  and   spaces\n\n",
+    ]
     assert tokenize_function(workload.engine.model)(texts) == tokenizer_function(engine)(texts)
 
 

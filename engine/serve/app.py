@@ -1,0 +1,223 @@
+"""The server of ``python -m engine.serve``: flags, the FastAPI app and its routes, start-up.
+
+Routes: ``POST /v1/completions`` and ``POST /v1/chat/completions`` (server-sent events with
+``stream: true``, a usage chunk with ``stream_options.include_usage``; one JSON answer without),
+``GET /v1/models``, ``GET /health``, ``GET /metrics`` (Prometheus text, vLLM's metric names:
+engine.serve.metrics). Flags are vLLM's names (``--model``, ``--dtype``, ``--block-size``,
+``--num-gpu-blocks-override``, ``--max-num-seqs``, ``--max-num-batched-tokens``,
+``--max-model-len``, ``--kv-cache-dtype``, ``--enable-prefix-caching``, ``--host``, ``--port``,
+``--api-key``, ``--served-model-name``); the engine's own: ``--device``, ``--kv-cache-memory-bytes``,
+``--attention-backend``, ``--seed``.
+
+One engine loop steps for all streams (engine.serve.loop). A client that disconnects mid-stream
+aborts its request, which frees its blocks before the next step. Bad bodies are 400s with a
+message (engine.serve.api), never an exception in the loop. It binds 127.0.0.1 unless ``--host``
+says otherwise; with ``--api-key`` every ``/v1`` route needs ``Authorization: Bearer <key>``
+(401 otherwise). Once listening it prints ``serving <model> on http://HOST:PORT/v1`` (``--port
+0`` picks a free port). Bad settings print one line and exit 2.
+"""
+
+import argparse
+import asyncio
+import json
+import socket
+import sys
+import time
+
+from engine.config import DEFAULT_MODEL, EngineConfig
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m engine.serve", description=__doc__.splitlines()[0])
+    p.add_argument(
+        "--model", default=DEFAULT_MODEL, help=f"{DEFAULT_MODEL} (default), tiny-random-llama or a local HF folder"
+    )
+    p.add_argument("--served-model-name", default=None, help="the name /v1/models lists (default: --model)")
+    p.add_argument("--dtype", default="auto", help="auto (bfloat16) | bfloat16 | float16 | float32")
+    p.add_argument("--device", default="auto", help="auto | cpu | cuda")
+    p.add_argument("--block-size", type=int, default=16)
+    p.add_argument("--num-gpu-blocks-override", type=int, default=None, help="KV pool in blocks")
+    p.add_argument("--kv-cache-memory-bytes", type=int, default=None, help="KV pool in bytes (default 256 MiB)")
+    p.add_argument("--kv-cache-dtype", default="auto", help="auto | bfloat16 | float16 | float32 | fp8")
+    p.add_argument("--max-num-seqs", type=int, default=64)
+    p.add_argument("--max-num-batched-tokens", type=int, default=2048)
+    p.add_argument("--max-model-len", type=int, default=None)
+    p.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=True)
+    p.add_argument("--attention-backend", default="auto", help="auto | torch | triton")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--api-key", default=None, help="require Authorization: Bearer <key> on /v1 routes")
+    return p.parse_args(argv)
+
+
+def engine_config(args: argparse.Namespace) -> EngineConfig:
+    """The EngineConfig the flags describe. Raises engine.config.SettingError."""
+    return EngineConfig(
+        model=args.model,
+        dtype=args.dtype,
+        device=args.device,
+        block_size=args.block_size,
+        num_blocks=args.num_gpu_blocks_override,
+        kv_cache_memory_bytes=args.kv_cache_memory_bytes,
+        kv_cache_dtype=args.kv_cache_dtype,
+        max_num_seqs=args.max_num_seqs,
+        max_num_batched_tokens=args.max_num_batched_tokens,
+        max_model_len=args.max_model_len,
+        enable_prefix_caching=args.enable_prefix_caching,
+        attention_backend=args.attention_backend,
+        seed=args.seed,
+    )
+
+
+def build_app(engine, served_model_name: str | None = None, api_key: str | None = None):
+    """The FastAPI app around ``engine`` (an ``LLMEngine``) and its EngineLoop; the loop starts
+    and stops with the app (``app.state.loop``)."""
+    import contextlib
+
+    from fastapi import FastAPI, Request
+    from fastapi.responses import JSONResponse, Response, StreamingResponse
+
+    from engine.serve.api import (
+        BadRequest,
+        JobKind,
+        Limits,
+        chunk,
+        error_body,
+        full_response,
+        parse_body,
+        usage_chunk,
+    )
+    from engine.serve.loop import EngineLoop
+    from engine.serve.metrics import ServeMetrics
+
+    name = served_model_name or engine.model_name
+    metrics = ServeMetrics(
+        name,
+        block_size=engine.block_size,
+        num_gpu_blocks=engine.num_blocks,
+        cache_dtype=engine.config.kv_cache_dtype,
+        enable_prefix_caching=engine.config.enable_prefix_caching,
+    )
+    loop = EngineLoop(engine, metrics)
+    limits = Limits(name, engine.hf_config.vocab_size, engine.max_model_len, engine.block_size, engine.num_blocks)
+    created = int(time.time())
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app):
+        loop.start()
+        yield
+        loop.stop()
+
+    app = FastAPI(title="engine.serve", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
+    app.state.loop, app.state.metrics = loop, metrics
+
+    def fail(message: str, status: int) -> JSONResponse:
+        return JSONResponse(error_body(message, status), status_code=status)
+
+    @app.middleware("http")
+    async def check_key(request: Request, call_next):
+        if api_key is not None and request.url.path.startswith("/v1"):
+            if request.headers.get("authorization", "") != f"Bearer {api_key}":
+                return fail("invalid or missing API key (Authorization: Bearer <key>)", 401)
+        return await call_next(request)
+
+    @app.get("/health")
+    async def health():
+        return Response(status_code=200)
+
+    @app.get("/metrics")
+    async def prometheus():
+        return Response(metrics.exposition(), media_type="text/plain; version=0.0.4; charset=utf-8")
+
+    @app.get("/v1/models")
+    async def models():
+        card = {
+            "id": name,
+            "object": "model",
+            "created": created,
+            "owned_by": "kvplan-engine",
+            "max_model_len": engine.max_model_len,
+        }
+        return {"object": "list", "data": [card]}
+
+    async def generate(request: Request, kind: JobKind):
+        try:
+            job = parse_body(await request.body(), kind, limits, engine.tokenizer)
+        except BadRequest as err:
+            return fail(err.message, err.status)
+        updates: asyncio.Queue = asyncio.Queue()
+        request_id = loop.submit(job, updates.put_nowait)
+        if not job.stream:
+            text, last = [], None
+            while last is None or last.finish_reason is None:
+                last = await updates.get()
+                text.append(last.text)
+            return full_response(job, request_id, "".join(text), last.finish_reason, last.num_output_tokens)
+        return StreamingResponse(_events(job, request_id, updates), media_type="text/event-stream")
+
+    async def _events(job, request_id: str, updates: asyncio.Queue):
+        finished = False
+        try:
+            if job.kind == "chat":
+                yield _sse(chunk(job, request_id, None, None, role=True))
+            while not finished:
+                update = await updates.get()
+                finished = update.finish_reason is not None
+                yield _sse(chunk(job, request_id, update.text, update.finish_reason))
+            if job.include_usage:
+                yield _sse(usage_chunk(job, request_id, update.num_prompt_tokens, update.num_output_tokens))
+            yield b"data: [DONE]\n\n"
+        finally:
+            if not finished:  # the client went away: free its blocks
+                loop.abort(request_id)
+
+    @app.post("/v1/completions")
+    async def completions(request: Request):
+        return await generate(request, "completion")
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(request: Request):
+        return await generate(request, "chat")
+
+    return app
+
+
+def _sse(obj: dict) -> bytes:
+    return b"data: " + json.dumps(obj, separators=(",", ":")).encode() + b"\n\n"
+
+
+def bind(host: str, port: int) -> socket.socket:
+    """A listening socket (``port`` 0: a free one)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host, port))
+    sock.listen(2048)
+    sock.set_inheritable(True)
+    return sock
+
+
+def serve(app, sock: socket.socket) -> None:
+    """Run ``app`` on ``sock`` with uvicorn until interrupted."""
+    import uvicorn
+
+    config = uvicorn.Config(app, log_level="warning", timeout_keep_alive=30, backlog=2048)
+    uvicorn.Server(config).run(sockets=[sock])
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    try:
+        from engine.llm_engine import LLMEngine
+
+        engine = LLMEngine(engine_config(args))
+        sock = bind(args.host, args.port)
+    except (ValueError, RuntimeError, OSError) as err:
+        print(f"error: {str(err).splitlines()[0]}", file=sys.stderr)
+        return 2
+    app = build_app(engine, args.served_model_name, args.api_key)
+    host, port = sock.getsockname()[:2]
+    print(f"serving {args.served_model_name or engine.model_name} on http://{host}:{port}/v1", flush=True)
+    serve(app, sock)
+    return 0

@@ -1,0 +1,78 @@
+"""``/metrics`` of ``python -m engine.serve``: the engine's state under vLLM's metric names.
+
+Names, kinds and meanings follow vLLM's v1 production metrics (docs.vllm.ai, "Production
+Metrics"; vllm/v1/metrics/loggers.py), so a scraper written for vLLM reads this server unchanged::
+
+    vllm:cache_config_info{block_size, num_gpu_blocks, cache_dtype, enable_prefix_caching}  1
+    vllm:num_requests_running      gauge    requests in the running batch
+    vllm:num_requests_waiting      gauge    requests queued (new or preempted)
+    vllm:kv_cache_usage_perc       gauge    used blocks / total blocks, 0..1 (1 = full)
+    vllm:num_preemptions_total     counter  preemptions (recompute)
+    vllm:prefix_cache_queries_total counter prompt tokens looked up in the prefix cache
+    vllm:prefix_cache_hits_total   counter  of those, found cached
+    vllm:prompt_tokens_total       counter  prefill tokens computed
+    vllm:generation_tokens_total   counter  decode tokens computed
+    vllm:request_success_total{finished_reason}  counter  finished requests by reason
+
+Every gauge is set after every engine step, from that step's ``StepStats``. One registry per
+server (never the process-global one), so several servers in one test process do not collide.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Info, disable_created_metrics, generate_latest
+
+
+class ServeMetrics:
+    """The registry and its metrics, labelled ``model_name`` as vLLM labels them."""
+
+    def __init__(
+        self, model_name: str, *, block_size: int, num_gpu_blocks: int, cache_dtype: str, enable_prefix_caching: bool
+    ):
+        disable_created_metrics()  # no *_created series (vLLM's exposition has none either)
+        self.registry = CollectorRegistry()
+        labels = ["model_name"]
+        r = self.registry
+        Info("vllm:cache_config", "Information of the LLMEngine CacheConfig", registry=r).info(
+            {
+                "block_size": str(block_size),
+                "num_gpu_blocks": str(num_gpu_blocks),
+                "cache_dtype": cache_dtype,
+                "enable_prefix_caching": str(enable_prefix_caching),
+            }
+        )
+        gauge = lambda name, doc: Gauge(name, doc, labels, registry=r).labels(model_name)  # noqa: E731
+        count = lambda name, doc: Counter(name, doc, labels, registry=r).labels(model_name)  # noqa: E731
+        self.running = gauge("vllm:num_requests_running", "Number of requests in model execution batches.")
+        self.waiting = gauge("vllm:num_requests_waiting", "Number of requests waiting to be processed.")
+        self.kv_usage = gauge("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.")
+        self.preemptions = count("vllm:num_preemptions", "Cumulative number of preemptions from the engine.")
+        self.prefix_queries = count("vllm:prefix_cache_queries", "Prefix cache queries, in terms of tokens.")
+        self.prefix_hits = count("vllm:prefix_cache_hits", "Prefix cache hits, in terms of tokens.")
+        self.prompt_tokens = count("vllm:prompt_tokens", "Number of prefill tokens processed.")
+        self.generation_tokens = count("vllm:generation_tokens", "Number of generation tokens processed.")
+        self._success = Counter(
+            "vllm:request_success",
+            "Count of successfully processed requests.",
+            ["model_name", "finished_reason"],
+            registry=r,
+        )
+        self._model = model_name
+
+    def observe_step(self, stats, outputs) -> None:
+        """After one step: gauges from ``stats`` (engine.outputs.StepStats), counters advanced."""
+        self.running.set(stats.num_running)
+        self.waiting.set(stats.num_waiting)
+        self.kv_usage.set(stats.num_used_blocks / stats.num_total_blocks if stats.num_total_blocks else 0.0)
+        self.preemptions.inc(stats.num_preemptions)
+        self.prefix_queries.inc(stats.num_prefix_queried_tokens)
+        self.prefix_hits.inc(stats.num_prefix_hit_tokens)
+        self.prompt_tokens.inc(stats.num_prefill_tokens)
+        self.generation_tokens.inc(stats.num_decode_tokens)
+        for out in outputs:
+            if out.finish_reason in ("stop", "length"):
+                self._success.labels(self._model, out.finish_reason).inc()
+
+    def exposition(self) -> bytes:
+        """The Prometheus text format of every metric."""
+        return generate_latest(self.registry)

@@ -1,0 +1,95 @@
+"""The typer app every command registers on, its entry point and the helpers commands share.
+
+Bad input raises :class:`kvplan.errors.KvplanError`; :func:`main` prints it as one red line on
+stderr and exits 2. Library errors name an option by its field (``kv_cache_dtype``); only here does
+it become the flag the user typed (``--kv-cache-dtype``).
+"""
+
+from __future__ import annotations
+
+import sys
+
+import typer
+
+from kvplan.errors import KvplanError
+
+app = typer.Typer(
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+    help="KV-cache capacity planning for LLM serving.",
+)
+
+
+def main() -> None:
+    """Console-script entry point. Bad input becomes one red line on stderr and exit 2, no
+    traceback: a KvplanError, or a usage error typer raises (unknown option, a value of the wrong
+    type). A command's ``typer.Exit(code)`` becomes the exit code; Ctrl-C outside a load test, 130."""
+    try:
+        code = app(standalone_mode=False, prog_name="kvplan")
+    except KvplanError as err:
+        error_line(err.render(_flag))
+        sys.exit(err.exit_code)
+    except typer.TyperException as err:  # typer's public base of its usage errors
+        # plain `kvplan`: the help is the answer (NoArgsIsHelpError is a ClickException, which has show)
+        if type(err).__name__ == "NoArgsIsHelpError" and hasattr(err, "show"):
+            err.show()
+        else:
+            error_line(f"{err.format_message().rstrip('.')}; see `{_command_path(err)} --help`")
+        sys.exit(getattr(err, "exit_code", 2))
+    except typer.Abort:
+        sys.exit(130)
+    sys.exit(code if isinstance(code, int) else 0)
+
+
+@app.callback()
+def _root() -> None:
+    """KV-cache capacity planning for LLM serving: estimate, measure, report, gate."""
+
+
+def _command_path(err: typer.TyperException) -> str:
+    """``kvplan estimate`` for a usage error in that command. Some parse errors (an option
+    missing its value) carry no context: then the first word of argv that names a command."""
+    ctx = getattr(err, "ctx", None)
+    if ctx is not None:
+        return ctx.command_path
+    names = {c.name or getattr(c.callback, "__name__", "") for c in app.registered_commands}  # callback: always set
+    word = next((a for a in sys.argv[1:] if not a.startswith("-")), "")
+    return f"kvplan {word}" if word in names else "kvplan"
+
+
+def _flag(field: str) -> str | None:
+    """``kv_cache_dtype`` -> ``--kv-cache-dtype`` when some command has that option (else None)."""
+    import typer.main
+
+    group = typer.main.get_command(app)
+    for command in getattr(group, "commands", {}).values():
+        for param in command.params:
+            if param.name == field and param.opts and param.opts[0].startswith("--"):
+                return param.opts[0]
+    return None
+
+
+def error_line(message: str) -> None:
+    from rich.console import Console
+
+    Console(stderr=True).print(f"error: {message}", style="red", markup=False, highlight=False, soft_wrap=True)
+
+
+def make_console():
+    """A rich Console for tables. Piped into a file or a CI log there is no terminal width to fit
+    (rich would assume 80 columns and cut the tables): keep each row on one line instead."""
+    from rich.console import Console
+
+    console = Console()
+    return console if console.is_terminal else Console(width=max(console.width, 140))
+
+
+def warn(lines, source: str) -> None:
+    """Each line as a yellow ``warning: SOURCE: line`` on stderr."""
+    from rich.console import Console
+
+    for line in lines:
+        Console(stderr=True).print(
+            f"warning: {source}: {line}", style="yellow", markup=False, highlight=False, soft_wrap=True
+        )

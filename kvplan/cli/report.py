@@ -1,0 +1,58 @@
+"""``kvplan report``: re-render a saved run's views, or print its summary as JSON."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from kvplan.cli.app import make_console
+from kvplan.cli.compare import compare_views
+
+
+def report(
+    run_dir: Annotated[Path, typer.Argument(help="A run folder written by kvplan loadtest.")],
+    json_output: Annotated[
+        bool,
+        typer.Option(
+            "--json",
+            help="Print the run's summary as one JSON object (its shape: docs/reports.md) instead of re-rendering it.",
+        ),
+    ] = False,
+    compare: Annotated[
+        Path | None,
+        typer.Option(
+            help="Another run folder to set this one against, level by level (as `kvplan compare RUN_DIR COMPARE`)."
+        ),
+    ] = None,
+) -> None:
+    """Re-render summary.md, the CSV tables and the charts of a saved run, without re-running it."""
+    if compare is not None:
+        from kvplan.results.run_result import read_result
+
+        read_result(compare)  # a bad second folder fails before anything is written
+    if json_output:  # the views are left as they are; only a comparison asked for is written
+        import json
+
+        from kvplan.results.run_result import check_records, load_run, read_result
+        from kvplan.results.summarize import summarize
+        from kvplan.results.summary_json import summary_json
+
+        result = read_result(run_dir)
+        if not result.summarized:  # a run killed before its summaries: computed from the records, not saved
+            data = load_run(run_dir)
+            check_records(data)
+            result = summarize(data.result, data.requests, data.steps)
+        if compare is not None:
+            compare_views(run_dir, compare, quiet=True)
+        print(json.dumps(summary_json(result), indent=2))
+        return
+    from kvplan.results.report.render import print_summary, render_report
+
+    data = render_report(run_dir)
+    if compare is not None:
+        compare_views(run_dir, compare)
+    console = make_console()
+    print_summary(data.result, console)
+    console.print(f"report: {run_dir}", markup=False, highlight=False)

@@ -1,2 +1,0 @@
-"""Where a load level's requests run (kvplan.load.driver.Backend): ``engine`` (the bundled engine,
-in this process)."""

@@ -1,0 +1,220 @@
+"""The workload's request shapes: where prompts come from (``dataset:``), token-length ranges and
+the buckets (``buckets:``) that run them at each load level.
+
+Part of the workload schema (kvplan.load.workload); the models here share its strict base, so a
+string for an integer or an unknown key is an error, named with its YAML path.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal, get_args
+
+from pydantic import BaseModel, ConfigDict, Field, GetJsonSchemaHandler, WithJsonSchema, WrapValidator, model_validator
+from pydantic_core import core_schema
+
+Count = Annotated[int, Field(ge=1)]
+# Names become file and folder names (<name>-<timestamp>/, latency_<bucket>.png): 200 characters
+# leave room for the suffixes under the usual 255-byte limit of a file name.
+Name = Annotated[str, Field(pattern=r"^[A-Za-z0-9_.-]+$", max_length=200)]
+Rate = Annotated[float, Field(gt=0, allow_inf_nan=False)]  # requests/s
+DatasetKind = Literal["sharegpt", "random", "jsonl"]
+DATASETS: tuple[str, ...] = get_args(DatasetKind)
+Distribution = Literal["fixed", "uniform", "normal", "lognormal"]
+DISTRIBUTIONS: tuple[str, ...] = get_args(Distribution)
+
+
+class StrictModel(BaseModel):
+    """The base of every workload model."""
+
+    # strict: YAML already gives real types, so "4" for an integer is a typo worth reporting.
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+
+
+def _with_shorthands(handler: GetJsonSchemaHandler, schema: core_schema.CoreSchema, *shorthands: dict) -> dict:
+    """The JSON Schema of a model that also accepts shorthand forms (``dataset: sharegpt``,
+    ``input_tokens: [16, 256]``): anyOf the shorthands and the full mapping, described as the
+    mapping's first line."""
+    full = handler(schema)
+    first_line = handler.resolve_ref_schema(full).get("description", "").split("\n")[0]
+    return {"description": first_line, "anyOf": [*shorthands, full]} if first_line else {"anyOf": [*shorthands, full]}
+
+
+class Dataset(StrictModel):
+    """Where prompts come from. Shorthands: ``dataset: sharegpt`` and ``dataset: {jsonl: PATH}``.
+
+    ``path`` (jsonl only) is relative to the workload file; each line holds ``prompt`` (text) or
+    ``prompt_token_ids``, and optionally ``output_tokens``.
+    """
+
+    kind: DatasetKind = Field(
+        description="The prompt source: ``sharegpt`` (the first human turn of real ShareGPT conversations, the"
+        " reply's length in tokens as the output length), ``random`` (random token ids, lengths drawn"
+        " from the buckets' ranges) or ``jsonl`` (a file of prompts, see ``path``)."
+    )
+    path: str | None = Field(
+        None,
+        description="The JSONL file, relative to the workload file (jsonl only, where it is required): one"
+        " JSON object a line with ``prompt`` (text) or ``prompt_token_ids``, and optionally"
+        " ``output_tokens``.",
+    )
+
+    @classmethod
+    def __get_pydantic_json_schema__(cls, schema: core_schema.CoreSchema, handler: GetJsonSchemaHandler) -> dict:
+        jsonl = {
+            "type": "string",
+            "description": "Shorthand for ``{kind: jsonl, path: PATH}``: the JSONL file of"
+            " prompts, relative to the workload file.",
+        }
+        return _with_shorthands(
+            handler,
+            schema,
+            {"enum": ["sharegpt", "random"]},
+            {"type": "object", "properties": {"jsonl": jsonl}, "required": ["jsonl"], "additionalProperties": False},
+        )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _shorthand(cls, data: Any) -> Any:
+        if isinstance(data, str):
+            return {"kind": data}
+        if isinstance(data, dict) and "jsonl" in data and not {"kind", "path"} & set(data):
+            # other keys stay, so an unknown one is named as such
+            return {**{k: v for k, v in data.items() if k != "jsonl"}, "kind": "jsonl", "path": data["jsonl"]}
+        return data
+
+    @model_validator(mode="after")
+    def _path_for_jsonl(self) -> Dataset:
+        if self.kind == "jsonl" and not self.path:
+            raise ValueError("jsonl needs a path: dataset: {jsonl: prompts.jsonl}")
+        if self.kind != "jsonl" and self.path is not None:
+            raise ValueError(f"path applies to jsonl only (kind is {self.kind})")
+        return self
+
+
+class Lengths(StrictModel):
+    """A token-length range ``[min, max]`` (inclusive) and, for random prompts, its distribution.
+
+    For sharegpt and jsonl the range filters the real lengths. For random: ``fixed`` (min == max),
+    ``uniform`` (default), ``normal`` (mean, std) or ``lognormal`` (mean and std of the lengths
+    themselves, in tokens), draws clipped to the range. Shorthands: ``128`` and ``[16, 256]``.
+    """
+
+    min: Count = Field(description="The shortest length of the range, tokens (inclusive).")
+    max: Count = Field(description="The longest length of the range, tokens (inclusive; >= min, == min for fixed).")
+    dist: Distribution = Field(
+        "uniform",
+        description="How lengths are drawn in [min, max] where kvplan draws them (random prompts, and"
+        " jsonl lines without ``output_tokens``): ``uniform``, ``fixed`` (min == max), or"
+        " ``normal`` / ``lognormal`` (dataset random only: ``mean`` and ``std``, draws"
+        " rounded and clipped to the range).",
+    )
+    mean: Annotated[float, Field(gt=0)] | None = Field(
+        None,
+        description="The mean of the normal or lognormal draws, tokens, within [min, max]; null = the"
+        " midpoint (min + max) / 2.",
+    )
+    std: Annotated[float, Field(gt=0)] | None = Field(
+        None,
+        description="The standard deviation of the normal or lognormal draws (of the lengths themselves for"
+        " lognormal too), tokens; those two need it.",
+    )
+
+    @classmethod
+    def __get_pydantic_json_schema__(cls, schema: core_schema.CoreSchema, handler: GetJsonSchemaHandler) -> dict:
+        count = {"type": "integer", "minimum": 1}
+        return _with_shorthands(handler, schema, count, {"type": "array", "items": count, "minItems": 2, "maxItems": 2})
+
+    @model_validator(mode="before")
+    @classmethod
+    def _shorthand(cls, data: Any) -> Any:
+        if isinstance(data, int) and not isinstance(data, bool):
+            return {"min": data, "max": data, "dist": "fixed"}
+        if isinstance(data, list):
+            if len(data) != 2:
+                raise ValueError("a range is [min, max], two integers")
+            return {"min": data[0], "max": data[1]}
+        return data
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Lengths:
+        if self.min > self.max:
+            raise ValueError(f"min must be <= max (got min {self.min}, max {self.max})")
+        if self.dist == "fixed" and self.min != self.max:
+            raise ValueError("dist fixed needs min == max (or write the length alone: 128)")
+        if self.dist in ("normal", "lognormal") and self.std is None:
+            raise ValueError(f"dist {self.dist} needs std (tokens)")
+        if self.mean is not None and not self.min <= self.mean <= self.max:
+            raise ValueError(f"mean must lie in [min, max] (got {self.mean})")
+        return self
+
+    @property
+    def center(self) -> float:
+        return self.mean if self.mean is not None else (self.min + self.max) / 2
+
+
+def _auto_or_levels(value: Any, handler: Any) -> Any:
+    """``auto`` as it is; anything else validated as the list of levels it must be, so an error
+    names the list or its item (a union would name both branches)."""
+    return value if value == "auto" else handler(value)
+
+
+# a list of concurrency levels, or "auto" (the levels around the simulated knee)
+Concurrency = Annotated[
+    list[Count],
+    WrapValidator(_auto_or_levels),
+    WithJsonSchema({"anyOf": [{"type": "array", "items": {"type": "integer", "minimum": 1}}, {"const": "auto"}]}),
+]
+
+
+class Bucket(StrictModel):
+    """One request shape, run at each load level: closed-loop ``concurrency`` levels (N in
+    flight) then open-loop ``request_rates`` (Poisson arrivals, requests/s), each with
+    ``num_requests`` requests. ``concurrency: auto`` picks the levels around the bucket's knee as
+    the engine's scheduler, simulated on the sampled requests, finds it (1 and knee - 2 .. knee + 1;
+    kvplan.load.sim.search.levels_around), so a load test measures the knee at single-request
+    resolution."""
+
+    name: Name = Field(
+        description="The bucket's name, unique in the workload (letters, digits and ``_.-``, at most 200"
+        " characters), as reports and file names (latency_<name>.png) show it."
+    )
+    input_tokens: Lengths = Field(
+        description="The prompt length range, tokens: ``128`` (fixed), ``[min, max]`` or a mapping with"
+        " ``dist``; with ``shared_prefix`` it ranges the request's own prompt, after the prefix."
+    )
+    output_tokens: Lengths = Field(
+        description="The output length range, tokens: each request's ``max_tokens``, generated in full with"
+        " ignore_eos where the backend honours it (``128``, ``[min, max]`` or a mapping with ``dist``)."
+    )
+    concurrency: Concurrency = Field(
+        [],
+        description="Closed-loop levels, run in ascending order, each keeping N requests in flight (N <="
+        " num_requests), or ``auto``: 1 and knee - 2 .. knee + 1 around the knee (lowest"
+        " concurrency that preempts) the simulated scheduler finds; [] = none.",
+    )
+    request_rates: list[Rate] = Field(
+        [],
+        description="Open-loop levels in req/s, run after the closed-loop ones, each sending its requests at"
+        " Poisson arrivals (exponential gaps of mean 1/rate s) however fast they finish; [] = none.",
+    )
+    num_requests: Count = Field(
+        description="Requests per load level: the bucket's sampled requests, deterministic for the seed, the"
+        " same list replayed at every level."
+    )
+
+    @model_validator(mode="after")
+    def _some_level(self) -> Bucket:
+        if not self.concurrency and not self.request_rates:
+            raise ValueError("give concurrency levels and/or request_rates")
+        for field in ("concurrency", "request_rates"):
+            values = getattr(self, field)
+            if values != "auto" and len(set(values)) != len(values):
+                raise ValueError(f"{field} has duplicate levels: {values}")
+        labels = [f"{rate:g}" for rate in self.request_rates]  # how reports and cache salts name a level
+        if len(set(labels)) != len(labels):
+            same = next(label for label in labels if labels.count(label) > 1)
+            raise ValueError(
+                f"request_rates has levels that read alike as {same} req/s ({self.request_rates});"
+                " make them differ within 6 significant digits"
+            )
+        return self
