@@ -7,10 +7,22 @@ string for an integer or an unknown key is an error, named with its YAML path.
 
 from __future__ import annotations
 
+import re
 from typing import Annotated, Any, Literal, get_args
 
-from pydantic import BaseModel, ConfigDict, Field, GetJsonSchemaHandler, WithJsonSchema, WrapValidator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    GetJsonSchemaHandler,
+    PlainValidator,
+    WithJsonSchema,
+    WrapValidator,
+    model_validator,
+)
 from pydantic_core import core_schema
+
+from kvplan.results.steady import LevelPlan
 
 Count = Annotated[int, Field(ge=1)]
 # Names become file and folder names (<name>-<timestamp>/, latency_<bucket>.png): 200 characters
@@ -158,6 +170,43 @@ def _auto_or_levels(value: Any, handler: Any) -> Any:
     return value if value == "auto" else handler(value)
 
 
+def _span(value: Any) -> int | str:
+    """A warm-up or cool-down: a whole number of requests (``8``) or a time (``"30s"``, ``"500ms"``)."""
+    if isinstance(value, bool) or not isinstance(value, int | str):
+        raise ValueError("give a number of requests (8) or a time in s or ms (30s, 500ms)")
+    if isinstance(value, int):
+        if value < 0:
+            raise ValueError(f"must be >= 0 requests (got {value})")
+        return value
+    if span_seconds(value) is None:
+        raise ValueError(f"{value!r} is neither a number of requests nor a time like 30s or 500ms")
+    return value
+
+
+def span_seconds(value: int | str) -> float | None:
+    """``"30s"`` -> 30.0, ``"500ms"`` -> 0.5; None for a count of requests or a malformed time."""
+    if not isinstance(value, str):
+        return None
+    match = re.fullmatch(r"\s*(\d+(?:\.\d*)?|\.\d+)\s*(ms|s)\s*", value)
+    if match is None:
+        return None
+    return float(match[1]) / (1000.0 if match[2] == "ms" else 1.0)
+
+
+# requests (an integer >= 0) or a time ("30s", "500ms"); kept as written, read by span_seconds
+Span = Annotated[
+    int | str,
+    PlainValidator(_span),
+    WithJsonSchema(
+        {
+            "anyOf": [
+                {"type": "integer", "minimum": 0},
+                {"type": "string", "pattern": r"^\s*(\d+(\.\d*)?|\.\d+)\s*(ms|s)\s*$"},
+            ]
+        }
+    ),
+]
+
 # a list of concurrency levels, or "auto" (the levels around the simulated knee)
 Concurrency = Annotated[
     list[Count],
@@ -199,7 +248,28 @@ class Bucket(StrictModel):
     )
     num_requests: Count = Field(
         description="Requests per load level: the bucket's sampled requests, deterministic for the seed, the"
-        " same list replayed at every level."
+        " same list replayed at every level (with ``duration_s``, warm-up or cool-down requests, the"
+        " list is cycled)."
+    )
+    duration_s: float | None = Field(
+        None,
+        gt=0,
+        allow_inf_nan=False,
+        description="Run each level for this long, s, instead of for num_requests requests: closed-loop levels"
+        " keep N in flight and open-loop levels keep sending, cycling the bucket's requests, until it"
+        " ends; then the requests in flight finish. null = a level of num_requests requests.",
+    )
+    warmup: Span = Field(
+        0,
+        description="Kept out of every statistic at each level's start: a number of requests (sent before the"
+        " num_requests measured ones) or a time (``30s``: requests that arrive in the level's first"
+        " 30 s). 0 = none.",
+    )
+    cooldown: Span = Field(
+        0,
+        description="Kept out of every statistic at each level's end, so the measured requests run under full"
+        " load: a number of requests (sent after the measured ones) or a time (``10s``: requests"
+        " that arrive in the last 10 s of sending). 0 = none.",
     )
 
     @model_validator(mode="after")
@@ -210,6 +280,13 @@ class Bucket(StrictModel):
             values = getattr(self, field)
             if values != "auto" and len(set(values)) != len(values):
                 raise ValueError(f"{field} has duplicate levels: {values}")
+        warm, cool = span_seconds(self.warmup), span_seconds(self.cooldown)
+        if self.duration_s is not None and (warm or 0) + (cool or 0) >= self.duration_s:
+            what = "warmup" if (warm or 0) >= self.duration_s else "warmup + cooldown"
+            raise ValueError(
+                f"{what} ({self.warmup}, {self.cooldown}) leaves nothing to measure in a {self.duration_s:g} s"
+                " level (duration_s); shorten them or lengthen duration_s"
+            )
         labels = [f"{rate:g}" for rate in self.request_rates]  # how reports and cache salts name a level
         if len(set(labels)) != len(labels):
             same = next(label for label in labels if labels.count(label) > 1)
@@ -218,3 +295,16 @@ class Bucket(StrictModel):
                 " make them differ within 6 significant digits"
             )
         return self
+
+    @property
+    def level_plan(self) -> LevelPlan:
+        """How each of this bucket's levels runs: its count or duration, warm-up and cool-down."""
+        warm, cool = span_seconds(self.warmup), span_seconds(self.cooldown)
+        return LevelPlan(
+            num_requests=self.num_requests,
+            duration_s=self.duration_s,
+            warmup_requests=0 if warm is not None else int(self.warmup),
+            warmup_s=warm or 0.0,
+            cooldown_requests=0 if cool is not None else int(self.cooldown),
+            cooldown_s=cool or 0.0,
+        )

@@ -4,7 +4,11 @@ Closed loop (``concurrency: N``): N requests in flight; a finished one is replac
 Open loop (``request_rates: r``): Poisson arrivals at r requests/s on the backend's clock; each
 request's arrival_time is its scheduled arrival, so queueing before admission counts in its TTFT.
 Every level replays the bucket's same requests with its own cache salt, so levels differ only in
-load and never hit each other's prefix-cache blocks. A ``shared_prefix`` workload runs each level
+load and never hit each other's prefix-cache blocks. A steady-state level (kvplan.results.steady)
+sends warm-up requests before the measured ones and cool-down requests after them, or sends for
+``duration_s`` seconds, cycling the bucket's requests: request ``i`` is the bucket's
+``i % num_requests``, and from the second round on its salt names the round, so a request never
+hits the blocks of its own earlier round. A ``shared_prefix`` workload runs each level
 twice, variant ``cached`` (one salt per tenant: a group's requests share prefix blocks) then
 ``uncached`` (one salt per request: nothing shared).
 
@@ -30,6 +34,7 @@ from kvplan.load.requests import SampledRequest
 from kvplan.load.workload import Workload
 from kvplan.results.prefix_metrics import CACHED, UNCACHED, VARIANTS
 from kvplan.results.records import LevelKey, Mode, RequestRecord, StepRecord, field_names, level_fields
+from kvplan.results.steady import LevelPlan
 
 
 @dataclass(frozen=True)
@@ -39,6 +44,7 @@ class Level:
     key: LevelKey
     bucket_index: int
     requests: tuple[SampledRequest, ...]
+    plan: LevelPlan | None = None  # None: each of ``requests`` once, all measured
 
 
 def plan_levels(workload: Workload, sampled: dict[str, list[SampledRequest]]) -> list[Level]:
@@ -56,8 +62,9 @@ def plan_levels(workload: Workload, sampled: dict[str, list[SampledRequest]]) ->
             ("open", bucket.request_rates),
         )
         for mode, values in modes:
+            plan = None if bucket.level_plan.is_plain else bucket.level_plan
             levels += [
-                Level(LevelKey(bucket.name, mode, x if mode == "closed" else float(x), v), i, reqs)
+                Level(LevelKey(bucket.name, mode, x if mode == "closed" else float(x), v), i, reqs, plan)
                 for x in sorted(values)
                 for v in variants
             ]
@@ -72,6 +79,13 @@ def cache_salt(key: LevelKey, index: int, request: SampledRequest) -> str:
     if key.variant == CACHED and request.tenant is not None:
         return f"{key.id}/tenant{request.tenant}"
     return key.id
+
+
+def round_salt(salt: str, index: int, num_requests: int) -> str:
+    """``salt`` for the ``index``-th request of a level that cycles ``num_requests`` requests:
+    unchanged in the first round, with the round appended after it."""
+    rounds = index // num_requests
+    return salt if rounds == 0 else f"{salt}/round{rounds}"
 
 
 # ---- what crosses the backend boundary ----------------------------------------------------------
@@ -180,41 +194,76 @@ class Recorder:
             self.advance(out, len(self.submitted))
 
 
+class _Arrivals:
+    """Poisson arrival offsets (seconds from the level's start) of an open-loop level, drawn in
+    chunks of ``chunk`` from one seeded generator: exponential gaps of mean 1/rate s, the first
+    arrival at 0."""
+
+    def __init__(self, rng: np.random.Generator, rate: float, chunk: int):
+        self.rng, self.scale, self.chunk = rng, 1.0 / rate, max(chunk, 1)
+        self.offsets = np.zeros(0)
+
+    def __getitem__(self, index: int) -> float:
+        while index >= len(self.offsets):
+            gaps = self.rng.exponential(self.scale, size=self.chunk)
+            last = self.offsets[-1] if len(self.offsets) else None
+            more = np.cumsum(gaps[:-1]) if last is None else last + np.cumsum(gaps)
+            self.offsets = np.concatenate([self.offsets, [0.0] if last is None else [], more])
+        return float(self.offsets[index])
+
+
 def run_level(backend: Backend, level: Level, recorder: Recorder, seed: int) -> None:
     """Drive one level to the end: closed loop keeps ``level`` requests in flight; open loop
-    submits at Poisson arrival times (exponential gaps of mean 1/rate s, seeded per level)."""
-    key = level.key
-    pending = list(enumerate(level.requests))
-    in_flight = 0
+    submits at Poisson arrival times (exponential gaps of mean 1/rate s, seeded per level). A
+    level with a plan sends its warm-up, measured and cool-down requests, or sends until its
+    ``duration_s`` is up; then the requests in flight finish."""
+    key, requests = level.key, level.requests
+    num = len(requests)
+    plan = level.plan
+    total = num if plan is None else plan.total_requests  # None: a timed level
+    duration = None if plan is None else plan.duration_s
     if key.mode == "open":
         # min: a rate near float's top would make the seed word inf (rates are finite, > 0)
         rng = np.random.default_rng([seed, level.bucket_index, int(min(key.value * 1000, 2**63))])
-        gaps = rng.exponential(1.0 / key.value, size=len(pending))
-        offsets = np.concatenate([[0.0], np.cumsum(gaps[:-1])])
+        arrivals = _Arrivals(rng, key.value, total or num)
     t0 = backend.now()
+    end = t0 + duration if duration is not None else None
+    sent = in_flight = 0
 
-    def submit(index: int, req: SampledRequest, arrival: float | None) -> None:
-        rid, salt = f"{key.id}/{index}", cache_salt(key, index, req)
+    def upcoming() -> float | None:
+        """Closed loop: whether another request may go now (1.0) or not (None); open loop: the
+        next request's scheduled arrival, None when the level sends no more."""
+        if total is not None and sent >= total:
+            return None
+        if key.mode == "closed":
+            return 1.0 if end is None or backend.now() < end else None
+        at = t0 + arrivals[sent]
+        return at if end is None or at < end else None
+
+    def submit(arrival: float | None) -> None:
+        nonlocal sent, in_flight
+        req = requests[sent % num]
+        rid, salt = f"{key.id}/{sent}", round_salt(cache_salt(key, sent, req), sent, num)
         recorder.submitted[rid] = (req, salt)
-        backend.submit(Submission(rid, req.prompt_token_ids, req.max_tokens, seed + index, salt, arrival))
+        backend.submit(Submission(rid, req.prompt_token_ids, req.max_tokens, seed + sent, salt, arrival))
+        sent += 1
+        in_flight += 1
 
-    while pending or in_flight:
+    while True:
         next_arrival = None
         if key.mode == "closed":
-            while pending and in_flight < key.value:
-                submit(*pending.pop(0), None)
-                in_flight += 1
+            while in_flight < key.value and upcoming() is not None:
+                submit(None)
         else:
             now = backend.now()
-            while pending and t0 + offsets[pending[0][0]] <= now:
-                index, req = pending.pop(0)
-                submit(index, req, t0 + offsets[index])
-                in_flight += 1
-            next_arrival = t0 + offsets[pending[0][0]] if pending else None
-            if not in_flight:  # idle until the next scheduled arrival
-                assert next_arrival is not None  # nothing in flight, so requests are pending
+            while (at := upcoming()) is not None and at <= now:
+                submit(at)
+            next_arrival = upcoming()
+            if not in_flight and next_arrival is not None:  # idle until the next scheduled arrival
                 backend.wait_until(next_arrival)
                 continue
+        if not in_flight:
+            return
         finished, steps = backend.advance(next_arrival)
         recorder.record(finished, steps)
         in_flight -= len(finished)

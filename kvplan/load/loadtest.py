@@ -73,6 +73,7 @@ def run_loadtest(workload: Workload, run_dir: Path | None = None, *, engine=None
     result = RunResult(
         started_at=started,
         slo=workload.slo,
+        level_plans=workload.level_plans,
         engine=facts,
         estimate=estimate,
         run=run_info(sampled.dataset_info),

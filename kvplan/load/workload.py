@@ -49,6 +49,7 @@ from kvplan.load.target.settings import TargetSettings
 from kvplan.plan import dtypes
 from kvplan.results.gated import GateSettings
 from kvplan.results.metrics import Slo
+from kvplan.results.steady import LevelPlan
 
 Seed = Annotated[int, Field(ge=0, le=2**32 - 1)]  # numpy's SeedSequence and torch take these
 MAX_LEVEL_S = 24 * 3600  # an open-loop level whose arrivals alone take longer is a typo, not a test
@@ -341,6 +342,13 @@ class Workload(StrictModel):
     def source(self) -> str:
         """The file the workload was read from (``<memory>`` when built in code)."""
         return self._source
+
+    @property
+    def level_plans(self) -> dict[str, LevelPlan]:
+        """Bucket name -> its steady-state LevelPlan, for the buckets with a duration, a warm-up or
+        a cool-down (what the run result keeps, so its summaries leave those requests out)."""
+        plans = {b.name: b.level_plan for b in self.buckets}
+        return {name: plan for name, plan in plans.items() if not plan.is_plain}
 
     @property
     def sha256(self) -> str:

@@ -140,8 +140,10 @@ def _check_buckets(workload: Workload) -> None:
                 f"shortest request ({bucket.input_tokens.min} + {bucket.output_tokens.min}"
                 f" tokens) exceeds engine.max_model_len {max_len}",
             )
+        plan = bucket.level_plan
+        sent = plan.total_requests  # None: a timed level, which cycles its requests
         for j, level in enumerate(bucket.concurrency if bucket.concurrency != "auto" else []):
-            if level > bucket.num_requests:
+            if sent is not None and level > sent:
                 raise _error(
                     workload,
                     f"{at}.concurrency[{j}]",
@@ -149,15 +151,30 @@ def _check_buckets(workload: Workload) -> None:
                     f" {bucket.num_requests} (its measured knee would claim a level never reached)",
                     f"raise num_requests to >= {level} or drop the level",
                 )
+        if plan.duration_s is not None and plan.duration_s > MAX_LEVEL_S:
+            raise _error(
+                workload,
+                f"{at}.duration_s",
+                f"{plan.duration_s:g} s is over the {MAX_LEVEL_S // 3600} h a level may last",
+                f"give at most {MAX_LEVEL_S} s",
+            )
         for j, rate in enumerate(bucket.request_rates):
-            if bucket.num_requests / rate > MAX_LEVEL_S:
+            if plan.duration_s is not None and rate * plan.duration_s < 1:
                 raise _error(
                     workload,
                     f"{at}.request_rates[{j}]",
-                    f"{bucket.num_requests} requests at {rate:g} req/s take about"
-                    f" {bucket.num_requests / rate:.3g} s to arrive (num_requests / rate), over the"
+                    f"at {rate:g} req/s a {plan.duration_s:g} s level (duration_s) expects"
+                    f" {rate * plan.duration_s:.2g} arrivals",
+                    f"give a rate >= {1 / plan.duration_s:.3g} req/s or a longer duration_s",
+                )
+            if sent is not None and sent / rate > MAX_LEVEL_S:
+                raise _error(
+                    workload,
+                    f"{at}.request_rates[{j}]",
+                    f"{sent} requests at {rate:g} req/s take about"
+                    f" {sent / rate:.3g} s to arrive (num_requests / rate), over the"
                     f" {MAX_LEVEL_S // 3600} h a level may last",
-                    f"give a rate >= {bucket.num_requests / MAX_LEVEL_S:.3g} req/s",
+                    f"give a rate >= {sent / MAX_LEVEL_S:.3g} req/s",
                 )
 
 

@@ -16,6 +16,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, computed_field
 
 from kvplan.results.records import LevelKey, RequestRecord, StepRecord
+from kvplan.results.steady import LevelPlan, window_steps
 
 PERCENTILES = (50, 90, 95, 99)
 DEFINITIONS = """\
@@ -187,6 +188,11 @@ class LevelSummary(_Summary):
     requested_rate: float | None = None  # open loop: the level's requests/s
     achieved_rate: float | None = None  # open loop: requests/s as actually sent
     max_send_delay_ms: float | None = None  # open loop, target: latest send after its scheduled arrival
+    # A steady-state level (kvplan.results.steady): requests kept out of every statistic (warm-up,
+    # cool-down) and the measured window, seconds from the level's first arrival
+    num_excluded: int = 0
+    window_start_s: float | None = None
+    window_end_s: float | None = None
 
     @computed_field  # type: ignore[prop-decorator]  # pydantic's documented idiom; mypy rejects it
     @property
@@ -205,12 +211,35 @@ def summarize_level(
     steps: Sequence[StepRecord],
     slo: Slo,
     num_planned: int | None = None,
+    plan: LevelPlan | None = None,
 ) -> LevelSummary:
     """Summarise one level (one variant of it) from its own request and step records;
-    ``num_planned``: the requests the level was to run (the bucket's num_requests)."""
+    ``num_planned``: the requests the level was to run (the bucket's num_requests). ``plan``: a
+    steady-state level's, whose warm-up and cool-down requests, and the steps outside the measured
+    window, are kept out of every statistic (kvplan.results.steady)."""
+    num_excluded, window = 0, None
     done = [r for r in requests if completed(r)]
     span = (max(r.finish_time for r in requests) - min(r.arrival_time for r in requests)) if requests else 0.0
     rate = (lambda n: n / span) if span > 0 else (lambda n: None)
+    out_tokens = sum(r.num_output_tokens for r in done)
+    all_tokens = sum(r.num_output_tokens + r.num_prompt_tokens for r in done)
+    served = [(r, meets_slo(r, slo)) for r in done]
+    if plan is not None and not plan.is_plain and requests:
+        t0 = min(r.arrival_time for r in requests)
+        requests, num_excluded, window = plan.split(requests)
+        steps = window_steps(steps, t0, window) if window is not None else []
+        num_planned = None if plan.duration_s is not None else num_planned
+        # rates over the window (start, end], from every request's tokens and completions in it (a
+        # warm-up or cool-down request's too: the load they put on the engine is the window's
+        # load); its first instant is left out, the step whose completions sent the first request
+        start, end = (t0 + window[0], t0 + window[1]) if window is not None else (0.0, 0.0)
+        span = end - start
+        rate = (lambda n: n / span) if span > 0 else (lambda n: None)
+        out_tokens = sum(start < t <= end for r in done for t in r.token_times)
+        prefilled = sum(r.num_prompt_tokens for r in done if r.token_times and start < r.token_times[0] <= end)
+        all_tokens = out_tokens + prefilled
+        served = [(r, good) for r, good in served if start < r.finish_time <= end]
+        done = [r for r in requests if completed(r)]
     used = np.array([s.num_used_blocks for s in steps], dtype=np.float64)
     held = np.array([held_blocks(s) for s in steps], dtype=np.float64)  # during each step
     waiting = np.array([s.num_waiting for s in steps], dtype=np.float64)
@@ -236,10 +265,10 @@ def summarize_level(
         tpot_ms=latency_stats([t for r in done if (t := tpot_s(r)) is not None]),
         itl_ms=latency_stats([gap for r in done for gap in itl_s(r)]),
         e2e_ms=latency_stats([e2e_s(r) for r in done]),
-        output_tokens_per_s=rate(sum(r.num_output_tokens for r in done)),
-        total_tokens_per_s=rate(sum(r.num_output_tokens + r.num_prompt_tokens for r in done)),
-        requests_per_s=rate(len(done)),
-        goodput_rps=rate(sum(meets_slo(r, slo) for r in done)),
+        output_tokens_per_s=rate(out_tokens),
+        total_tokens_per_s=rate(all_tokens),
+        requests_per_s=rate(len(served)),
+        goodput_rps=rate(sum(good for _, good in served)),
         slo_attainment=(sum(meets_slo(r, slo) for r in requests) / len(requests)) if requests else None,
         num_steps=len(steps),
         num_preemptions=sum(s.num_preemptions for s in steps),
@@ -269,6 +298,9 @@ def summarize_level(
         if is_open and len(sent) > 1 and sent[-1] > sent[0]
         else None,
         max_send_delay_ms=max(delays) * 1e3 if is_open and delays else None,
+        num_excluded=num_excluded,
+        window_start_s=window[0] if window is not None else None,
+        window_end_s=window[1] if window is not None else None,
     )
 
 
@@ -277,9 +309,11 @@ def summarize_levels(
     steps: Sequence[StepRecord],
     slo: Slo,
     num_planned: dict[str, int] | None = None,
+    plans: dict[str, LevelPlan] | None = None,
 ) -> list[LevelSummary]:
     """One summary per (bucket, mode, level, variant), in the order the levels first appear.
-    ``num_planned``: bucket name -> its num_requests, the requests each of its levels was to run."""
+    ``num_planned``: bucket name -> its num_requests, the requests each of its levels was to run;
+    ``plans``: bucket name -> its steady-state LevelPlan (plain buckets absent)."""
     by_key: dict[LevelKey, tuple[list[RequestRecord], list[StepRecord]]] = {}
     records: list[StepRecord | RequestRecord] = [*steps, *requests]
     for rec in records:  # steps first: the order the levels ran in
@@ -289,7 +323,7 @@ def summarize_levels(
     for s in steps:
         by_key[s.key][1].append(s)
     return [
-        summarize_level(k, own_requests, own_steps, slo, (num_planned or {}).get(k.bucket))
+        summarize_level(k, own_requests, own_steps, slo, (num_planned or {}).get(k.bucket), (plans or {}).get(k.bucket))
         for k, (own_requests, own_steps) in by_key.items()
     ]
 

@@ -33,6 +33,7 @@ from kvplan.results.prefix_metrics import PrefixComparison
 from kvplan.results.records import RequestRecord, StepRecord
 from kvplan.results.server_samples import ServerSample
 from kvplan.results.simulated import CostModelInfo, TargetCapacity
+from kvplan.results.steady import LevelPlan
 from kvplan.results.store import REQUESTS_FILE, STEPS_FILE, read_jsonl, write_atomic
 
 SCHEMA_VERSION: Final = 2
@@ -301,6 +302,7 @@ class RunResult(BaseModel):
     stop_reason: str | None = None  # why a run stopped early other than Ctrl-C (a server that went away)
     cost_model: CostModelInfo | None = None  # a simulation's step timing (kvplan.results.simulated)
     capacity: list[TargetCapacity] = []  # a simulation's knee and SLO capacity answers, per target
+    level_plans: dict[str, LevelPlan] = {}  # bucket -> its steady-state levels (plain buckets absent)
 
     @property
     def summarized(self) -> bool:

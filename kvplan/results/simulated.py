@@ -4,14 +4,20 @@ A simulated run is a ``RunResult`` like any other (source ``simulated``); these 
 in it (``cost_model``, ``capacity``). ``capacity`` answers a planner's questions per target (the
 workload's engine, and each ``plan:`` entry the GPU model can time) and per bucket:
 
-- ``knee``: the lowest closed-loop concurrency at which the engine's scheduler preempts, found by
-  simulating every concurrency from the lowest that could preempt upwards (None: no concurrency up
-  to the bucket's ``num_requests`` preempts);
-- ``max_concurrency`` / ``max_request_rate``: the highest closed-loop concurrency and open-loop
-  request rate (Poisson) at which at least ``attainment_target`` of the requests meet every SLO,
-  with the output tokens/s and goodput there (None: not even concurrency 1 or the lowest rate
-  searched meets it; or the workload sets no SLO; or ``burst_meets_slo``: all of the bucket's
-  requests arriving at once still meet it, so no request rate is too high for them).
+- ``knee``: the closed-loop concurrency at which the engine's scheduler starts to preempt (one that
+  preempts while the one below does not), found by bisection up to ``max_num_seqs``
+  (kvplan.load.sim.search; None: ``max_num_seqs`` in flight never preempt);
+- ``max_concurrency`` / ``max_request_rate``: the highest closed-loop concurrency (at most
+  ``max_num_seqs``) and open-loop request rate (Poisson) at which at least ``attainment_target`` of
+  the measured requests of a steady-state level meet every SLO, with the output tokens/s and
+  goodput there (None: not even concurrency 1 or the lowest rate searched meets it; or the
+  workload sets no SLO; or ``burst_meets_slo``: the SLO holds at the scheduler's own limit and
+  bounds TPOT only, which a growing queue never breaks, so no rate is too high); an answer at a
+  limit names it (``concurrency_bound``: max_num_seqs, or max_users for 8 x max_num_seqs users,
+  the search's cap; ``request_rate_bound``: saturation, the
+  requests/s that max_num_seqs in flight serve, past which the queue grows without bound);
+- ``above_concurrency`` / ``above_request_rate``: the lowest level seen failing above each
+  maximum, with its attainment, so the edge shows.
 """
 
 from __future__ import annotations
@@ -57,7 +63,11 @@ class BucketCapacity(_Part):
     knee: int | None = None
     max_concurrency: SloPoint | None = None
     max_request_rate: SloPoint | None = None
-    burst_meets_slo: bool = False  # all the bucket's requests at once meet it: no rate is too high for them
+    burst_meets_slo: bool = False  # the SLO holds at the scheduler's own limits: no rate is too high
+    concurrency_bound: str | None = None  # "max_num_seqs" | "max_users": the SLO still held at that limit
+    request_rate_bound: str | None = None  # "saturation": the SLO still held at what max_num_seqs serve
+    above_concurrency: SloPoint | None = None  # the lowest concurrency seen failing above max_concurrency
+    above_request_rate: SloPoint | None = None  # the lowest rate seen failing above max_request_rate
 
 
 class TargetCapacity(_Part):

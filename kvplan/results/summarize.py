@@ -63,7 +63,7 @@ def summarize(
 ) -> RunResult:
     """``result`` with its summaries computed from ``requests``, ``steps`` and, for a remote
     target, its /metrics reads (``server_samples``)."""
-    levels = metrics.summarize_levels(requests, steps, result.slo, result.planned_requests())
+    levels = metrics.summarize_levels(requests, steps, result.slo, result.planned_requests(), result.level_plans)
     levels = with_server_stats(levels, server_samples)
     estimates = {b.name: b for b in (result.estimate.buckets if result.estimate else [])}
     names = list(dict.fromkeys([*estimates, *(s.bucket for s in levels)]))

@@ -15,8 +15,12 @@ of the run that preempted. ``slo_max_concurrency`` / ``slo_max_request_rate``: t
 concurrency and request rate at which the SLO attainment target was met, null in a run that did
 not search for them. Added since: per bucket ``measured_knee``, ``simulated_knee``,
 ``predicted_max_concurrency`` and ``slo_capacity`` (knee, attainment target, and at each maximum
-its level, attainment, output tok/s and goodput, and ``burst_meets_slo``: all of the bucket's
-requests at once meet it, so no rate is too high for them and ``slo_max_request_rate`` is null);
+its level, attainment, output tok/s and goodput, ``above_concurrency`` / ``above_request_rate``:
+the lowest level searched that failed above each maximum, ``concurrency_bound``
+(``max_num_seqs`` when the SLO still held at the scheduler's limit), ``request_rate_bound``
+(``saturation``: it held at the rate that limit serves), and ``burst_meets_slo``: the SLO holds
+at the scheduler's limit and bounds TPOT only, so no rate is too high and ``slo_max_request_rate``
+is null);
 per run ``targets``, the same answers for every target a simulation searched (the engine, and
 each ``plan:`` entry it could time).
 
@@ -25,7 +29,11 @@ A run against a remote server (``source: target``) fills ``server`` (``url``, ``
 and ``server_peak_kv_usage`` (0..1), each null where the server does not expose it, never 0;
 its ``preemptions`` are the server's and its ``peak_used_blocks`` null (no engine steps). Every
 run also gives per level ``num_errors``, ``error_reasons``, ``requested_rate`` and
-``achieved_rate`` (open loop, requests/s). ``server`` is null for an in-process run.
+``achieved_rate`` (open loop, requests/s). ``server`` is null for an in-process run. A
+steady-state level (warm-up, cool-down, ``duration_s``) gives ``num_measured`` (the requests
+every statistic covers), ``num_excluded`` (warm-up and cool-down requests left out) and
+``window_start_s`` / ``window_end_s``: the measured window, seconds from the level's first
+arrival (null for a plain level: all its requests are measured).
 """
 
 from __future__ import annotations
@@ -66,6 +74,10 @@ def level_json(level: LevelSummary) -> dict[str, Any]:
         "error_reasons": dict(level.error_reasons),
         "requested_rate": level.requested_rate,
         "achieved_rate": level.achieved_rate,
+        "num_measured": level.num_requests,
+        "num_excluded": level.num_excluded,
+        "window_start_s": level.window_start_s,
+        "window_end_s": level.window_end_s,
     }
 
 
@@ -89,6 +101,10 @@ def capacity_json(bucket: BucketCapacity | None, attainment: float | None) -> di
             "max_concurrency": None,
             "max_request_rate": None,
             "burst_meets_slo": None,
+            "concurrency_bound": None,
+            "request_rate_bound": None,
+            "above_concurrency": None,
+            "above_request_rate": None,
         }
     return {
         "knee": bucket.knee,
@@ -96,6 +112,10 @@ def capacity_json(bucket: BucketCapacity | None, attainment: float | None) -> di
         "max_concurrency": _point(bucket.max_concurrency),
         "max_request_rate": _point(bucket.max_request_rate),
         "burst_meets_slo": bucket.burst_meets_slo,
+        "concurrency_bound": bucket.concurrency_bound,
+        "request_rate_bound": bucket.request_rate_bound,
+        "above_concurrency": _point(bucket.above_concurrency),
+        "above_request_rate": _point(bucket.above_request_rate),
     }
 
 

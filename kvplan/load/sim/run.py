@@ -115,6 +115,7 @@ def simulate(
         source="simulated",
         started_at=started,
         slo=workload.slo,
+        level_plans=workload.level_plans,
         engine=setup.facts,
         estimate=estimate,
         run=simulated_run_info(sampled.dataset_info),

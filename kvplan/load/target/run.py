@@ -178,6 +178,7 @@ def run_target_loadtest(
         source="target",
         started_at=started,
         slo=workload.slo,
+        level_plans=workload.level_plans,
         engine=None,
         server=server,
         estimate=estimate,

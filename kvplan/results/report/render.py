@@ -136,6 +136,7 @@ def print_summary(result: RunResult, console) -> None:
     for title, frame in (
         ("Knee: predicted max concurrency vs measured", tables.knee_table(result)),
         ("Per level (ms; goodput req/s)", tables.console_table(result)),
+        ("Steady state: measured requests and window (s from the level's start)", tables.steady_table(result)),
         ("Capacity within the SLO (simulated; goodput req/s)", tables.capacity_table(result)),
         ("Prefix caching: TTFT (ms) cached vs uncached", prefix.prefix_table(result).iloc[:, :7]),
     ):

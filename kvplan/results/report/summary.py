@@ -92,6 +92,12 @@ def summary_markdown(result: RunResult, charts: list[str]) -> str:
             " the lowest concurrency level at which the engine preempted a request.",
         ),
         ("Capacity within the SLO (simulated)", tables.capacity_table(result), _simulation(result)),
+        (
+            "Steady state: measured requests and window",
+            tables.steady_table(result),
+            "Warm-up and cool-down requests are kept out of every statistic below; the window runs from"
+            " the first measured arrival to the last measured finish, in seconds from the level's start.",
+        ),
         ("Latency (ms, completed requests)", tables.latency_table(result), ""),
         ("Throughput and goodput", tables.throughput_table(result), ""),
         ("KV cache per level", tables.kv_table(result), _exactness(result)),
@@ -103,7 +109,7 @@ def summary_markdown(result: RunResult, charts: list[str]) -> str:
     ]
     lines = _header(result)
     for title, frame, note in sections:
-        if title.startswith(("Production", "Capacity")) and frame.empty:
+        if title.startswith(("Production", "Capacity", "Steady")) and frame.empty:
             continue
         lines += ["", f"## {title}", ""]
         if note:

@@ -19,6 +19,7 @@ from kvplan.results import metrics
 from kvplan.results.metrics import LatencyStats, LevelSummary
 from kvplan.results.records import RequestRecord, StepRecord
 from kvplan.results.run_result import RunResult
+from kvplan.results.simulated import SloPoint
 from kvplan.results.store import write_atomic
 
 MIB = 2**20
@@ -77,6 +78,11 @@ def knee_table(result: RunResult) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def _edge(point: SloPoint | None) -> str | None:
+    """The level searched just above an answer and its attainment: ``64 (91%)``."""
+    return None if point is None else f"{point.level:g} ({point.slo_attainment:.0%})"
+
+
 def capacity_table(result: RunResult) -> pd.DataFrame:
     """A simulation's searched answers per target and bucket: the knee, and the highest
     concurrency and request rate meeting the SLO attainment target with output tok/s and goodput
@@ -93,12 +99,17 @@ def capacity_table(result: RunResult) -> pd.DataFrame:
                     "GPU": on or "",
                     "bucket": b.name,
                     "knee": b.knee,
-                    f"max c ({target.attainment_target:.0%} in SLO)": c and int(c.level),
+                    f"max c ({target.attainment_target:.0%} in SLO)": c
+                    and (f"{int(c.level)} ({b.concurrency_bound})" if b.concurrency_bound else int(c.level)),
                     "out tok/s": c and _round(c.output_tokens_per_s),
                     "goodput": c and _round(c.goodput_rps),
-                    "max req/s": "any" if b.burst_meets_slo else r and r.level,
+                    "above: c (in SLO)": _edge(b.above_concurrency),
+                    "max req/s": "any"
+                    if b.burst_meets_slo
+                    else r and (f"{r.level:g} ({b.request_rate_bound})" if b.request_rate_bound else r.level),
                     "out tok/s at rate": r and _round(r.output_tokens_per_s),
                     "goodput at rate": r and _round(r.goodput_rps),
+                    "above: req/s (in SLO)": _edge(b.above_request_rate),
                 }
             )
     return pd.DataFrame(rows)
@@ -139,6 +150,24 @@ def throughput_table(result: RunResult) -> pd.DataFrame:
             "failed": lv.num_failed,
         }
         for lv in result.levels
+    ]
+    return pd.DataFrame(rows)
+
+
+def steady_table(result: RunResult) -> pd.DataFrame:
+    """Steady-state levels: requests measured and excluded (warm-up, cool-down) and the measured
+    window in seconds from the level's first arrival; empty when every level is plain."""
+    rows = [
+        {
+            "bucket": lv.bucket,
+            "level": level_name(lv),
+            "measured": lv.num_requests,
+            "excluded": lv.num_excluded,
+            "window from s": _round(lv.window_start_s),
+            "window to s": _round(lv.window_end_s),
+        }
+        for lv in result.levels
+        if lv.num_excluded or lv.window_start_s is not None
     ]
     return pd.DataFrame(rows)
 

@@ -53,6 +53,14 @@ BAD_CASES = {
     "long_name.yaml": "name: must be at most 200 characters (names become file names) (got 201 characters)",
     "bad_kv_cache_dtype.yaml": "engine.kv_cache_dtype: unknown dtype 'int8'; use one of auto, bf16, fp16, fp32, fp8",
     "both_kv_dtype_names.yaml": "plan[0]: give kv_cache_dtype only (kv_dtype is its deprecated name)",
+    # steady-state levels
+    "zero_duration.yaml": "buckets[0].duration_s: must be > 0.0 (got 0)",
+    "warmup_over_duration.yaml": "buckets[0]: warmup (30s, 0) leaves nothing to measure in a 20 s level"
+    " (duration_s); shorten them or lengthen duration_s",
+    # 0.01 req/s x 10 s = 0.1 expected arrivals: the duration and the rate cannot both hold
+    "duration_rate_conflict.yaml": "buckets[0].request_rates[0]: at 0.01 req/s a 10 s level (duration_s) expects"
+    " 0.1 arrivals; give a rate >= 0.1 req/s or a longer duration_s",
+    "bad_warmup.yaml": "buckets[0].warmup: '5 minutes' is neither a number of requests nor a time like 30s or 500ms",
 }
 
 # Refused by `kvplan loadtest` once the engine is built and prompts are sampled (the YAML is

@@ -8,15 +8,20 @@ import pytest
 import yaml
 
 from kvplan.load.loadtest import run_loadtest
-from kvplan.load.sim.search import _highest_int, _highest_rate, levels_around
+from kvplan.load.sim.brackets import highest_int as _highest_int
+from kvplan.load.sim.brackets import highest_rate as _highest_rate
+from kvplan.load.sim.search import levels_around
 from kvplan.load.workload_file import load_workload, parse_workload
 from kvplan.results.run_result import load_run
 
 SMOKE = Path(__file__).resolve().parents[4] / "workloads" / "smoke.yaml"
 
 
-@pytest.mark.parametrize("limit, top, expected", [(0, 10, None), (1, 10, 1), (7, 10, 7), (10, 10, 10), (13, 10, 10)])
-def test_the_highest_concurrency_meeting_a_threshold(limit, top, expected):
+@pytest.mark.parametrize(
+    "limit, top, expected",
+    [(0, 10, (None, 1)), (1, 10, (1, 2)), (7, 10, (7, 8)), (10, 10, (10, None)), (13, 10, (10, None))],
+)
+def test_the_highest_concurrency_meeting_a_threshold_and_the_lowest_failing_above_it(limit, top, expected):
     asked = []
 
     def ok(n):
@@ -27,15 +32,32 @@ def test_the_highest_concurrency_meeting_a_threshold(limit, top, expected):
     assert len(asked) <= 2 + math.ceil(math.log2(top))  # top, 1, then bisection
 
 
+@pytest.mark.parametrize("limit", [37, 100, 255])
+def test_the_concurrency_search_stops_within_its_precision(limit):
+    found, above = _highest_int(lambda n: n <= limit, 256, 1.02)
+    assert found <= limit < above and (above - found <= 1 or above <= found * 1.02)
+
+
 @pytest.mark.parametrize("limit, start", [(3.7, 1.0), (3.7, 50.0), (0.013, 1.0), (1.0, 1.0)])
 def test_the_highest_rate_meeting_a_threshold_to_within_2_percent(limit, start):
-    found = _highest_rate(lambda r: r <= limit, start)
-    assert found <= limit and found >= limit / 1.02
+    found, above = _highest_rate(lambda r: r <= limit, start)
+    assert found <= limit < above and found >= limit / 1.02 and above <= found * 1.02
     assert found == float(f"{found:.4g}")  # named as a workload would name it
 
 
+def test_the_rate_search_goes_no_higher_than_its_top():
+    asked = []
+
+    def ok(r):
+        asked.append(r)
+        return True
+
+    assert _highest_rate(ok, 1.0, top=10.0) == (10.0, None) and max(asked) == 10.0
+
+
 def test_no_rate_meets_it_when_even_the_lowest_fails():
-    assert _highest_rate(lambda r: False, 1.0) is None
+    found, _ = _highest_rate(lambda r: False, 1.0)
+    assert found is None
 
 
 @pytest.mark.parametrize(
