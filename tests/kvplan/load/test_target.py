@@ -244,3 +244,25 @@ except SystemExit as done:
     )
     assert done.returncode == 0, done.stderr
     assert load_run(run_dir).result.status == "complete"
+
+
+def test_a_target_run_keeps_warmup_and_cooldown_out_of_its_statistics(tmp_path, fake):
+    """The same steady-state keys against a remote server: 2 warm-up and 3 cool-down requests
+    around the 8 measured at c=4, recorded and excluded; latencies over the 8 alone."""
+    server = fake(interval_s=0.002)
+    path = workload(tmp_path)
+    doc = yaml.safe_load(path.read_text())
+    doc["buckets"][0].update({"concurrency": [4], "request_rates": [], "warmup": 2, "cooldown": 3})
+    path.write_text(yaml.safe_dump(doc))
+    run_dir = tmp_path / "run"
+    code, out, err = run_cli("loadtest", str(path), "--target", server.url, "--out", str(run_dir), "--quiet")
+    assert (code, err) == (0, ""), err
+    data = load_run(run_dir)
+    (level,) = data.result.levels
+    index = {r: int(r.request_id.rsplit("/", 1)[1]) for r in data.requests}
+    assert sorted(index.values()) == list(range(2 + 8 + 3))
+    measured = [r for r in data.requests if 2 <= index[r] < 10]
+    assert (level.num_requests, level.num_excluded) == (8, 5)
+    e2e = sorted((r.finish_time - r.arrival_time) * 1e3 for r in measured)
+    assert level.e2e_ms.count == 8 and level.e2e_ms.mean == pytest.approx(sum(e2e) / 8)
+    assert summary_json(data.result)["buckets"][0]["levels"][0]["num_excluded"] == 5
