@@ -204,6 +204,18 @@ class BlockManager:
         self._tables[request_id] = (*cached_block_ids, *self._take_free(num_new))
         return True
 
+    def append_blocks(self, request_ids: Sequence[str]) -> bool:
+        """One more block at the end of each of these requests' tables, taken off the free queue
+        in this order: the blocks ``allocate`` would give them one request after another, for
+        each a block past its last. All or nothing: False, changing nothing, when fewer blocks
+        than requests are free."""
+        if len(request_ids) > self.num_free_blocks:
+            return False
+        tables = self._tables
+        for request_id, block_id in zip(request_ids, self._take_free(len(request_ids))):
+            tables[request_id] = tables[request_id] + (block_id,)
+        return True
+
     def _take_free(self, num: int) -> tuple[int, ...]:
         """Take ``num`` (<= num_free_blocks; none if below 1) blocks off the front of the free
         queue, each with ref count 1: never-used ids first (made here, holding nothing), then the

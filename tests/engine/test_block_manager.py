@@ -134,3 +134,19 @@ def test_duplicate_content_is_not_cached_twice():
 def test_bad_sizes():
     with pytest.raises(ValueError):
         BlockManager(num_blocks=0, block_size=4)
+
+
+def test_append_blocks_gives_what_allocate_would_one_request_after_another():
+    mine = BlockManager(num_blocks=8, block_size=4, enable_prefix_caching=False)
+    theirs = BlockManager(num_blocks=8, block_size=4, enable_prefix_caching=False)
+    for bm in (mine, theirs):
+        assert bm.allocate("a", 4) and bm.allocate("b", 8) and bm.allocate("c", 4)  # blocks 0 | 1 2 | 3
+        bm.free("b")  # free queue: 4 5 6 7 (never used), then 2, 1
+    assert mine.append_blocks(["c", "a"])
+    assert theirs.allocate("c", 5) and theirs.allocate("a", 5)
+    assert mine.block_table("a") == theirs.block_table("a") == (0, 5)
+    assert mine.block_table("c") == theirs.block_table("c") == (3, 4)
+    assert mine.free_queue() == theirs.free_queue()
+    # all or nothing: 4 free blocks (6, 7, 2, 1) cannot give 5 requests one each
+    assert not mine.append_blocks(["a", "c", "a", "c", "a"])
+    assert mine.block_table("a") == (0, 5) and mine.num_free_blocks == 4

@@ -26,9 +26,9 @@ from engine.request import Request, SamplingParams
 from engine.scheduler import Scheduler
 from kvplan.load.driver import Finished, Submission
 from kvplan.load.sim.cost import StepClock, StepWork
+from kvplan.load.sim.decode_run import SIMULATED_TOKEN_ID, decode_run
 from kvplan.results.run_result import EngineFacts
 
-SIMULATED_TOKEN_ID = -1  # outside every vocabulary: an output block never hashes like a prompt block
 _REQUEST_ID = attrgetter("request_id")
 
 
@@ -54,8 +54,9 @@ class SimBackend:
             never run them; the load test's request checks rule this out beforehand).
     """
 
-    def __init__(self, facts: EngineFacts, clock: StepClock):
+    def __init__(self, facts: EngineFacts, clock: StepClock, decode_runs: bool = True):
         self.scheduler = scheduler_for(facts)
+        self.decode_runs = decode_runs  # take runs of pure decode steps together (kvplan.load.sim.decode_run)
         self.clock = clock
         self.now_s = 0.0
         self.num_steps = 0
@@ -75,7 +76,15 @@ class SimBackend:
         self.scheduler.add_request(request, self.now_s)
 
     def advance(self, until: float | None) -> tuple[list[Finished], list[Any]]:
-        """One step, unless an arrival (``until``) comes before it would take new requests."""
+        """One step, unless an arrival (``until``) comes before it would take new requests; or a
+        whole decode run of steps (kvplan.load.sim.decode_run), each the step the scheduler would
+        take."""
+        if self.decode_runs:
+            run = decode_run(self.scheduler, self.clock, self.now_s, until, self.num_steps)
+            if run is not None:
+                steps, self.now_s = run
+                self.num_steps += len(steps)
+                return [], list(steps)
         check, start = self.clock.next_start(self.now_s)
         if until is not None and until <= check:
             self.now_s = max(self.now_s, until)
