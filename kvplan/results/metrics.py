@@ -9,7 +9,9 @@ span, from its first arrival to its last finish.
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Sequence
+from itertools import chain
 from typing import Annotated
 
 import numpy as np
@@ -61,7 +63,8 @@ def tpot_s(r: RequestRecord) -> float | None:
 
 
 def itl_s(r: RequestRecord) -> list[float]:
-    return [b - a for a, b in zip(r.token_times, r.token_times[1:])]
+    """Every gap between consecutive output tokens of ``r``, seconds (later minus earlier)."""
+    return list(map(operator.sub, r.token_times[1:], r.token_times))
 
 
 def kv_cache_usage(s: StepRecord) -> float:
@@ -263,7 +266,7 @@ def summarize_level(
         duration_s=span,
         ttft_ms=latency_stats([t for r in done if (t := ttft_s(r)) is not None]),  # all: done are completed
         tpot_ms=latency_stats([t for r in done if (t := tpot_s(r)) is not None]),
-        itl_ms=latency_stats([gap for r in done for gap in itl_s(r)]),
+        itl_ms=latency_stats(list(chain.from_iterable(map(itl_s, done)))),
         e2e_ms=latency_stats([e2e_s(r) for r in done]),
         output_tokens_per_s=rate(out_tokens),
         total_tokens_per_s=rate(all_tokens),
