@@ -16,6 +16,15 @@ def round_rate(rate: float) -> float:
     return float(f"{rate:.4g}")
 
 
+def _bisect(ok: Callable[[int], bool], low: int, high: int, precision: float) -> tuple[int, int]:
+    """Narrow [low, high] (ok(low) holds, ok(high) fails) to adjacent integers or to within
+    ``precision`` (a ratio): (the highest n seen holding, the lowest seen failing)."""
+    while high - low > 1 and high > low * precision:
+        mid = (low + high) // 2
+        low, high = (mid, high) if ok(mid) else (low, mid)
+    return low, high
+
+
 def highest_int(ok: Callable[[int], bool], top: int, precision: float = 1.0) -> tuple[int | None, int | None]:
     """(the highest n in [1, top] with ok(n), the lowest n above it seen failing) by bisection (ok
     assumed to hold below some n), to within ``precision`` (a ratio; 1.0: exactly): top first, the
@@ -25,10 +34,7 @@ def highest_int(ok: Callable[[int], bool], top: int, precision: float = 1.0) -> 
     if top == 1 or not ok(1):
         return None, 1 if top > 1 else top
     low, high = 1, top
-    while high - low > 1 and high > low * precision:
-        mid = (low + high) // 2
-        low, high = (mid, high) if ok(mid) else (low, mid)
-    return low, high
+    return _bisect(ok, low, high, precision)
 
 
 def beyond(ok: Callable[[int], bool], low: int, cap: int, precision: float) -> tuple[int, int | None]:
@@ -44,10 +50,7 @@ def beyond(ok: Callable[[int], bool], low: int, cap: int, precision: float) -> t
         low = nxt
     if high is None:
         return low, None
-    while high - low > 1 and high > low * precision:
-        mid = (low + high) // 2
-        low, high = (mid, high) if ok(mid) else (low, mid)
-    return low, high
+    return _bisect(ok, low, high, precision)
 
 
 def highest_rate(
