@@ -58,6 +58,7 @@ class SchedulerOutput:
     scheduled: tuple[ScheduledRequest, ...]
     num_prefill_tokens: int
     num_decode_tokens: int
+    num_decode_context_tokens: int = 0  # the decodes' cached + new tokens (a step-time model's feature)
     preempted_request_ids: tuple[str, ...] = ()
     num_prefix_queried_tokens: int = 0  # prompt tokens looked up in the prefix cache this step
     num_prefix_hit_tokens: int = 0  # of those, found cached
@@ -101,7 +102,7 @@ class StepStats:
     and ``kv_resident_request_ids`` names those requests in the same order: an estimator turns
     these into bytes and compares with ``num_used_blocks``.
 
-    The last three describe the work the step ran (``SchedulerOutput``'s properties of the same
+    The last four describe the work the step ran (``SchedulerOutput``'s fields of the same
     names), for fitting a step-time model; 0 in stats written before they existed.
     """
 
@@ -126,6 +127,7 @@ class StepStats:
     num_prefill_seqs: int = 0
     num_context_tokens: int = 0
     num_attended_tokens: int = 0
+    num_decode_context_tokens: int = 0
 
 
 @dataclass(frozen=True)

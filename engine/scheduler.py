@@ -119,6 +119,7 @@ class Scheduler:
             num_prefill_seqs=output.num_prefill_seqs,
             num_context_tokens=output.num_context_tokens,
             num_attended_tokens=output.num_attended_tokens,
+            num_decode_context_tokens=output.num_decode_context_tokens,
         )
 
     # ---- requests in and out -----------------------------------------------------------
@@ -186,14 +187,15 @@ class Scheduler:
         scheduled: list[ScheduledRequest] = []
         preempted: list[Request] = []
         queried0, hit0 = self.num_prefix_queried_tokens, self.num_prefix_hit_tokens
-        budget, num_decode = self._schedule_running(self.max_num_batched_tokens, scheduled, preempted)
+        budget, num_decode, decode_context = self._schedule_running(self.max_num_batched_tokens, scheduled, preempted)
         if not preempted:  # no request is admitted in a step that preempted
-            budget, num_decode = self._admit_waiting(now, budget, num_decode, scheduled)
+            budget, num_decode, decode_context = self._admit_waiting(now, budget, num_decode, decode_context, scheduled)
         self._blocks_held = self.block_manager.num_used_blocks  # finishing requests only free blocks after this
         return SchedulerOutput(
             scheduled=tuple(scheduled),
             num_prefill_tokens=self.max_num_batched_tokens - budget - num_decode,
             num_decode_tokens=num_decode,
+            num_decode_context_tokens=decode_context,
             preempted_request_ids=tuple(r.request_id for r in preempted),
             num_prefix_queried_tokens=self.num_prefix_queried_tokens - queried0,
             num_prefix_hit_tokens=self.num_prefix_hit_tokens - hit0,
@@ -201,14 +203,15 @@ class Scheduler:
 
     def _schedule_running(
         self, budget: int, scheduled: list[ScheduledRequest], preempted: list[Request]
-    ) -> tuple[int, int]:
+    ) -> tuple[int, int, int]:
         """Give running requests, in admission order, their remaining tokens (a decode's one, a
         prefill's chunk) within ``budget``; appends to ``scheduled`` and ``preempted``. Returns
-        (the budget left, the decodes among them). This loop runs for every running request every
-        step, so its common case (a decode whose last block has room) reads each field once."""
+        (the budget left, the decodes among them, those decodes' context tokens). This loop runs
+        for every running request every step, so its common case (a decode whose last block has
+        room) reads each field once."""
         bm = self.block_manager
         tables, block_size = bm.block_tables, bm.block_size
-        num_decode = 0
+        num_decode = decode_context = 0
         for request in self.running:  # a preemption pops from the back: the loop then ends sooner
             if not budget:
                 break
@@ -227,6 +230,7 @@ class Scheduler:
             elif end - start == 1:  # a decode: one token past the prompt, the last one sampled
                 token_ids = (outputs[start - num_prompt],)
                 num_decode += 1
+                decode_context += end
             else:
                 token_ids = request.token_ids_between(start, end)
             num_logits = request.sampling_params.num_prompt_logits
@@ -243,7 +247,7 @@ class Scheduler:
                 )
             )
             budget -= end - start
-        return budget, num_decode
+        return budget, num_decode, decode_context
 
     def _make_room(self, request: Request, num_tokens: int, preempted: list[Request]) -> bool:
         """Grow ``request``'s blocks to ``num_tokens``, preempting running requests from the back
@@ -257,12 +261,12 @@ class Scheduler:
         return True
 
     def _admit_waiting(
-        self, now: float, budget: int, num_decode: int, scheduled: list[ScheduledRequest]
-    ) -> tuple[int, int]:
+        self, now: float, budget: int, num_decode: int, decode_context: int, scheduled: list[ScheduledRequest]
+    ) -> tuple[int, int, int]:
         """Admit waiting requests first come, first served while blocks, ``budget`` and
         max_num_seqs allow, each from its longest cached prefix; appends to ``scheduled``.
         Returns (the budget left, ``num_decode`` plus the decodes admitted: a re-admitted request
-        whose cached prefix leaves one token past its prompt)."""
+        whose cached prefix leaves one token past its prompt, ``decode_context`` plus theirs)."""
         bm = self.block_manager
         while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
             request = self.waiting[0]
@@ -282,10 +286,12 @@ class Scheduler:
             if request.first_scheduled_time is None:
                 request.first_scheduled_time = now
                 request.num_cached_tokens = num_cached
-            num_decode += num_new == 1 and num_cached >= request.num_prompt_tokens
+            if num_new == 1 and num_cached >= request.num_prompt_tokens:
+                num_decode += 1
+                decode_context += num_cached + 1
             scheduled.append(self._scheduled(request, num_cached, num_new))
             budget -= num_new
-        return budget, num_decode
+        return budget, num_decode, decode_context
 
     def _scheduled(self, request: Request, start: int, num_new: int) -> ScheduledRequest:
         """An admitted request's share of the step: ``num_new`` tokens from ``start`` (running

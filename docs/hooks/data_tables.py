@@ -24,8 +24,10 @@ def on_page_markdown(markdown: str, page, config, files) -> str:
 
 
 def gpu_table() -> str:
-    """One row per GPU: names, memory as the driver reports it, and the speeds kvplan simulate
-    uses (blank where the GPU has no figures: simulate refuses it)."""
+    """One row per GPU: names, memory as the driver reports it, the speeds kvplan simulate uses
+    (dense TFLOP/s, GB/s; blank where the GPU has no figures: simulate refuses it; ``none`` for
+    FP8 / FP4 where a GPU with figures has no such tensor cores) and the aiconfigurator-core
+    system that is the same GPU (``silicon_system``; blank where there is none)."""
     import yaml
 
     from kvplan.plan.gpu_perf import GPU_PERF_FILE
@@ -33,8 +35,9 @@ def gpu_table() -> str:
 
     perf = yaml.safe_load(GPU_PERF_FILE.read_text())["gpus"]
     rows = [
-        "| GPU | aliases | memory GiB | as reported by | BF16 TFLOP/s | FP8 TFLOP/s | HBM GB/s | link GB/s |",
-        "|---|---|---:|---|---:|---:|---:|---:|",
+        "| GPU | aliases | memory GiB | as reported by | BF16 TFLOP/s | FP8 TFLOP/s | FP4 TFLOP/s | HBM GB/s "
+        "| link GB/s | aiconfigurator system |",
+        "|---|---|---:|---|---:|---:|---:|---:|---:|---|",
     ]
     for name, entry in sorted(gpus().items()):
         speed = perf.get(name, {})
@@ -44,9 +47,13 @@ def gpu_table() -> str:
             f"{entry['memory_gib']:g}",
             entry.get("reported_by", ""),
         ]
-        cells += [_number(speed.get(key)) for key in ("bf16_tflops", "fp8_tflops", "hbm_gbps", "link_gbps")]
-        if speed and speed.get("fp8_tflops") is None:
-            cells[5] = "none"
+        speeds = ("bf16_tflops", "fp8_tflops", "fp4_tflops", "hbm_gbps", "link_gbps")
+        cells += [_number(speed.get(key)) for key in speeds]
+        for column, key in ((5, "fp8_tflops"), (6, "fp4_tflops")):
+            if speed and speed.get(key) is None:
+                cells[column] = "none"
+        system = speed.get("silicon_system")
+        cells.append(f"`{system}`" if system else "")
         rows.append("| " + " | ".join(cells) + " |")
     return "\n".join(rows) + "\n"
 

@@ -67,7 +67,10 @@ def estimate(
     ] = None,
     weight_dtype: Annotated[
         str,
-        typer.Option(help="Weight dtype: auto (checkpoint dtype or quantization), fp32, fp16, bf16, fp8, int8, int4."),
+        typer.Option(
+            help="Weight dtype: auto (checkpoint dtype or quantization), fp32, fp16, bf16, fp8, int8, int4,"
+            " nvfp4 (alias fp4), mxfp4."
+        ),
     ] = "auto",
     overhead_gib: Annotated[
         float | None,

@@ -36,11 +36,35 @@ def simulate(
         str, typer.Option(help="KV dtype on --gpu: auto (model dtype), fp16, bf16, fp8.")
     ] = "auto",
     weight_dtype: Annotated[
-        str, typer.Option(help="Weight dtype on --gpu: auto (checkpoint), bf16, fp16, fp8, int8, int4.")
+        str,
+        typer.Option(
+            help="Weight dtype on --gpu: auto (checkpoint), bf16, fp16, fp8, int8, int4, nvfp4 (alias fp4), mxfp4."
+        ),
     ] = "auto",
     gpu_memory_utilization: Annotated[
         float | None, typer.Option(help="Fraction of --gpu's memory the server may use (default 0.9, vLLM's).")
     ] = None,
+    backend: Annotated[
+        str,
+        typer.Option(
+            help="Serving engine whose measured operation times (aiconfigurator-core) time steps on --gpu:"
+            " vllm, sglang, trtllm."
+        ),
+    ] = "vllm",
+    backend_version: Annotated[
+        str | None,
+        typer.Option(help="The --backend database version (default: the newest aiconfigurator-core holds)."),
+    ] = None,
+    ep: Annotated[
+        int, typer.Option(help="Expert-parallel size on --gpu for a MoE model (experts split --ep ways of --tp).")
+    ] = 1,
+    step_times: Annotated[
+        str,
+        typer.Option(
+            help="How --gpu steps are timed: auto (measured silicon where aiconfigurator-core covers the GPU,"
+            " backend and model, else the roofline), silicon, roofline."
+        ),
+    ] = "auto",
     replay: Annotated[
         Path | None,
         typer.Option(
@@ -81,7 +105,12 @@ def simulate(
         gpu_memory_utilization=gpu_memory_utilization,
         replay=replay,
         attainment=attainment,
+        backend=backend,
+        backend_version=backend_version,
+        ep=ep,
+        step_times=step_times,
     )
+    warn([note for s in (setup, *plan) for note in s.notes], spec.source)
     if calibrated is not None and not (json_output or quiet):
         from kvplan.load.sim.views import print_calibration
 

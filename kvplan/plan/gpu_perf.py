@@ -1,9 +1,10 @@
 """GPU speeds (peak FLOP/s, memory and link bandwidth) and the serving efficiencies fitted to them.
 
 ``data/gpu_perf.yaml`` holds, per GPU of the GPU table (``data/gpus.yaml``, names resolved by
-:func:`kvplan.plan.gpus.lookup_gpu`), the datasheet figures with their sources, and
-``serving_fit``: the compute and memory efficiencies and the per-step overhead that
-kvplan.plan.step_cost's roofline was fitted with (bench/gpu_cost_fit.py).
+:func:`kvplan.plan.gpus.lookup_gpu`), the datasheet figures with their sources, the
+aiconfigurator-core system that is the same GPU (``silicon_system``, for measured step times:
+kvplan.plan.silicon), and ``serving_fit``: the compute and memory efficiencies and the per-step
+overhead that kvplan.plan.step_cost's roofline was fitted with (bench/gpu_cost_fit.py).
 """
 
 from __future__ import annotations
@@ -20,8 +21,16 @@ GPU_PERF_FILE = Path(__file__).parent / "data" / "gpu_perf.yaml"
 
 @dataclass(frozen=True)
 class GpuPerf:
-    """One GPU's peak dense tensor FLOP/s (``fp8_flops`` None: no FP8 tensor cores), memory and
-    GPU-to-GPU bandwidth (bytes/s, per direction), and where the figures come from."""
+    """One GPU's peak dense tensor FLOP/s, memory and GPU-to-GPU bandwidth, and where the figures
+    come from.
+
+    bf16_flops, fp8_flops, fp4_flops: FLOP/s, dense (never the "with sparsity" figure);
+    ``fp8_flops`` None: no FP8 tensor cores; ``fp4_flops`` None: no FP4 (NVFP4 / MXFP4) tensor
+    cores (every GPU before Blackwell).
+    hbm_bytes_per_s, link_bytes_per_s: bytes/s, the link per direction.
+    silicon_system: the aiconfigurator-core 0.12.0 system name (its ``systems/<name>.yaml``,
+    e.g. ``h100_sxm``) that is this GPU; None where aiconfigurator has none.
+    """
 
     name: str
     bf16_flops: float
@@ -29,6 +38,8 @@ class GpuPerf:
     hbm_bytes_per_s: float
     link_bytes_per_s: float
     source: str
+    fp4_flops: float | None = None
+    silicon_system: str | None = None
 
 
 @dataclass(frozen=True)
@@ -50,7 +61,8 @@ def _table() -> dict:
 
 
 def lookup_gpu_perf(name: str) -> GpuPerf:
-    """The speeds of GPU ``name`` (any name :func:`lookup_gpu` resolves).
+    """The speeds of GPU ``name`` (any name :func:`lookup_gpu` resolves), from
+    ``data/gpu_perf.yaml`` (TFLOP/s and GB/s there, FLOP/s and bytes/s here).
 
     Raises:
         KvplanError: ``gpu``: an unknown GPU, or one the table holds no FLOP/s and bandwidth for.
@@ -68,7 +80,8 @@ def lookup_gpu_perf(name: str) -> GpuPerf:
             f"use one of {known} (kvplan/plan/data/gpu_perf.yaml)",
         )
     key, entry = table_name, data["gpus"][table_name]
-    fp8 = entry.get("fp8_tflops")
+    fp8, fp4 = entry.get("fp8_tflops"), entry.get("fp4_tflops")
+    system = entry.get("silicon_system")
     return GpuPerf(
         key,
         entry["bf16_tflops"] * 1e12,
@@ -76,6 +89,8 @@ def lookup_gpu_perf(name: str) -> GpuPerf:
         entry["hbm_gbps"] * 1e9,
         entry["link_gbps"] * 1e9,
         entry["source"],
+        fp4_flops=fp4 * 1e12 if fp4 else None,
+        silicon_system=str(system) if system else None,
     )
 
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from kvplan.plan.config_reader import MAX_LAYERS, MAX_SIZE, ConfigReader
-from kvplan.plan.dtypes import CHECKPOINT_DTYPES
+from kvplan.plan.dtypes import CHECKPOINT_DTYPES, FP4_WEIGHT_DTYPES
 from kvplan.plan.layer_spec import LayerSpec, layer_kinds, recurrent_state
 
 # Model types whose config class defaults tie_word_embeddings to False when the key is absent
@@ -61,7 +61,9 @@ class MLADims:
 
 @dataclass(frozen=True)
 class MoEDims:
-    """Mixture-of-experts sizes. ``moe_layers``: indices of layers whose MLP is the expert block."""
+    """Mixture-of-experts sizes. ``moe_layers``: indices of layers whose MLP is the expert block;
+    ``experts_per_token``: the routed experts each token runs per MoE layer (top-k:
+    ``num_experts_per_tok``; 0 when the config omits it)."""
 
     num_experts: int
     expert_intermediate_size: int  # 0 when the config omits it
@@ -69,6 +71,7 @@ class MoEDims:
     shared_expert_intermediate_size: int  # Qwen2-MoE style: one shared MLP of this size (0: none)
     moe_layers: tuple[int, ...]
     expert_bias: bool  # gpt-oss experts and router carry biases
+    experts_per_token: int = 0
 
 
 @dataclass(frozen=True)
@@ -336,6 +339,9 @@ def _moe(r: ConfigReader, model_type: str, num_layers: int) -> MoEDims | None:
         shared_expert_intermediate_size=count("shared_expert_intermediate_size", default=0),
         moe_layers=moe_layers,
         expert_bias=model_type == "gpt_oss",
+        experts_per_token=r.count(
+            "num_experts_per_tok", "experts_per_token", default=0, minimum=0, maximum=num_experts
+        ),
     )
 
 
@@ -346,8 +352,10 @@ def _weight_bits(r: ConfigReader, quant: dict[str, Any] | None) -> float | None:
     method = str(quant.get("quant_method", "")).lower()
     if method == "fp8":
         return 8.0
-    if method == "mxfp4":
-        return 4.25  # 4-bit values + one 8-bit scale per 32 (OCP microscaling format)
+    if method == "mxfp4":  # 4-bit values + one 8-bit scale per 32 (OCP microscaling format): 4.25
+        return FP4_WEIGHT_DTYPES["mxfp4"].bits_per_weight
+    if method.startswith("modelopt") and str(quant.get("quant_algo", "")).upper() == "NVFP4":
+        return FP4_WEIGHT_DTYPES["nvfp4"].bits_per_weight  # NVIDIA ModelOpt NVFP4: one FP8 scale per 16: 4.5
     if quant.get("bits"):
         return float(r.within(quant).count("bits", maximum=32))
     if quant.get("load_in_4bit"):

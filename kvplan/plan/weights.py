@@ -135,20 +135,55 @@ def _state_mixer(state, h: int) -> int:
     return h * 3 * state.conv_dim + state.conv_dim * state.conv_kernel + state.conv_dim * h  # ShortConvState
 
 
+def routed_expert_parameters(spec: ModelSpec) -> int:
+    """Parameters of one routed expert of one MoE layer (0 for a dense model): its gated MLP,
+    ``3 x hidden x moe_intermediate_size``, plus its biases where the experts carry them (gpt-oss:
+    ``2 x moe_intermediate_size + hidden``). The router and shared experts are not routed: every
+    token runs them. :func:`count_parameters` counts ``num_experts`` of these per MoE layer.
+
+    Raises:
+        KvplanError: an MoE config without hidden_size or moe_intermediate_size.
+    """
+    if spec.moe is None:
+        return 0
+    h = _required(spec, "hidden_size", spec.hidden_size)
+    size = spec.moe.expert_intermediate_size
+    if not size:
+        raise KvplanError(
+            "", "missing field moe_intermediate_size", "give `weights_gib` or `kv_memory_gib`", source=spec.name
+        )
+    return 3 * h * size + ((2 * size + h) if spec.moe.expert_bias else 0)
+
+
+def weight_bytes_per_parameter(spec: ModelSpec, weight_dtype: str = "auto") -> tuple[float, float]:
+    """(bytes per embedding / LM head parameter, bytes per other parameter) as
+    :func:`weights_bytes` counts them.
+
+    Raises:
+        KvplanError: unknown weight dtype.
+    """
+    name = dtypes.canonical_weight(weight_dtype)
+    if name == "auto":
+        base = dtypes.DTYPES[dtypes.serving_dtype(spec.dtype)].bytes_per_element
+        return base, spec.weight_bits / 8 if spec.weight_bits else base
+    per = dtypes.weight_bytes_per_element(name)
+    return per, per
+
+
 def weights_bytes(spec: ModelSpec, weight_dtype: str = "auto") -> int:
     """Bytes of all weights: parameters x bytes per weight.
 
-    ``auto``: a quantized checkpoint's bits (fp8, AWQ/GPTQ bits, mxfp4) for everything but the
-    embeddings and LM head, which stay in the model dtype; otherwise the model dtype (float32
-    checkpoints are served in fp16, as vLLM's ``--dtype auto`` does).
+    ``auto``: a quantized checkpoint's bits (fp8, AWQ/GPTQ bits, mxfp4, nvfp4) for everything but
+    the embeddings and LM head, which stay in the model dtype; otherwise the model dtype (float32
+    checkpoints are served in fp16, as vLLM's ``--dtype auto`` does). A named dtype stores every
+    weight in it; the FP4 formats (``nvfp4`` 4.5 bits, ``mxfp4`` 4.25 bits) count their block
+    scales (:data:`kvplan.plan.dtypes.FP4_WEIGHT_DTYPES`), int8 and int4 count bits / 8.
 
     Raises:
         KvplanError: unknown weight dtype.
     """
     embedding, other = count_parameters(spec)
-    base = dtypes.DTYPES[dtypes.serving_dtype(spec.dtype)].bytes_per_element
-    name = dtypes.canonical(weight_dtype, "weight_dtype")
-    if name == "auto":
-        other_bytes = spec.weight_bits / 8 if spec.weight_bits else base
-        return int(embedding * base + other * other_bytes)
-    return int((embedding + other) * dtypes.DTYPES[name].bytes_per_element)
+    embedding_bytes, other_bytes = weight_bytes_per_parameter(spec, weight_dtype)
+    if dtypes.canonical_weight(weight_dtype) == "auto":
+        return int(embedding * embedding_bytes + other * other_bytes)
+    return int((embedding + other) * other_bytes)

@@ -103,9 +103,10 @@ class StepRecord:
     ``ideal_bytes`` = sum(resident tokens) x bytes per token; ``paged_bytes`` = sum of whole
     blocks per request x bytes per block; ``contiguous_bytes`` = requests holding KV x
     max_model_len x bytes per token (kvplan's estimate, all three); ``measured_bytes`` = used
-    blocks x the engine's real bytes per block. ``num_prefill_seqs``, ``num_context_tokens`` and
-    ``num_attended_tokens``: the work the step ran (engine.outputs.StepStats), what a step-time
-    model is fitted on; 0 in runs recorded before they existed.
+    blocks x the engine's real bytes per block. ``num_prefill_seqs``, ``num_context_tokens``,
+    ``num_attended_tokens`` and ``num_decode_context_tokens``: the work the step ran
+    (engine.outputs.StepStats), what a step-time model is fitted on; 0 in runs recorded before
+    they existed.
     """
 
     step_index: int
@@ -137,6 +138,7 @@ class StepRecord:
     num_prefill_seqs: int = 0
     num_context_tokens: int = 0
     num_attended_tokens: int = 0
+    num_decode_context_tokens: int = 0
 
     @property
     def key(self) -> LevelKey:

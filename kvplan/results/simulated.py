@@ -41,6 +41,9 @@ class CostModelInfo(_Part):
     kind: Literal["calibrated", "gpu", "replay"]
     description: str
     source: str = ""
+    # what times each step, in one phrase: "silicon: h100_sxm / vllm 0.24.0" (aiconfigurator-core's
+    # measured database, kvplan.plan.silicon), "roofline", "calibrated" or "replay"; "" in older runs
+    step_times: str = ""
     machine: str = ""
     r2: float | None = None
     parameters: dict[str, Any] = {}
@@ -81,6 +84,7 @@ class TargetCapacity(_Part):
     kv_cache_dtype: str
     attainment_target: float = DEFAULT_ATTAINMENT
     buckets: list[BucketCapacity] = []
+    step_times: str = ""  # CostModelInfo.step_times of the target's clock ("" in older runs)
 
     def bucket(self, name: str) -> BucketCapacity | None:
         return next((b for b in self.buckets if b.name == name), None)

@@ -22,7 +22,8 @@ the lowest level searched that failed above each maximum, ``concurrency_bound``
 at the scheduler's limit and bounds TPOT only, so no rate is too high and ``slo_max_request_rate``
 is null);
 per run ``targets``, the same answers for every target a simulation searched (the engine, and
-each ``plan:`` entry it could time).
+each ``plan:`` entry it could time), each naming what timed its steps in ``step_times``
+(``silicon: h100_sxm / vllm 0.24.0``, ``roofline``, ``calibrated``, ``replay``; null in older runs).
 
 A run against a remote server (``source: target``) fills ``server`` (``url``, ``model``,
 ``metrics_available``, ``num_gpu_blocks``, ``block_size``) and per level ``server_preemptions``
@@ -157,6 +158,7 @@ def summary_json(result: RunResult) -> dict[str, Any]:
                 "gpu": t.gpu,
                 "tp": t.tp,
                 "kv_cache_dtype": t.kv_cache_dtype,
+                "step_times": t.step_times or None,
                 "buckets": [{"name": b.name, **capacity_json(b, t.attainment_target)} for b in t.buckets],
             }
             for t in result.capacity

@@ -200,3 +200,42 @@ def test_random_operations_keep_block_invariants(ops, caching, budget, shared):
         check()
     assert not s.has_unfinished()
     assert bm.num_used_blocks == 0
+
+
+def test_decode_context_counts_the_decodes_tokens_only():
+    """A mixed step: r decodes at position 6 (7 tokens of context), q prefills its 5-token prompt;
+    the decodes' context is r's 7, the step's whole context 7 + 5."""
+    s = make(max_num_batched_tokens=16)
+    add(s, "r", range(6), max_tokens=3)
+    out = step(s)
+    assert (out.num_decode_tokens, out.num_decode_context_tokens, out.num_context_tokens) == (0, 0, 6)
+    add(s, "q", range(100, 105), max_tokens=3)
+    out = step(s)
+    assert [len(x.token_ids) for x in out.scheduled] == [1, 5]
+    assert (out.num_decode_tokens, out.num_decode_context_tokens, out.num_context_tokens) == (1, 7, 12)
+    out = step(s)  # both decode: r at position 7 (8 tokens), q at position 5 (6 tokens)
+    assert (out.num_decode_tokens, out.num_decode_context_tokens, out.num_context_tokens) == (2, 14, 14)
+    stats = s.step_stats(0, 0.0, 1.0, out, 0)
+    assert stats.num_decode_context_tokens == 14
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.integers(1, 20), st.integers(1, 6)), min_size=1, max_size=6), st.integers(4, 24))
+def test_decode_context_is_the_sum_over_decodes_of_their_sequence_lengths(requests, budget):
+    """Whatever is scheduled: num_decode_context_tokens = sum of seq_len over one-token chunks past
+    the prompt (the decodes), computed here from the scheduled requests and their prompts."""
+    s = make(num_blocks=64, max_num_batched_tokens=budget, max_model_len=64)
+    prompts = {}
+    for i, (n, m) in enumerate(requests):
+        prompts[f"r{i}"] = n
+        add(s, f"r{i}", range(n), max_tokens=m)
+    for _ in range(60):
+        if not s.has_unfinished():
+            break
+        out = s.schedule(1.0)
+        decodes = [x for x in out.scheduled if len(x.token_ids) == 1 and x.num_computed_tokens >= prompts[x.request_id]]
+        assert out.num_decode_tokens == len(decodes)
+        assert out.num_decode_context_tokens == sum(x.num_computed_tokens + 1 for x in decodes)
+        sampled = {x.request_id: 7 for x in out.scheduled if x.sample}
+        s.update_from_output(out, sampled, 1.0)
+        s.take_finished()

@@ -22,16 +22,18 @@ def _name(requirement: str) -> str:
 
 
 def engine_only_modules() -> set[str]:
-    """Top-level modules of the distributions the engine extra adds and the base does not declare."""
+    """Top-level modules of the distributions the engine and silicon extras add and the base does
+    not declare."""
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     base = {_name(r) for r in project["dependencies"]}
-    extra = {_name(r) for r in project["optional-dependencies"]["engine"]} - base
+    extras = project["optional-dependencies"]
+    extra = {_name(r) for r in extras["engine"] + extras["silicon"]} - base
     modules = {
         module
         for module, dists in packages_distributions().items()
         if any(d.lower().replace("_", "-") in extra for d in dists)
     }
-    assert {"torch", "transformers", "triton"} <= modules  # the three the issue names are among them
+    assert {"torch", "transformers", "triton", "aiconfigurator_core"} <= modules
     return modules
 
 
@@ -93,7 +95,7 @@ def test_the_base_install_estimates_reports_gates_and_load_tests_a_server(tmp_pa
             }
         )
     )
-    run, baseline = tmp_path / "run", tmp_path / "baseline.yaml"
+    run, baseline, sim = tmp_path / "run", tmp_path / "baseline.yaml", tmp_path / "sim"
     server = FakeServer(Options(interval_s=0.001)).start()
     try:
         commands = [
@@ -115,6 +117,8 @@ def test_the_base_install_estimates_reports_gates_and_load_tests_a_server(tmp_pa
             ["gate", str(run), "--baseline", str(baseline)],
             ["schema", "results"],
             ["loadtest", "workloads/smoke.yaml", "--quiet"],  # the bundled engine: not in the base
+            # a GPU without aiconfigurator-core: the roofline times it, and one line says why
+            ["simulate", "workloads/smoke.yaml", "--model", "llama-3.1-8b", "--gpu", "H100-SXM", "--out", str(sim)],
         ]
         done = subprocess.run(
             [sys.executable, "-c", PROGRAM, json.dumps(sorted(engine_only_modules())), json.dumps(commands)],
@@ -128,7 +132,12 @@ def test_the_base_install_estimates_reports_gates_and_load_tests_a_server(tmp_pa
         server.stop()
     assert done.returncode == 0, done.stderr
     *answers, imported = json.loads(done.stdout.splitlines()[-1])
-    assert [code for code, _, _ in answers] == [0, 0, 0, 0, 0, 0, 0, 2], answers
+    assert [code for code, _, _ in answers] == [0, 0, 0, 0, 0, 0, 0, 2, 0], answers
+    assert answers[8][2] == (
+        "warning: workloads/smoke.yaml: engine: Llama-3.1-8B-Instruct on H100-SXM timed by the roofline: "
+        "aiconfigurator-core is not installed (pip install 'kvplan[silicon]')\n"
+    )
+    assert json.loads((sim / "results.json").read_text())["cost_model"]["step_times"] == "roofline"
     # GGUF read by kvplan.plan.gguf_reader (no gguf package): 2 layers x 2 KV heads x (16 + 16) x 2 bytes
     # (f16, llama.cpp's cache type)
     assert json.loads(answers[0][1])["bytes_per_token"] == 2 * 2 * (16 + 16) * 2

@@ -14,6 +14,8 @@ from kvplan.load.sim.calibrations import Calibrated
 from kvplan.load.sim.run import SimSetup
 from kvplan.load.workload import Workload
 
+STEP_TIMES = ("auto", "silicon", "roofline")
+
 
 def setups_for(
     workload: Workload,
@@ -27,6 +29,10 @@ def setups_for(
     gpu_memory_utilization: float | None = None,
     replay: Path | None = None,
     attainment: float = 0.95,
+    backend: str = "vllm",
+    backend_version: str | None = None,
+    ep: int = 1,
+    step_times: str = "auto",
 ) -> tuple[SimSetup, tuple[SimSetup, ...], Calibrated | None]:
     """(the setup to simulate, the plan targets to answer for, the calibration fitted on
     ``calibrate`` if given). Options are named by their fields.
@@ -37,7 +43,11 @@ def setups_for(
             the chosen setup raises.
     """
     from kvplan.load.sim import gpu_target, setups
+    from kvplan.plan.silicon import check_backend
 
+    backend = check_backend(backend)  # an unknown name fails whatever the clock
+    if step_times not in STEP_TIMES:
+        raise KvplanError("step_times", f"unknown choice {step_times!r}", f"use one of {', '.join(STEP_TIMES)}")
     if not 0 < attainment <= 1:
         raise KvplanError("attainment", f"must be in (0, 1] (got {attainment})", "give a fraction such as 0.95")
     if (model is None) != (gpu is None):
@@ -56,6 +66,10 @@ def setups_for(
                 ("kv_cache_dtype", kv_cache_dtype, "auto"),
                 ("weight_dtype", weight_dtype, "auto"),
                 ("gpu_memory_utilization", gpu_memory_utilization, None),
+                ("backend", backend, "vllm"),
+                ("backend_version", backend_version, None),
+                ("ep", ep, 1),
+                ("step_times", step_times, "auto"),
             )
             if value != default
         ]
@@ -66,5 +80,17 @@ def setups_for(
         setup, calibrated = setups.engine_setup(workload, calibrate)
         return setup, tuple(gpu_target.plan_setups(workload)[0]), calibrated
     assert model is not None  # given with gpu (checked above)
-    setup = gpu_target.gpu_setup(workload, model, gpu, tp, kv_cache_dtype, weight_dtype, gpu_memory_utilization)
+    setup = gpu_target.gpu_setup(
+        workload,
+        model,
+        gpu,
+        tp,
+        kv_cache_dtype,
+        weight_dtype,
+        gpu_memory_utilization,
+        backend=backend,
+        backend_version=backend_version,
+        ep=ep,
+        step_times=step_times,
+    )
     return setup, (), None

@@ -23,23 +23,28 @@ class StepWork:
     ``num_prefill_tokens`` (prompt chunks and recomputes), ``num_decode_tokens`` (= decoding
     requests, one token each), ``num_prefill_seqs`` (requests with prefill tokens),
     ``num_context_tokens`` (sum of scheduled requests' cached + new tokens: the K/V attention
-    reads) and ``num_attended_tokens`` (causal query-key pairs per head)."""
+    reads), ``num_attended_tokens`` (causal query-key pairs per head) and
+    ``num_decode_context_tokens`` (the decoding requests' share of ``num_context_tokens``; 0 where
+    a record predates it)."""
 
     num_prefill_tokens: int
     num_decode_tokens: int
     num_prefill_seqs: int
     num_context_tokens: int
     num_attended_tokens: int
+    num_decode_context_tokens: int = 0
 
     @classmethod
     def of(cls, step: Any) -> StepWork:
-        """From anything with these five fields (a SchedulerOutput, StepStats or StepRecord)."""
+        """From anything with these fields (a SchedulerOutput, StepStats or StepRecord; the last
+        one optional)."""
         return cls(
             step.num_prefill_tokens,
             step.num_decode_tokens,
             step.num_prefill_seqs,
             step.num_context_tokens,
             step.num_attended_tokens,
+            getattr(step, "num_decode_context_tokens", 0),
         )
 
     @property

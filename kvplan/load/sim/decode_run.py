@@ -81,7 +81,7 @@ def decode_run(
             later += grow
             del due[j]
         context = context0 + n * j
-        end = clock.step_end(start, StepWork(0, n, 0, context, context))
+        end = clock.step_end(start, StepWork(0, n, 0, context, context, context))
         used = bm.num_used_blocks
         steps.append(
             StepStats(
@@ -106,6 +106,7 @@ def decode_run(
                 num_prefill_seqs=0,
                 num_context_tokens=context,
                 num_attended_tokens=context,
+                num_decode_context_tokens=context,
             )
         )
         ends.append(end)

@@ -2,13 +2,17 @@
 
 The model and the KV pool are replaced: the pool is kvplan's capacity arithmetic on that GPU
 (GPU memory x utilization - weights / tp - overhead, in blocks of the engine section's block
-size; kvplan.plan.capacity), and each step is timed by the roofline of kvplan.plan.step_cost with
-the efficiencies fitted to public serving results. The scheduler limits (block size,
+size; kvplan.plan.capacity). Each step is timed from measured silicon where aiconfigurator-core's
+database covers the GPU, backend and model (kvplan.plan.silicon), else by the roofline of
+kvplan.plan.step_cost with the efficiencies fitted to public serving results; the setup's
+``notes`` say why in one line. The scheduler limits (block size,
 max_num_seqs, max_num_batched_tokens, max_model_len, prefix caching) stay the engine section's.
 Prompts are the workload's own, tokenised by the engine section's model.
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 from kvplan.errors import KvplanError
 from kvplan.load.sim.cost import ModelClock
@@ -34,15 +38,28 @@ def gpu_setup(
     gpu_memory_utilization: float | None = None,
     target: str = "engine",
     fit=None,
+    backend: str = "vllm",
+    backend_version: str | None = None,
+    ep: int = 1,
+    step_times: str = "auto",
+    silicon_fit=None,
 ) -> SimSetup:
     """Simulate ``model`` on ``tp`` GPUs ``gpu`` under the workload's scheduler limits.
 
-    fit: efficiencies and overhead (kvplan.plan.gpu_perf.ServingFit); default the fitted ones.
+    fit: the roofline's efficiencies and overhead (kvplan.plan.gpu_perf.ServingFit); default the
+    fitted ones. backend / backend_version: whose measured database times the steps (default
+    vLLM's newest). ep: expert-parallel size of a MoE model (experts split ``ep`` ways, each
+    expert ``tp / ep`` ways). step_times: ``auto`` (silicon where covered, else the roofline),
+    ``silicon`` (an error where not covered) or ``roofline``. silicon_fit: the silicon model's
+    correction (kvplan.plan.silicon.SiliconFit); default the backend's fitted one.
 
     Raises:
         KvplanError: an unknown model or GPU, a GPU without FLOP/s and bandwidth figures (``gpu``),
-            a bad tp or dtype, or a model that leaves no KV budget on that GPU.
+            a bad tp, ep or dtype, an unknown backend or backend version, a model that leaves no
+            KV budget on that GPU, or ``step_times: silicon`` on a target the database lacks.
     """
+    from kvplan.plan import silicon
+
     if tp < 1:
         raise KvplanError("tp", f"must be >= 1 (got {tp})")
     perf = lookup_gpu_perf(gpu)
@@ -59,13 +76,29 @@ def gpu_setup(
         block_size=settings.block_size,
         max_model_len=settings.max_model_len,
     )
-    cost = roofline(spec, perf, fit or serving_fit(), tp, kv_cache_dtype, weight_dtype)
+    backend = silicon.check_backend(backend)
+    notes: tuple[str, ...] = ()
+    timed: silicon.SiliconStepCost | str = "--step-times roofline"
+    if step_times != "roofline":
+        system = getattr(perf, "silicon_system", None)
+        timed = silicon.silicon_cost(
+            config, system, tp, backend, backend_version, weight_dtype, kv_cache_dtype, ep, silicon_fit
+        )
+        if isinstance(timed, str):
+            if step_times == "silicon":
+                raise KvplanError(
+                    "step_times", f"no measured step times for {name} on {perf.name}: {timed}", "use auto"
+                )
+            notes = (f"{target}: {name} on {perf.name} timed by the roofline: {timed}",)
+    elif backend_version is not None:
+        raise KvplanError("backend_version", "applies to silicon step times only", "drop it, or use --step-times auto")
+    roof = roofline(spec, perf, fit or serving_fit(), tp, kv_cache_dtype, weight_dtype)
     facts = EngineFacts(
         model=name,
         device=f"{capacity.gpu} x{tp}" if tp > 1 else str(capacity.gpu),
         dtype=dtypes.serving_dtype(spec.dtype),
         kv_cache_dtype=dtypes.canonical(capacity.kv_cache_dtype),
-        attention_backend="roofline",
+        attention_backend="roofline" if isinstance(timed, str) else timed.source.label,
         block_size=settings.block_size,
         num_blocks=capacity.num_blocks,
         bytes_per_block=capacity.bytes_per_token_all_ranks * settings.block_size,
@@ -80,24 +113,54 @@ def gpu_setup(
         vocab_size=spec.vocab_size,
         hf_config=config,
     )
-    info = CostModelInfo(
-        kind="gpu",
-        source=perf.source,
-        description=f"roofline of {perf.name} x{tp}: {perf.bf16_flops / 1e12:g} TFLOPS bf16, "
-        f"{perf.hbm_bytes_per_s / 1e9:g} GB/s, compute efficiency {cost.fit.compute_efficiency:.2f}, "
-        f"memory efficiency {cost.fit.memory_efficiency:.2f}, {cost.fit.step_overhead_s * 1e3:.2f} ms "
-        "per step",
-        parameters={
-            "gpu": perf.name,
-            "tp": tp,
-            "compute_efficiency": cost.fit.compute_efficiency,
-            "memory_efficiency": cost.fit.memory_efficiency,
-            "step_overhead_s": cost.fit.step_overhead_s,
-            "num_blocks": capacity.num_blocks,
-            "weights_bytes_per_rank": capacity.weights_bytes,
-        },
-    )
-    return SimSetup(facts, lambda: ModelClock(cost), info, target=target, gpu=perf.name, tp=tp)
+    if isinstance(timed, str):
+        cost: Any = roof
+        info = CostModelInfo(
+            kind="gpu",
+            source=perf.source,
+            step_times="roofline",
+            description=f"roofline of {perf.name} x{tp}: {perf.bf16_flops / 1e12:g} TFLOPS bf16, "
+            f"{perf.hbm_bytes_per_s / 1e9:g} GB/s, compute efficiency {roof.fit.compute_efficiency:.2f}, "
+            f"memory efficiency {roof.fit.memory_efficiency:.2f}, {roof.fit.step_overhead_s * 1e3:.2f} ms "
+            "per step",
+            parameters={
+                "gpu": perf.name,
+                "tp": tp,
+                "compute_efficiency": roof.fit.compute_efficiency,
+                "memory_efficiency": roof.fit.memory_efficiency,
+                "step_overhead_s": roof.fit.step_overhead_s,
+                "num_blocks": capacity.num_blocks,
+                "weights_bytes_per_rank": capacity.weights_bytes,
+            },
+        )
+    else:
+        cost, src = timed, timed.source
+        info = CostModelInfo(
+            kind="gpu",
+            source=f"aiconfigurator-core {silicon.package_version()} measured database ({src.model_path})",
+            step_times=src.label,
+            description=f"measured operation times of {src.system} x{tp}"
+            + (f" (expert parallel {ep})" if ep > 1 else "")
+            + f" under {src.backend} {src.version}, scales {timed.fit.decode_scale:.3f} (decode) and "
+            f"{timed.fit.prefill_scale:.3f} (prefill), {timed.fit.step_overhead_s * 1e3:.2f} ms per step and "
+            f"{timed.fit.seq_overhead_s * 1e3:.3f} ms per sequence",
+            parameters={
+                "gpu": perf.name,
+                "tp": tp,
+                "ep": ep,
+                "system": src.system,
+                "backend": src.backend,
+                "backend_version": src.version,
+                "model_path": src.model_path,
+                "decode_scale": timed.fit.decode_scale,
+                "prefill_scale": timed.fit.prefill_scale,
+                "step_overhead_s": timed.fit.step_overhead_s,
+                "seq_overhead_s": timed.fit.seq_overhead_s,
+                "num_blocks": capacity.num_blocks,
+                "weights_bytes_per_rank": capacity.weights_bytes,
+            },
+        )
+    return SimSetup(facts, lambda: ModelClock(cost), info, target=target, gpu=perf.name, tp=tp, notes=notes)
 
 
 def plan_setups(workload: Workload) -> tuple[list[SimSetup], list[str]]:

@@ -51,6 +51,7 @@ class SimSetup:
     gpu: str | None = None
     tp: int = 1
     timed: bool = True  # its clock times any level (False for a replay, which knows the measured levels only)
+    notes: tuple[str, ...] = ()  # one line each the CLI prints (a GPU target timed by the roofline: why)
 
     def sized(self, workload: Workload) -> Workload:
         """``workload`` with this target's pool (what the estimate reads)."""
@@ -148,6 +149,7 @@ def simulate(
                     kv_cache_dtype=target.facts.kv_cache_dtype,
                     attainment_target=attainment,
                     buckets=buckets,
+                    step_times=target.cost_model.step_times,
                 )
             )
         result = result.model_copy(update={"capacity": targets})

@@ -30,6 +30,7 @@ def calibrated_setup(workload: Workload, calibration: Calibration) -> SimSetup:
     model = calibration.model
     info = CostModelInfo(
         kind="calibrated",
+        step_times="calibrated",
         description=f"step time fitted on {calibration.num_steps:,} measured steps (R² {calibration.r2:.3f})",
         source=calibration.source,
         machine=calibration.machine,
@@ -69,6 +70,7 @@ def replay_setup(workload: Workload, run_dir: Path) -> SimSetup:
     facts = simulated_facts(workload, engine.device, engine.attention_backend)
     info = CostModelInfo(
         kind="replay",
+        step_times="replay",
         description="the measured run's own step times",
         source=str(run_dir),
         machine=data.result.run.platform,

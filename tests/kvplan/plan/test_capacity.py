@@ -122,6 +122,12 @@ def test_gpu_table_covers_the_required_gpus():
         "GH200",
         "H200",
         "B200",
+        "B300",
+        "GB200",
+        "GB300",
+        "RTX-PRO-6000-Server",
+        "A30",
+        "Arc-Pro-B60",
         "MI300X",
         "MI325X",
         "RTX-3090",
@@ -146,16 +152,54 @@ def test_gpu_table_covers_the_required_gpus():
         ("h100 sxm5", "H100-SXM", 79.18),  # any case, spaces as dashes
         ("rtx_4090", "RTX-4090", 23.68),
         ("GH200-480GB", "GH200", 95.58),
+        ("gb200", "GB200", 184.31),
+        ("B300 SXM6 AC", "B300", 267.69),  # nvidia-smi's name, less "NVIDIA"
+        ("GB300", "GB300", 276.50),
+        ("RTX PRO 6000 Blackwell Server Edition", "RTX-PRO-6000-Server", 94.97),
+        ("a30", "A30", 23.50),
+        ("b60", "Arc-Pro-B60", 22.71),
     ],
 )
 def test_gpus_match_exact_names_and_listed_aliases(typed, canonical, gib):
     assert lookup_gpu(typed) == (canonical, gib)
 
 
+# GPUs added for aiconfigurator-core 0.12.0's systems: the driver total kvplan uses (torch / vLLM /
+# CUDA, MiB as printed where a capture printed MiB), and the nvidia-smi total in MiB that
+# aiconfigurator's systems/<name>.yaml records as mem_capacity (A30, B60: their rounded 24 GiB)
+@pytest.mark.parametrize(
+    "name, driver_gib, nvidia_smi_mib, system",
+    [
+        ("GB200", 184.31, 189471, "gb200"),  # 189471 / 1024 = 185.03 GiB
+        ("B300", 267.69, 275040, "b300_sxm"),  # 268.59 GiB
+        ("GB300", 276.50, 284208, "gb300"),  # 277.55 GiB
+        ("RTX-PRO-6000-Server", 94.97, 97887, "rtx_pro_6000_server"),  # 95.59 GiB
+        ("A30", 24060 / 1024, 24576, "a30"),  # nvbench: 24060 MiB CUDA total = 23.50 GiB
+        ("Arc-Pro-B60", 23256 / 1024, None, "b60"),  # torch.xpu total_memory=23256MB = 22.71 GiB
+    ],
+)
+def test_gpus_from_aiconfigurator_hold_the_driver_total_below_nvidia_smi(name, driver_gib, nvidia_smi_mib, system):
+    entry = gpu_table()[name]
+    assert entry["memory_gib"] == pytest.approx(driver_gib, abs=0.005)
+    assert f"aiconfigurator-core 0.12.0 systems/{system}.yaml" in entry["source"]
+    if nvidia_smi_mib is not None:
+        assert str(nvidia_smi_mib) in entry["source"]
+        # the driver keeps about 0.3-1.1 GiB of the nvidia-smi total for itself (gpus.yaml header)
+        assert 0.3 < nvidia_smi_mib / 1024 - entry["memory_gib"] < 1.1
+    if entry["reported_by"] == "nvidia-smi":
+        assert entry["memory_gib"] == pytest.approx(nvidia_smi_mib / 1024, abs=0.005)
+
+
+def test_rtx_pro_6000_names_its_edition():
+    # the Workstation and Max-Q editions run other clocks: the bare name is no alias, and no prefix
+    with pytest.raises(KvplanError, match="unknown GPU 'RTX-PRO-6000'; closest: RTX-PRO-6000-Server"):
+        lookup_gpu("RTX-PRO-6000")
+
+
 @pytest.mark.parametrize(
     "typed, closest",
     [
-        ("B20", "closest: B200, H20, H200"),  # a prefix of B200 is not B200
+        ("B20", "closest: B200, GB200, H20"),  # a prefix of B200 is not B200
         ("h100", "closest: H100-SXM, H100-PCIe, H100-NVL"),  # nor is a prefix of H100-SXM
         ("A100", "closest: A100-40GB, A100-80GB, A10G"),
     ],

@@ -81,3 +81,97 @@ def test_gpu_speeds_resolve_through_the_gpu_table():
         lookup_gpu_perf("V100")
     fit = serving_fit()
     assert 0 < fit.compute_efficiency <= 1 and 0 < fit.memory_efficiency <= 1 and fit.step_overhead_s >= 0
+
+
+# aiconfigurator-core 0.12.0 systems/<name>.yaml, by hand: its FLOP/s and bytes/s as written there
+# (bfloat16_tc_flops, fp8_tc_flops, fp4_tc_flops, mem_bw, intra_node_bw), with kvplan's GPU name
+AIC_SYSTEMS = {
+    "gb200": ("GB200", 2_500e12, 5_000e12, 10_000e12, 8_000e9, 900e9),
+    "b300_sxm": ("B300", 2_250e12, 4_500e12, 14_000e12, 7_750e9, 900e9),
+    "gb300": ("GB300", 2_500e12, 5_000e12, 15_000e12, 8_000e9, 900e9),
+    "rtx_pro_6000_server": (
+        "RTX-PRO-6000-Server",
+        467_800_534_963_698,
+        935_601_069_927_397,
+        1_871_202_139_854_795,
+        1_792e9,
+        64e9,
+    ),
+    "a30": ("A30", 165e12, None, None, 933e9, 32e9),
+}
+
+
+@pytest.mark.parametrize("system", sorted(AIC_SYSTEMS))
+def test_gpus_added_from_aiconfigurator_carry_its_dense_figures(system):
+    name, bf16, fp8, fp4, hbm, link = AIC_SYSTEMS[system]
+    perf = lookup_gpu_perf(name)
+    assert perf.name == name and perf.silicon_system == system
+    # kvplan keeps a tenth of a TFLOP/s: 467.8 for 467.8005... (1.1e-6 off)
+    assert perf.bf16_flops == pytest.approx(bf16, rel=1e-5)
+    assert perf.fp8_flops == (None if fp8 is None else pytest.approx(fp8, rel=1e-5))
+    assert perf.fp4_flops == (None if fp4 is None else pytest.approx(fp4, rel=1e-5))
+    assert (perf.hbm_bytes_per_s, perf.link_bytes_per_s) == (hbm, link)
+    assert f"aiconfigurator-core 0.12.0 systems/{system}.yaml" in perf.source
+
+
+def test_the_intel_b60_runs_fp8_at_the_bf16_rate():
+    # systems/b60.yaml: bfloat16_tc_flops 98304000000000; no native FP8 matrix compute; 456 GB/s;
+    # no GPU-to-GPU link: PCIe 5.0 x8, 32 GB/s per direction
+    b60 = lookup_gpu_perf("B60")
+    assert (b60.name, b60.silicon_system) == ("Arc-Pro-B60", "b60")
+    assert (b60.bf16_flops, b60.fp8_flops, b60.fp4_flops) == (pytest.approx(98_304e9), None, None)
+    assert (b60.hbm_bytes_per_s, b60.link_bytes_per_s) == (456e9, 32e9)
+
+
+@pytest.mark.parametrize(
+    "gpu, system, fp4_tflops",
+    [
+        ("H100-SXM", "h100_sxm", None),
+        ("h100-80gb", "h100_sxm", None),  # an alias resolves to the same entry
+        ("H100-PCIe", "h100_pcie", None),
+        ("H200", "h200_sxm", None),
+        ("B200", "b200_sxm", 9000),  # HGX B200: FP4 18 PFLOPS with sparsity, halved
+        ("A100-80GB", "a100_sxm", None),  # kvplan's A100-80GB speeds are the SXM part's
+        ("L40S", "l40s", None),
+        ("L4", "l4", None),
+        ("A100-40GB", None, None),  # aiconfigurator's a100_sxm is the 80 GB part (2,039 GB/s)
+        ("RTX-4090", None, None),
+        ("MI300X", None, None),
+    ],
+)
+def test_silicon_systems_name_the_same_gpu(gpu, system, fp4_tflops):
+    perf = lookup_gpu_perf(gpu)
+    assert perf.silicon_system == system
+    assert perf.fp4_flops == (None if fp4_tflops is None else fp4_tflops * 1e12)
+
+
+def test_made_up_gpus_default_to_no_fp4_and_no_silicon_system():
+    assert (GPU.fp4_flops, GPU.silicon_system) == (None, None)
+
+
+def test_silicon_systems_match_the_installed_aiconfigurator():
+    """Every ``silicon_system`` is a system file of the installed aiconfigurator-core, and every
+    system with a measured database is some kvplan GPU's (skipped without the ``silicon`` extra)."""
+    from pathlib import Path
+
+    import yaml
+
+    from kvplan.plan.gpu_perf import GPU_PERF_FILE
+
+    aic = pytest.importorskip("aiconfigurator_core")
+    systems = Path(aic.__file__).parent / "systems"
+    entries = yaml.safe_load(GPU_PERF_FILE.read_text())["gpus"].values()
+    named = {entry["silicon_system"] for entry in entries if "silicon_system" in entry}
+    assert all((systems / f"{name}.yaml").is_file() for name in named), named
+    # a system without a database has an empty data folder (a .gitkeep only)
+    measured = {
+        folder.name
+        for folder in (systems / "data").iterdir()
+        if folder.is_dir() and any(not f.name.startswith(".") for f in folder.iterdir())
+    }
+    assert measured <= named, measured - named
+    for system, (_, bf16, fp8, fp4, hbm, link) in AIC_SYSTEMS.items():
+        spec = yaml.safe_load((systems / f"{system}.yaml").read_text())
+        assert spec["gpu"]["bfloat16_tc_flops"] == bf16 and spec["gpu"]["mem_bw"] == hbm, system
+        assert spec["gpu"].get("fp8_tc_flops") == fp8 and spec["gpu"].get("fp4_tc_flops") == fp4, system
+        assert spec["node"]["intra_node_bw"] == link, system

@@ -72,6 +72,10 @@ def test_simulating_a_gpu_imports_no_torch_and_prints_the_report_json(tmp_path):
     ):
         assert key in bucket["levels"][0]
     assert set(bucket["levels"][0]["ttft_ms"]) == {"mean", "p50", "p95", "p99"}
+    # Llama-3.1-8B on H100 is in aiconfigurator-core's database: measured step times, named per target
+    from kvplan.plan.silicon import default_version
+
+    assert simulated["targets"][0]["step_times"] == f"silicon: h100_sxm / vllm {default_version('h100_sxm', 'vllm')}"
     # An 8B model's pool on an 80 GB GPU holds max_num_seqs (16) smoke requests at once: no knee.
     # The SLO still holds at 16 in flight, and past it (users wait in the queue) up to where the
     # wait breaks it: the answer is no longer capped by the bucket's 8 requests.
@@ -93,7 +97,13 @@ def test_simulating_a_gpu_imports_no_torch_and_prints_the_report_json(tmp_path):
 def test_report_and_gate_read_a_simulated_run_unchanged(tmp_path, smoke_run):
     run_dir = tmp_path / "sim"
     code, out, err = run_cli("simulate", str(SMOKE), "--calibrate", str(smoke_run), "--out", str(run_dir), "--quiet")
-    assert (code, err) == (0, "") and out.strip() == f"report: {run_dir}"
+    # smoke.yaml's plan entry is an L4, which aiconfigurator-core's database lacks: one line says so
+    roofline = f"warning: {SMOKE}: plan[0]: Llama-3.1-8B-Instruct on L4 timed by the roofline: no vllm data for l4"
+    # (and a busy machine may have slowed the measured run part-way: the calibration's drift warning)
+    lines = err.splitlines()
+    assert code == 0 and lines[0].startswith(roofline), err
+    assert all("the machine slowed down part-way" in line for line in lines[1:]), err
+    assert out.strip() == f"report: {run_dir}"
     code, out, err = run_cli("report", str(run_dir))
     assert (code, err) == (0, "") and (run_dir / "kv_over_time.png").is_file()
     baseline = tmp_path / "baseline.yaml"
@@ -114,6 +124,20 @@ def test_report_and_gate_read_a_simulated_run_unchanged(tmp_path, smoke_run):
         (["--tp", "2"], "error: --tp: applies to a simulated GPU only"),
         (["--attainment", "1.5"], "error: --attainment: must be in (0, 1] (got 1.5)"),
         (["--model", "no-such-model", "--gpu", "H100-SXM"], "error: --model: unknown model 'no-such-model'"),
+        (
+            ["--model", "llama-3.1-8b", "--gpu", "H100-SXM", "--backend", "tgi"],
+            "error: --backend: unknown backend 'tgi'; use one of vllm, sglang, trtllm",
+        ),
+        (["--backend", "sglang"], "error: --backend: applies to a simulated GPU only"),
+        (
+            ["--model", "llama-3.1-8b", "--gpu", "H100-SXM", "--backend-version", "0.0.1"],
+            "error: --backend-version: aiconfigurator-core has no vllm 0.0.1 data for h100_sxm; use one of ",
+        ),
+        (
+            ["--model", "smollm2-135m", "--gpu", "H100-SXM", "--step-times", "silicon"],
+            "error: --step-times: no measured step times for SmolLM2-135M",
+        ),
+        (["--model", "llama-3.1-8b", "--gpu", "H100-SXM", "--step-times", "exact"], "error: --step-times: unknown"),
     ],
 )
 def test_bad_options_get_one_line_and_exit_2(args, line):
@@ -130,3 +154,15 @@ def test_a_calibration_of_another_engine_is_refused_by_the_field(tmp_path, smoke
     assert "ran float32; calibrate on a load test of this engine (--calibrate), or simulate a GPU" in err
     code, _, err = run_cli("simulate", str(SMOKE), "--calibrate", str(tmp_path / "nothing"))
     assert code == 2 and err.startswith(f"error: {tmp_path / 'nothing'}: no results.json here")
+
+
+def test_a_target_the_database_lacks_falls_back_to_the_roofline_with_one_line(tmp_path):
+    """SmolLM2-135M is no model of aiconfigurator-core's: the roofline times it, and says why."""
+    run_dir = tmp_path / "run"
+    code, out, err = run_cli(
+        "simulate", str(SMOKE), "--model", "smollm2-135m", "--gpu", "H100-SXM", "--out", str(run_dir), "--json"
+    )
+    assert code == 0 and err.count("\n") == 1, err
+    assert err.startswith(f"warning: {SMOKE}: engine: SmolLM2-135M")
+    assert "timed by the roofline: no aiconfigurator model config has this model's shape" in err
+    assert json.loads(out)["targets"][0]["step_times"] == "roofline"

@@ -1,0 +1,397 @@
+"""kvplan simulate's GPU step times against measured serving runs on H100, beside aiconfigurator's own estimate.
+
+The check set is tests/kvplan/data/silicon_h100.yaml: 760 measured serving runs on H100-SXM
+(vLLM, SGLang, TRT-LLM; its header says where they come from and how they were chosen). Each row
+is simulated as the source ran it: a random dataset of fixed ISL/OSL, a closed loop at the row's
+concurrency, the row's TP (and expert parallel size), ``max_num_batched_tokens`` 8192 unless the
+row says otherwise, ``max_num_seqs`` 1024 (vLLM V1's default on an 80 GB GPU), steady state (the
+first wave of ``concurrency`` requests warms up; the next two waves are measured). kvplan's mean
+TTFT and TPOT are compared with the measured ones (error % = predicted / measured - 1).
+
+The peer, measured in the same run: aiconfigurator's ``cli estimate`` (its Python entry,
+``aiconfigurator.cli.api.cli_estimate``, one process for all rows) on the same row, run from its
+own virtual environment (``--peer-python``; made in a temporary folder with
+``pip install aiconfigurator==0.12.0`` when not given; ``--no-peer`` skips it).
+
+``--fit`` finds each backend's four silicon constants (kvplan.plan.silicon.SiliconFit: decode and
+prefill scales of the summed operation times, overheads per step and per sequence) minimising
+the mean absolute log error of TPOT and TTFT over that backend's rows (four simulations per row:
+see ``fit_backend``); ``--fit-every K`` fits on every K-th row only (the check still runs on
+all); ``--write`` stores them in kvplan/plan/data/silicon_fit.yaml. ``--step-times roofline``
+checks the roofline instead.
+
+    flock /tmp/kvplan-cpu.lock .venv/bin/python bench/silicon_check.py [--limit N] [--fit [--write]]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from concurrent.futures import ProcessPoolExecutor
+from datetime import date
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+ROWS_FILE = Path(__file__).resolve().parents[1] / "tests" / "kvplan" / "data" / "silicon_h100.yaml"
+PEER = "aiconfigurator==0.12.0"
+
+
+def load_rows(limit: int | None = None) -> list[dict]:
+    import yaml
+
+    rows = yaml.safe_load(ROWS_FILE.read_text())["rows"]
+    if limit:
+        step = max(len(rows) // limit, 1)
+        rows = rows[::step][:limit]  # spread over the file (it is sorted by model and source)
+    return rows
+
+
+def row_workload(row: dict):
+    """The row's load as a workload (tiny-random-llama names the engine section; the GPU setup
+    replaces its model and pool)."""
+    from kvplan.load.workload_file import parse_workload
+
+    c, isl, osl = row["batch_size"], row["isl"], row["osl"]
+    data = {
+        "name": "silicon-row",
+        "engine": {
+            "model": "tiny-random-llama",
+            "max_num_seqs": max(1024, c),
+            "max_num_batched_tokens": row.get("max_num_batched_tokens", 8192),
+            "max_model_len": isl + osl + 16,
+        },
+        "dataset": {"kind": "random"},
+        "buckets": [
+            {
+                "name": "row",
+                "input_tokens": isl,
+                "output_tokens": osl,
+                "concurrency": [c],
+                "num_requests": 3 * c,
+                "warmup": c,
+            }
+        ],
+    }
+    return parse_workload(data)
+
+
+def simulate_row(args: tuple[dict, str, Any]) -> dict:
+    """kvplan's mean TTFT and TPOT (ms) for one row, or the reason it could not simulate. The
+    third element: the silicon fits by backend (a dict), or with ``roofline`` the roofline's
+    constants (a kvplan.plan.gpu_perf.ServingFit), or None for the stored ones."""
+    row, step_times, fit = args
+    from kvplan.errors import KvplanError
+    from kvplan.load.sim.gpu_target import gpu_setup
+    from kvplan.load.sim.run import sample
+    from kvplan.load.sim.search import Prober
+    from kvplan.plan.gpu_perf import ServingFit
+    from kvplan.plan.silicon import SiliconFit
+
+    started = time.perf_counter()
+    out = {"id": row["id"]}
+    try:
+        workload = row_workload(row)
+        roofline_fit = fit if isinstance(fit, ServingFit) and step_times == "roofline" else None
+        silicon_fit = SiliconFit(*fit[row["backend"]]) if isinstance(fit, dict) and row["backend"] in fit else None
+        setup = gpu_setup(
+            workload,
+            row["preset"],
+            row["gpu"],
+            row["tp"],
+            kv_cache_dtype=row["kv_cache_dtype"] or "auto",
+            weight_dtype=row["weight_dtype"] or "auto",
+            backend=row["backend"],
+            ep=row.get("moe_ep_size") or 1,
+            step_times="silicon" if step_times == "silicon" else "roofline",
+            silicon_fit=silicon_fit,
+            fit=roofline_fit,
+        )
+        bucket = workload.buckets[0]
+        level = Prober(workload, setup.facts, setup.clock, sample(workload, setup.facts).requests).level(
+            0, "closed", bucket.concurrency[0], plan=bucket.level_plan
+        )
+        if level is None or not level.ttft_ms or not level.tpot_ms:
+            out["reason"] = "no finished requests"
+        else:
+            out.update(ttft_ms=level.ttft_ms.mean, tpot_ms=level.tpot_ms.mean, step_times=setup.cost_model.step_times)
+    except KvplanError as err:
+        out["reason"] = f"{err.field}: {err.problem}"
+    except Exception as err:  # a bench prints every row, with its reason
+        out["reason"] = f"{type(err).__name__}: {err}"
+    out["seconds"] = time.perf_counter() - started
+    return out
+
+
+PEER_SCRIPT = r"""
+import json, logging, sys
+logging.disable(logging.WARNING)
+from aiconfigurator.cli.api import cli_estimate
+for line in sys.stdin:
+    job = json.loads(line)
+    try:
+        r = cli_estimate(job["model_path"], "h100_sxm", mode="agg", backend_name=job["backend"],
+                         isl=job["isl"], osl=job["osl"], batch_size=job["batch_size"], tp_size=job["tp"],
+                         moe_tp_size=job["moe_tp"], moe_ep_size=job["moe_ep"],
+                         gemm_quant_mode=job["gemm"], moe_quant_mode=job["moe"])
+        print(json.dumps({"id": job["id"], "ttft_ms": r.ttft, "tpot_ms": r.tpot}), flush=True)
+    except BaseException as e:
+        print(json.dumps({"id": job["id"], "reason": f"{type(e).__name__}: {str(e)[:200]}"}), flush=True)
+"""
+
+
+def peer_python(given: str | None) -> str:
+    if given:
+        return given
+    folder = Path(tempfile.mkdtemp(prefix="aiconfigurator-peer-"))
+    subprocess.run([sys.executable, "-m", "venv", str(folder)], check=True)
+    subprocess.run([str(folder / "bin" / "pip"), "install", "-q", PEER], check=True)
+    return str(folder / "bin" / "python")
+
+
+def peer_rows(rows: list[dict], python: str) -> dict[str, dict]:
+    """aiconfigurator's estimate of every row, by id (its quant modes as the row records them)."""
+    from kvplan.plan.model_source import load_model_config
+    from kvplan.plan.silicon import match_model
+
+    jobs = []
+    for row in rows:
+        config = load_model_config(row["preset"])[0]
+        # the row's quant modes; none for its default ("", bf16) and for fp4 rows, whose recorded
+        # nvfp4 H100 has no kernels for (the checkpoint's own MXFP4 then applies, as for kvplan)
+        quant = {"": None, "bf16": None, **({"nvfp4": None} if row["precision"] == "fp4" else {})}
+        jobs.append(
+            {
+                "id": row["id"],
+                "model_path": match_model(config, row["weight_dtype"] or "auto"),
+                "backend": row["backend"],
+                "isl": row["isl"],
+                "osl": row["osl"],
+                "batch_size": row["batch_size"],
+                "tp": row["tp"],
+                "moe_tp": row.get("moe_tp_size"),
+                "moe_ep": row.get("moe_ep_size"),
+                "gemm": quant.get(row["gemm_quant_mode"], row["gemm_quant_mode"]),
+                "moe": quant.get(row["moe_quant_mode"], row["moe_quant_mode"]),
+            }
+        )
+    done = subprocess.run(
+        [python, "-c", PEER_SCRIPT],
+        input="\n".join(json.dumps(j) for j in jobs),
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONWARNINGS": "ignore"},
+    )
+    out = {}
+    for line in done.stdout.splitlines():
+        if line.startswith("{"):
+            item = json.loads(line)
+            out[item["id"]] = item
+    return out
+
+
+def err(pred: float | None, meas: float) -> float | None:
+    return None if pred is None else (pred / meas - 1) * 100
+
+
+def run_rows(rows: list[dict], step_times: str, fit: dict | None = None, jobs: int = 2) -> dict[str, dict]:
+    with ProcessPoolExecutor(max_workers=jobs) as pool:
+        results = list(pool.map(simulate_row, [(r, step_times, fit) for r in rows], chunksize=4))
+    return {r["id"]: r for r in results}
+
+
+def median_abs(values: list[float | None]) -> float | None:
+    kept = [abs(v) for v in values if v is not None]
+    return statistics.median(kept) if kept else None
+
+
+def report(rows: list[dict], ours: dict[str, dict], peer: dict[str, dict] | None, verbose: bool = True) -> dict:
+    fmt = lambda v, d=1: "-" if v is None else f"{v:.{d}f}"  # noqa: E731
+    table = []
+    if verbose:
+        print(
+            f"{'row':62s} {'TPOT meas':>9s} {'kvplan':>7s} {'err%':>6s} {'peer':>7s} {'err%':>6s} "
+            f"{'TTFT meas':>10s} {'kvplan':>9s} {'err%':>6s} {'peer':>9s} {'err%':>6s}  reason"
+        )
+    for row in rows:
+        k = ours.get(row["id"], {})
+        p = (peer or {}).get(row["id"], {})
+        entry = {
+            "backend": row["backend"],
+            "preset": row["preset"],
+            "tpot": err(k.get("tpot_ms"), row["silicon_tpot_ms"]),
+            "ttft": err(k.get("ttft_ms"), row["silicon_ttft_ms"]),
+            "peer_tpot": err(p.get("tpot_ms"), row["silicon_tpot_ms"]),
+            "peer_ttft": err(p.get("ttft_ms"), row["silicon_ttft_ms"]),
+        }
+        table.append(entry)
+        if verbose:
+            print(
+                f"{row['id'][:62]:62s} {row['silicon_tpot_ms']:9.2f} {fmt(k.get('tpot_ms'), 2):>7s} "
+                f"{fmt(entry['tpot'], 0):>6s} {fmt(p.get('tpot_ms'), 2):>7s} {fmt(entry['peer_tpot'], 0):>6s} "
+                f"{row['silicon_ttft_ms']:10.1f} {fmt(k.get('ttft_ms')):>9s} {fmt(entry['ttft'], 0):>6s} "
+                f"{fmt(p.get('ttft_ms')):>9s} {fmt(entry['peer_ttft'], 0):>6s}  "
+                f"{k.get('reason', '')}{' | peer: ' + p['reason'] if p.get('reason') else ''}"
+            )
+    groups: dict[str, list[dict]] = {}
+    for e in table:
+        groups.setdefault(f"backend {e['backend']}", []).append(e)
+        groups.setdefault(f"model {e['preset']}", []).append(e)
+    groups["all"] = table
+    both = [e for e in table if e["tpot"] is not None and e["peer_tpot"] is not None]
+    groups["all, rows both ran"] = both
+    print(
+        f"\nmedian |error| %          {'rows':>5s} {'kvplan TPOT':>12s} {'peer TPOT':>10s} "
+        f"{'kvplan TTFT':>12s} {'peer TTFT':>10s}"
+    )
+    summary = {}
+    for name, group in groups.items():
+        m = {k: median_abs([e[k] for e in group]) for k in ("tpot", "ttft", "peer_tpot", "peer_ttft")}
+        ran = sum(e["tpot"] is not None for e in group)
+        summary[name] = m
+        print(
+            f"{name:25s} {ran:>2d}/{len(group):<3d} {fmt(m['tpot']):>11s} {fmt(m['peer_tpot']):>10s} "
+            f"{fmt(m['ttft']):>12s} {fmt(m['peer_ttft']):>10s}"
+        )
+    return summary
+
+
+# the range each constant is searched in: the measured kernels are trusted to within -20 %/+25 % on
+# decode steps and a factor of 2.5 on steps with prefill; overheads up to 5 ms per step, 0.2 ms
+# per sequence
+BOUNDS = ((0.8, 1.25), (0.7, 2.5), (0.0, 5e-3), (0.0, 2e-4))
+UNITS = ((1.0, 0.0, 0.0, 0.0), (0.0, 1.0, 0.0, 0.0), (0.0, 0.0, 1.0, 0.0), (0.0, 0.0, 0.0, 1.0))
+
+
+def fit_backend(rows: list[dict], backend: str, jobs: int) -> tuple[float, ...]:
+    """(decode scale, prefill scale, step overhead s, sequence overhead s) of ``backend``
+    minimising the mean absolute log error of TPOT and TTFT over its rows (absolute, not squared:
+    the check is on median errors, and a few rows queue far beyond what any step time explains).
+
+    A closed loop with no think time schedules the same steps whatever they cost (a request is
+    sent when one finishes and joins the next step), so each row's mean TTFT and TPOT are linear
+    in the four constants. Four simulations per row, one per constant set to 1 and the others 0,
+    give the coefficients; the fit is then a search over four numbers (Nelder-Mead on their logs,
+    scipy) with no further simulation."""
+    import numpy as np
+    from scipy.optimize import minimize
+
+    mine = [r for r in rows if r["backend"] == backend]
+    parts = [run_rows(mine, "silicon", {backend: unit}, jobs) for unit in UNITS]
+    terms = []  # (coefficient per constant..., measured) per row and metric
+    for row in mine:
+        got = [p[row["id"]] for p in parts]
+        for key, meas in (("tpot_ms", row["silicon_tpot_ms"]), ("ttft_ms", row["silicon_ttft_ms"])):
+            if all(g.get(key) is not None for g in got):
+                terms.append([g[key] for g in got] + [meas])
+    arr = np.array(terms)
+
+    low, high = np.array([b[0] for b in BOUNDS]), np.array([b[1] for b in BOUNDS])
+
+    def constants(x: np.ndarray) -> np.ndarray:  # each within its BOUNDS (a logistic map)
+        return low + (high - low) / (1 + np.exp(-x))
+
+    def loss(x: np.ndarray) -> float:
+        pred = arr[:, :4] @ constants(x)
+        return float(np.mean(np.abs(np.log(pred / arr[:, 4]))))
+
+    start = np.log((np.array([1.0, 1.0, 1e-3, 1e-5]) - low) / (high - np.array([1.0, 1.0, 1e-3, 1e-5])))
+    best = minimize(loss, start, method="Nelder-Mead", options={"maxiter": 4000, "xatol": 1e-4, "fatol": 1e-6})
+    fit = tuple(float(v) for v in constants(best.x))
+    print(
+        f"  {backend}: {len(mine)} rows, scales {fit[0]:.4f} (decode) {fit[1]:.4f} (prefill), overheads "
+        f"{fit[2] * 1e3:.3f} ms per step {fit[3] * 1e3:.4f} ms per sequence, mean |log error| {best.fun:.4f}"
+    )
+    return fit
+
+
+def write_fit(fits: dict[str, tuple[float, ...]], rows: list[dict], refit: list[str]) -> None:
+    """Store ``fits`` in kvplan/plan/data/silicon_fit.yaml (the backends not in ``refit`` keep
+    their ``fitted_on``)."""
+    from kvplan.plan.silicon import FIT_FILE, silicon_fit
+
+    counts = {b: sum(r["backend"] == b for r in rows) for b in fits}
+    kept = {b: silicon_fit(b).fitted_on for b in fits if b not in refit}
+    lines = [
+        "# Per-backend corrections of kvplan.plan.silicon's summed operation times: step seconds =",
+        "# scale x (aiconfigurator-core's operation times, ms) / 1000 + step_overhead_ms / 1000",
+        "#   + seq_overhead_ms / 1000 x the step's sequences (scale: decode_scale on a decode-only step,",
+        "#   prefill_scale on a step with prefill).",
+        "# Fitted by bench/silicon_check.py --fit --write on tests/kvplan/data/silicon_h100.yaml",
+        "# (measured H100-SXM serving runs from aiconfigurator-core 0.12.0's silicon_sample.csv,",
+        "# Apache-2.0): each backend's four constants minimise the mean absolute log error of TPOT and",
+        "# TTFT, each within the range bench/silicon_check.py's BOUNDS gives it.",
+        "backends:",
+    ]
+    for backend, (decode, prefill, step, seq) in sorted(fits.items()):
+        lines += [
+            f"  {backend}:",
+            f"    decode_scale: {decode:.4f}",
+            f"    prefill_scale: {prefill:.4f}",
+            f"    step_overhead_ms: {step * 1e3:.4f}",
+            f"    seq_overhead_ms: {seq * 1e3:.5f}",
+            f'    fitted_on: "{kept.get(backend) or f"{counts[backend]} H100-SXM rows of {backend}, {date.today()}"}"',
+        ]
+    FIT_FILE.write_text("\n".join(lines) + "\n")
+    print(f"wrote {FIT_FILE}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--limit", type=int, help="check this many rows, spread over the file")
+    parser.add_argument("--step-times", choices=("silicon", "roofline"), default="silicon")
+    parser.add_argument("--peer-python", help="python of a venv with aiconfigurator==0.12.0")
+    parser.add_argument("--no-peer", action="store_true")
+    parser.add_argument("--fit", action="store_true")
+    parser.add_argument("--write", action="store_true")
+    parser.add_argument("--fit-every", type=int, default=1, help="fit on every K-th row")
+    parser.add_argument("--backends", help="fit only these (comma-separated); the others keep their fit")
+    parser.add_argument("--jobs", type=int, default=2)
+    parser.add_argument("--quiet", action="store_true", help="medians only")
+    args = parser.parse_args()
+    rows = load_rows(args.limit)
+    print(
+        f"bench/silicon_check.py, {date.today().isoformat()}, {platform.node()} ({os.cpu_count()} CPUs), "
+        f"{len(rows)} rows of {ROWS_FILE.name}, step times: {args.step_times}"
+    )
+    if args.fit:
+        fit_rows = rows[:: args.fit_every]
+        wanted = sorted({r["backend"] for r in fit_rows} & set((args.backends or "vllm,sglang,trtllm").split(",")))
+        from kvplan.plan.silicon import silicon_fit
+
+        fits = {
+            b: (f.decode_scale, f.prefill_scale, f.step_overhead_s, f.seq_overhead_s)
+            for b in ("vllm", "sglang", "trtllm")
+            if (f := silicon_fit(b)).fitted_on
+        }
+        fits.update({b: fit_backend(fit_rows, b, args.jobs) for b in wanted})
+        print("fitted:", {b: tuple(round(v, 6) for v in f) for b, f in fits.items()})
+        if args.write:
+            write_fit(fits, fit_rows, wanted)
+            from kvplan.plan import silicon
+
+            silicon._fits.cache_clear()
+    started = time.perf_counter()
+    peer = None
+    if not args.no_peer:
+        python = peer_python(args.peer_python)
+        t = time.perf_counter()
+        peer = peer_rows(rows, python)
+        print(f"peer: aiconfigurator cli estimate on {len(rows)} rows in {time.perf_counter() - t:.0f} s")
+    t = time.perf_counter()
+    ours = run_rows(rows, args.step_times, None, args.jobs)
+    print(f"kvplan: {len(rows)} rows simulated in {time.perf_counter() - t:.0f} s ({args.jobs} processes)")
+    report(rows, ours, peer, verbose=not args.quiet)
+    print(f"total {time.perf_counter() - started:.0f} s")
+
+
+if __name__ == "__main__":
+    main()
