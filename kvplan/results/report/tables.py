@@ -84,7 +84,8 @@ def _edge(point: SloPoint | None) -> str | None:
 
 
 def capacity_table(result: RunResult) -> pd.DataFrame:
-    """A simulation's searched answers per target and bucket: the knee, and the highest
+    """A simulation's searched answers per target and bucket (with what timed its steps: measured
+    silicon, the roofline, a calibration): the knee, and the highest
     concurrency and request rate meeting the SLO attainment target with output tok/s and goodput
     there (empty for a run that did not search)."""
     rows = []
@@ -97,6 +98,7 @@ def capacity_table(result: RunResult) -> pd.DataFrame:
                     "target": target.target,
                     "model": target.model,
                     "GPU": on or "",
+                    "step times": target.step_times,
                     "bucket": b.name,
                     "knee": b.knee,
                     f"max c ({target.attainment_target:.0%} in SLO)": c
