@@ -347,6 +347,7 @@ def write_fit(fits: dict[str, tuple[float, ...]], rows: list[dict], refit: list[
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--limit", type=int, help="check this many rows, spread over the file")
+    parser.add_argument("--backend", help="check only this backend's rows")
     parser.add_argument("--step-times", choices=("silicon", "roofline"), default="silicon")
     parser.add_argument("--peer-python", help="python of a venv with aiconfigurator==0.12.0")
     parser.add_argument("--no-peer", action="store_true")
@@ -357,7 +358,7 @@ def main() -> None:
     parser.add_argument("--jobs", type=int, default=2)
     parser.add_argument("--quiet", action="store_true", help="medians only")
     args = parser.parse_args()
-    rows = load_rows(args.limit)
+    rows = [r for r in load_rows(args.limit) if args.backend in (None, r["backend"])]
     print(
         f"bench/silicon_check.py, {date.today().isoformat()}, {platform.node()} ({os.cpu_count()} CPUs), "
         f"{len(rows)} rows of {ROWS_FILE.name}, step times: {args.step_times}"
