@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
 DEFAULT_ATTAINMENT = 0.95
 
@@ -41,9 +41,11 @@ class CostModelInfo(_Part):
     kind: Literal["calibrated", "gpu", "replay"]
     description: str
     source: str = ""
-    # what times each step, in one phrase: "silicon: h100_sxm / vllm 0.24.0" (aiconfigurator-core's
-    # measured database, kvplan.plan.silicon), "roofline", "calibrated" or "replay"; "" in older runs
-    step_times: str = ""
+    step_times: str = Field(
+        "",
+        description='What times each step: "silicon: <system> / <backend> <version>" (aiconfigurator-core\'s'
+        ' measured database), "roofline", "calibrated" or "replay"; "" in runs written before it existed.',
+    )
     machine: str = ""
     r2: float | None = None
     parameters: dict[str, Any] = {}
@@ -84,7 +86,9 @@ class TargetCapacity(_Part):
     kv_cache_dtype: str
     attainment_target: float = DEFAULT_ATTAINMENT
     buckets: list[BucketCapacity] = []
-    step_times: str = ""  # CostModelInfo.step_times of the target's clock ("" in older runs)
+    step_times: str = Field(
+        "", description='CostModelInfo.step_times of this target\'s clock; "" in runs written before it existed.'
+    )
 
     def bucket(self, name: str) -> BucketCapacity | None:
         return next((b for b in self.buckets if b.name == name), None)

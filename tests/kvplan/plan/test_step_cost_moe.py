@@ -13,6 +13,7 @@ from kvplan.plan.model_source import load_preset
 from kvplan.plan.model_spec import ModelSpec
 from kvplan.plan.step_cost import roofline
 from kvplan.plan.weights import count_parameters, routed_expert_parameters, weights_bytes
+from tests.kvplan.plan.test_step_cost import TINY
 
 MOE = {
     "model_type": "qwen3_moe",
@@ -129,18 +130,7 @@ def test_shared_experts_run_for_every_token():
     assert cost.weight_bytes == EVERY_STEP + 2 * EXPERT * 2
 
 
-TINY_DENSE = {
-    "model_type": "llama",
-    "num_hidden_layers": 2,
-    "hidden_size": 64,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-    "intermediate_size": 128,
-    "vocab_size": 512,
-    "max_position_embeddings": 256,
-    "torch_dtype": "bfloat16",
-    "tie_word_embeddings": False,
-}
+TINY_DENSE = TINY  # the dense config of test_step_cost.py
 
 
 def test_a_dense_step_is_priced_as_before():
