@@ -50,6 +50,12 @@ class SamplingParams:
     ``min_tokens``: EOS does not end the request before this many output tokens (vLLM's
     ``min_tokens``; vLLM masks EOS from sampling instead, which gives the same lengths).
 
+    ``forced_token_ids``: output token ids emitted instead of the sampled ones, in order (output i
+    is ``forced_token_ids[i]`` while i < its length; teacher-forced decoding): a replay of a recorded
+    reply, so that a later prompt carrying that reply finds its blocks in the prefix cache, as a
+    chat client resending the server's own reply does. Every step still runs the model and the
+    sampler; only the token kept differs.
+
     ``num_prompt_logits`` N > 0 asks for the logits at the last N prompt positions (scoring and
     teacher forcing, like vLLM's ``prompt_logprobs``): ``RequestOutput.prompt_logits`` is then
     [N, vocab_size] fp32, row i the next-token logits after prompt token P - N + i (P = prompt
@@ -60,7 +66,8 @@ class SamplingParams:
         ValueError: naming the field, for max_tokens, seed or num_prompt_logits that is not an
             int, max_tokens < 1, a temperature that is not a finite
             number >= 0, top_p outside (0, 1] (NaN included), a seed outside [0, 2**64) (the range
-            of a torch generator's seed), num_prompt_logits < 0, min_tokens < 0 or above max_tokens.
+            of a torch generator's seed), num_prompt_logits < 0, min_tokens < 0 or above max_tokens,
+            forced_token_ids that are not a tuple of ints.
     """
 
     max_tokens: int = 16
@@ -70,6 +77,7 @@ class SamplingParams:
     ignore_eos: bool = False
     num_prompt_logits: int = 0
     min_tokens: int = 0
+    forced_token_ids: tuple[int, ...] | None = None
 
     def __post_init__(self) -> None:
         for name in ("max_tokens", "seed", "num_prompt_logits", "min_tokens"):
@@ -88,6 +96,11 @@ class SamplingParams:
             raise ValueError(f"seed: must be in [0, 2**64) (got {self.seed})")
         if self.num_prompt_logits < 0:
             raise ValueError(f"num_prompt_logits: must be >= 0 (got {self.num_prompt_logits})")
+        forced = self.forced_token_ids
+        if forced is not None and not (
+            isinstance(forced, tuple) and all(isinstance(t, int) and not isinstance(t, bool) for t in forced)
+        ):
+            raise ValueError(f"forced_token_ids: must be a tuple of ints (got {type(forced).__name__})")
         if not 0 <= self.min_tokens <= self.max_tokens:
             raise ValueError(f"min_tokens: must be in [0, max_tokens {self.max_tokens}] (got {self.min_tokens})")
 

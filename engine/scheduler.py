@@ -334,9 +334,12 @@ class Scheduler:
                 continue
             token_id = sampled_token_ids[request_id]
             outputs = request.output_token_ids
+            params = request.sampling_params
+            forced = params.forced_token_ids
+            if forced is not None and len(outputs) < len(forced):
+                token_id = forced[len(outputs)]  # a replayed reply (SamplingParams.forced_token_ids)
             outputs.append(token_id)
             request.token_times.append(now)
-            params = request.sampling_params
             if token_id in eos_token_ids and not params.ignore_eos and len(outputs) >= params.min_tokens:
                 self._finish(request, FinishReason.STOP, now)
             elif len(outputs) >= params.max_tokens:

@@ -11,8 +11,6 @@ import re
 from typing import Annotated, Any, Literal, get_args
 
 from pydantic import (
-    BaseModel,
-    ConfigDict,
     Field,
     GetJsonSchemaHandler,
     PlainValidator,
@@ -22,33 +20,23 @@ from pydantic import (
 )
 from pydantic_core import core_schema
 
+from kvplan.load.arrivals import Arrival
+from kvplan.load.lengths import (  # noqa: F401  (re-exported: the workload schema's parts were all here)
+    DISTRIBUTIONS,
+    Count,
+    Distribution,
+    Lengths,
+    Name,
+    StrictModel,
+    _with_shorthands,
+)
+from kvplan.load.request_class import RequestClass, Variant
+from kvplan.load.session_settings import Sessions
 from kvplan.results.steady import LevelPlan
 
-Count = Annotated[int, Field(ge=1)]
-# Names become file and folder names (<name>-<timestamp>/, latency_<bucket>.png): 200 characters
-# leave room for the suffixes under the usual 255-byte limit of a file name.
-Name = Annotated[str, Field(pattern=r"^[A-Za-z0-9_.-]+$", max_length=200)]
 Rate = Annotated[float, Field(gt=0, allow_inf_nan=False)]  # requests/s
 DatasetKind = Literal["sharegpt", "random", "jsonl"]
 DATASETS: tuple[str, ...] = get_args(DatasetKind)
-Distribution = Literal["fixed", "uniform", "normal", "lognormal"]
-DISTRIBUTIONS: tuple[str, ...] = get_args(Distribution)
-
-
-class StrictModel(BaseModel):
-    """The base of every workload model."""
-
-    # strict: YAML already gives real types, so "4" for an integer is a typo worth reporting.
-    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
-
-
-def _with_shorthands(handler: GetJsonSchemaHandler, schema: core_schema.CoreSchema, *shorthands: dict) -> dict:
-    """The JSON Schema of a model that also accepts shorthand forms (``dataset: sharegpt``,
-    ``input_tokens: [16, 256]``): anyOf the shorthands and the full mapping, described as the
-    mapping's first line."""
-    full = handler(schema)
-    first_line = handler.resolve_ref_schema(full).get("description", "").split("\n")[0]
-    return {"description": first_line, "anyOf": [*shorthands, full]} if first_line else {"anyOf": [*shorthands, full]}
 
 
 class Dataset(StrictModel):
@@ -68,6 +56,12 @@ class Dataset(StrictModel):
         description="The JSONL file, relative to the workload file (jsonl only, where it is required): one"
         " JSON object a line with ``prompt`` (text) or ``prompt_token_ids``, and optionally"
         " ``output_tokens``.",
+    )
+    sessions: Sessions | None = Field(
+        None,
+        description="Multi-turn sessions (sharegpt and random only): each request of a bucket becomes a session of"
+        " up to ``max_turns`` turns, turn k's prompt the history of turns 1..k-1 plus message k, sent"
+        " ``think_time_s`` after turn k-1 finished; null = single requests.",
     )
 
     @classmethod
@@ -101,67 +95,6 @@ class Dataset(StrictModel):
         if self.kind != "jsonl" and self.path is not None:
             raise ValueError(f"path applies to jsonl only (kind is {self.kind})")
         return self
-
-
-class Lengths(StrictModel):
-    """A token-length range ``[min, max]`` (inclusive) and, for random prompts, its distribution.
-
-    For sharegpt and jsonl the range filters the real lengths. For random: ``fixed`` (min == max),
-    ``uniform`` (default), ``normal`` (mean, std) or ``lognormal`` (mean and std of the lengths
-    themselves, in tokens), draws clipped to the range. Shorthands: ``128`` and ``[16, 256]``.
-    """
-
-    min: Count = Field(description="The shortest length of the range, tokens (inclusive).")
-    max: Count = Field(description="The longest length of the range, tokens (inclusive; >= min, == min for fixed).")
-    dist: Distribution = Field(
-        "uniform",
-        description="How lengths are drawn in [min, max] where kvplan draws them (random prompts, and"
-        " jsonl lines without ``output_tokens``): ``uniform``, ``fixed`` (min == max), or"
-        " ``normal`` / ``lognormal`` (dataset random only: ``mean`` and ``std``, draws"
-        " rounded and clipped to the range).",
-    )
-    mean: Annotated[float, Field(gt=0)] | None = Field(
-        None,
-        description="The mean of the normal or lognormal draws, tokens, within [min, max]; null = the"
-        " midpoint (min + max) / 2.",
-    )
-    std: Annotated[float, Field(gt=0)] | None = Field(
-        None,
-        description="The standard deviation of the normal or lognormal draws (of the lengths themselves for"
-        " lognormal too), tokens; those two need it.",
-    )
-
-    @classmethod
-    def __get_pydantic_json_schema__(cls, schema: core_schema.CoreSchema, handler: GetJsonSchemaHandler) -> dict:
-        count = {"type": "integer", "minimum": 1}
-        return _with_shorthands(handler, schema, count, {"type": "array", "items": count, "minItems": 2, "maxItems": 2})
-
-    @model_validator(mode="before")
-    @classmethod
-    def _shorthand(cls, data: Any) -> Any:
-        if isinstance(data, int) and not isinstance(data, bool):
-            return {"min": data, "max": data, "dist": "fixed"}
-        if isinstance(data, list):
-            if len(data) != 2:
-                raise ValueError("a range is [min, max], two integers")
-            return {"min": data[0], "max": data[1]}
-        return data
-
-    @model_validator(mode="after")
-    def _consistent(self) -> Lengths:
-        if self.min > self.max:
-            raise ValueError(f"min must be <= max (got min {self.min}, max {self.max})")
-        if self.dist == "fixed" and self.min != self.max:
-            raise ValueError("dist fixed needs min == max (or write the length alone: 128)")
-        if self.dist in ("normal", "lognormal") and self.std is None:
-            raise ValueError(f"dist {self.dist} needs std (tokens)")
-        if self.mean is not None and not self.min <= self.mean <= self.max:
-            raise ValueError(f"mean must lie in [min, max] (got {self.mean})")
-        return self
-
-    @property
-    def center(self) -> float:
-        return self.mean if self.mean is not None else (self.min + self.max) / 2
 
 
 def _auto_or_levels(value: Any, handler: Any) -> Any:
@@ -227,13 +160,35 @@ class Bucket(StrictModel):
         description="The bucket's name, unique in the workload (letters, digits and ``_.-``, at most 200"
         " characters), as reports and file names (latency_<name>.png) show it."
     )
-    input_tokens: Lengths = Field(
+    input_tokens: Lengths | None = Field(
+        None,
         description="The prompt length range, tokens: ``128`` (fixed), ``[min, max]`` or a mapping with"
-        " ``dist``; with ``shared_prefix`` it ranges the request's own prompt, after the prefix."
+        " ``dist``; with ``shared_prefix`` it ranges the request's own prompt, after the prefix. Required"
+        " unless the bucket has a ``mix`` (whose classes give their own).",
     )
-    output_tokens: Lengths = Field(
+    output_tokens: Lengths | None = Field(
+        None,
         description="The output length range, tokens: each request's ``max_tokens``, generated in full with"
         " ignore_eos where the backend honours it (``128``, ``[min, max]`` or a mapping with ``dist``)."
+        " Required unless the bucket has a ``mix``.",
+    )
+    mix: Annotated[list[RequestClass], Field(min_length=1)] | None = Field(
+        None,
+        description="Request classes run together in every level of the bucket (kvplan.load.mix), instead of"
+        " the bucket's own ``input_tokens``/``output_tokens``: each request is drawn from a class by"
+        " weight, and the report gives every class its own latency percentiles, SLO attainment and"
+        " goodput; null = one shape.",
+    )
+    variants: list[Variant] | None = Field(
+        None,
+        description="Engine variants every level of this bucket runs on, in turn, with the same requests"
+        " (kvplan.load.variants); null = the workload's ``variants``.",
+    )
+    interference: bool = Field(
+        False,
+        description="For a ``mix``: also run each class alone at its share of each level's load (concurrency"
+        " x share, rounded, at least 1; rate x share), so the report sets every class's P99 TTFT and"
+        " TPOT mixed against alone. ``kvplan simulate`` always does.",
     )
     concurrency: Concurrency = Field(
         [],
@@ -244,7 +199,14 @@ class Bucket(StrictModel):
     request_rates: list[Rate] = Field(
         [],
         description="Open-loop levels in req/s, run after the closed-loop ones, each sending its requests at"
-        " Poisson arrivals (exponential gaps of mean 1/rate s) however fast they finish; [] = none.",
+        " Poisson arrivals (exponential gaps of mean 1/rate s; or see ``arrival``) however fast they"
+        " finish; [] = none.",
+    )
+    arrival: Arrival = Field(
+        Arrival(),
+        description="How the open-loop levels' requests arrive (kvplan.load.arrivals): ``process`` poisson"
+        " (default), gamma (with ``burstiness``) or constant, and ``ramp_up_s``; closed-loop levels"
+        " ignore it.",
     )
     num_requests: Count = Field(
         description="Requests per load level: the bucket's sampled requests, deterministic for the seed, the"
@@ -271,6 +233,24 @@ class Bucket(StrictModel):
         " load: a number of requests (sent after the measured ones) or a time (``10s``: requests"
         " that arrive in the last 10 s of sending). 0 = none.",
     )
+
+    @property
+    def classes(self) -> tuple[RequestClass, ...]:
+        """The bucket's request classes: its ``mix``, or one class named "" with the bucket's own
+        lengths (a bucket without ``input_tokens``/``output_tokens`` fails the workload's checks
+        before anything reads this)."""
+        if self.mix is not None:
+            return tuple(self.mix)
+        assert self.input_tokens is not None and self.output_tokens is not None
+        own = RequestClass.model_construct(
+            name="", weight=1.0, input_tokens=self.input_tokens, output_tokens=self.output_tokens, slo=None
+        )
+        return (own,)
+
+    def class_field(self, index: int, side: str) -> str:
+        """The YAML path, below ``buckets[i]``, of class ``index``'s ``side`` (input_tokens,
+        output_tokens): ``mix[1].input_tokens``, or ``input_tokens`` for a bucket without a mix."""
+        return f"mix[{index}].{side}" if self.mix is not None else side
 
     @model_validator(mode="after")
     def _some_level(self) -> Bucket:

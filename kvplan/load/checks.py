@@ -15,15 +15,24 @@ The run folder is created only after these checks, so bad input leaves nothing b
 from __future__ import annotations
 
 from kvplan.errors import KvplanError
+from kvplan.load.buckets import Bucket
 from kvplan.load.requests import SampledRequest
 from kvplan.load.workload import Workload
 from kvplan.results.run_result import EngineFacts
 
 
-def _longest_part(index: int, request: SampledRequest) -> tuple[str, str]:
+def _longest_part(index: int, bucket: Bucket, request: SampledRequest) -> tuple[str, str]:
     """(the YAML field that contributes most tokens to ``request``, its tokens spelled out)."""
     prefix, own = request.num_prefix_tokens, request.num_prompt_tokens - request.num_prefix_tokens
-    parts = [(own, f"buckets[{index}].input_tokens"), (request.max_tokens, f"buckets[{index}].output_tokens")]
+    names = [c.name for c in bucket.classes]
+    c = names.index(request.request_class) if request.request_class in names else 0
+    at = f"buckets[{index}]."
+    parts = [
+        (own, at + bucket.class_field(c, "input_tokens")),
+        (request.max_tokens, at + bucket.class_field(c, "output_tokens")),
+    ]
+    if request.turn is not None and request.turn > 1:  # a session's later turn: its prompt holds the history
+        return "dataset.sessions.max_turns", f"turn {request.turn}, history and message {own} + {request.max_tokens}"
     if prefix:
         parts.append((prefix, "shared_prefix.num_tokens"))
     spelled = (f"prefix {prefix} + " if prefix else "") + f"{own} + {request.max_tokens}"
@@ -46,7 +55,7 @@ def check_requests_fit(workload: Workload, engine: EngineFacts, sampled: dict[st
         if not requests:
             continue
         longest = max(requests, key=lambda r: r.num_tokens)  # most tokens is most blocks
-        field, spelled = _longest_part(index, longest)
+        field, spelled = _longest_part(index, bucket, longest)
         where = field
         blocks = -(-(longest.num_tokens - 1) // engine.block_size)
         if blocks > engine.num_blocks:

@@ -1,8 +1,10 @@
 """The level driver: closed-loop and open-loop load over any backend, every record written as it happens.
 
 Closed loop (``concurrency: N``): N requests in flight; a finished one is replaced at once.
-Open loop (``request_rates: r``): Poisson arrivals at r requests/s on the backend's clock; each
-request's arrival_time is its scheduled arrival, so queueing before admission counts in its TTFT.
+Open loop (``request_rates: r``): arrivals at r requests/s on the backend's clock, by the bucket's
+``arrival:`` process (Poisson by default, gamma or constant, optionally ramped up;
+kvplan.load.arrivals); each request's arrival_time is its scheduled arrival, so queueing before
+admission counts in its TTFT.
 Every level replays the bucket's same requests with its own cache salt, so levels differ only in
 load and never hit each other's prefix-cache blocks. A steady-state level (kvplan.results.steady)
 sends warm-up requests before the measured ones and cool-down requests after them, or sends for
@@ -10,7 +12,8 @@ sends warm-up requests before the measured ones and cool-down requests after the
 ``i % num_requests``, and from the second round on its salt names the round, so a request never
 hits the blocks of its own earlier round. A ``shared_prefix`` workload runs each level
 twice, variant ``cached`` (one salt per tenant: a group's requests share prefix blocks) then
-``uncached`` (one salt per request: nothing shared).
+``uncached`` (one salt per request: nothing shared). A level of multi-turn sessions
+(``dataset.sessions``) runs its sessions as users who wait for each reply (kvplan.load.session_loop).
 
 A backend is where the requests run (the in-process engine, a simulated scheduler on a cost-model
 clock, a remote server); the driver asks it only for its clock, to take a request, to make
@@ -25,16 +28,21 @@ progress, and to idle::
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
 import numpy as np
 
+from kvplan.load.arrivals import Arrival, ArrivalOffsets
+from kvplan.load.buckets import Bucket
 from kvplan.load.requests import SampledRequest
+from kvplan.load.session_loop import run_sessions
+from kvplan.load.variants import variants_of
 from kvplan.load.workload import Workload
 from kvplan.results.prefix_metrics import CACHED, UNCACHED, VARIANTS
 from kvplan.results.records import LevelKey, Mode, RequestRecord, StepRecord, field_names, level_fields
 from kvplan.results.steady import LevelPlan
+from kvplan.results.variants import alone_variant
 
 
 @dataclass(frozen=True)
@@ -45,30 +53,69 @@ class Level:
     bucket_index: int
     requests: tuple[SampledRequest, ...]
     plan: LevelPlan | None = None  # None: each of ``requests`` once, all measured
+    arrival: Arrival | None = None  # the bucket's open-loop arrival process; None: Poisson
+    load: float | None = None  # the concurrency or rate it runs at, when not key.value (a class alone)
+
+    @property
+    def value(self) -> float:
+        """The concurrency (closed loop) or request rate (open loop) the level runs at."""
+        return self.key.value if self.load is None else self.load
 
 
-def plan_levels(workload: Workload, sampled: dict[str, list[SampledRequest]]) -> list[Level]:
-    """Bucket by bucket: closed-loop levels in ascending concurrency, then open-loop rates; in a
-    shared_prefix workload each level twice in a row, cached then uncached (a slower first
-    level, while the process warms up, then counts against caching)."""
-    variants = VARIANTS if workload.shared_prefix is not None else ("",)
+def plan_levels(
+    workload: Workload, sampled: dict[str, list[SampledRequest]], interference: bool = False
+) -> list[Level]:
+    """Bucket by bucket: closed-loop levels in ascending concurrency, then open-loop rates. Each
+    level runs once per variant in a row: a shared_prefix workload's cached then uncached (a
+    slower first level, while the process warms up, then counts against caching), or the
+    bucket's engine variants (kvplan.load.variants) in their order. A mix bucket with
+    ``interference`` (or any mix with ``interference=True``: a simulation) follows each mixed
+    level with each class alone at its share of the load (``_alone``)."""
     levels = []
     for i, bucket in enumerate(workload.buckets):
         reqs = tuple(sampled[bucket.name])
         if bucket.concurrency == "auto":
             raise ValueError(f"buckets[{i}].concurrency: auto is resolved before the levels are planned")
+        if workload.shared_prefix is not None:
+            variants: Sequence[str] = VARIANTS
+        else:
+            variants = [v.name for v in variants_of(workload, i)] or [""]
         modes: tuple[tuple[Mode, Sequence[float]], ...] = (
             ("closed", bucket.concurrency),
             ("open", bucket.request_rates),
         )
         for mode, values in modes:
             plan = None if bucket.level_plan.is_plain else bucket.level_plan
-            levels += [
-                Level(LevelKey(bucket.name, mode, x if mode == "closed" else float(x), v), i, reqs, plan)
-                for x in sorted(values)
-                for v in variants
-            ]
+            for x in sorted(values):
+                for v in variants:
+                    level = Level(
+                        LevelKey(bucket.name, mode, x if mode == "closed" else float(x), v),
+                        i,
+                        reqs,
+                        plan,
+                        bucket.arrival,
+                    )
+                    levels.append(level)
+                    if bucket.mix is not None and (interference or bucket.interference):
+                        levels += _alone(level, bucket)
     return levels
+
+
+def _alone(level: Level, bucket: Bucket) -> list[Level]:
+    """Each class of a mixed level alone, on its own requests of the level's stream, at its share
+    of the load (weight / sum of weights): concurrency N x share rounded (at least 1), or rate x
+    share; each of those requests once."""
+    total = sum(c.weight for c in bucket.classes)
+    out = []
+    for c in bucket.classes:
+        own = tuple(r for r in level.requests if r.request_class == c.name)
+        if not own:
+            continue
+        share = c.weight / total
+        load = max(1, round(level.key.value * share)) if level.key.mode == "closed" else level.key.value * share
+        key = replace(level.key, variant=alone_variant(level.key.variant, c.name))
+        out.append(replace(level, key=key, requests=own, plan=None, load=load))
+    return out
 
 
 def cache_salt(key: LevelKey, index: int, request: SampledRequest) -> str:
@@ -93,7 +140,9 @@ def round_salt(salt: str, index: int, num_requests: int) -> str:
 class Submission:
     """A request for a backend: run ``prompt_token_ids`` for exactly ``max_tokens`` output tokens
     (ignore_eos), sampling seeded by ``seed``, under ``cache_salt``. ``arrival_time``: its
-    scheduled arrival on the backend's clock (open loop), None for now (closed loop)."""
+    scheduled arrival on the backend's clock (open loop), None for now (closed loop).
+    ``output_token_ids``: the output to emit instead of sampled tokens (a session turn's recorded
+    reply, engine.request.SamplingParams.forced_token_ids), where the backend can; None: sampled."""
 
     request_id: str
     prompt_token_ids: tuple[int, ...]
@@ -101,6 +150,7 @@ class Submission:
     seed: int
     cache_salt: str
     arrival_time: float | None = None
+    output_token_ids: tuple[int, ...] | None = None
 
 
 @dataclass(frozen=True)
@@ -189,34 +239,20 @@ class Recorder:
                     prefix_group=req.prefix_group,
                     tenant=req.tenant,
                     cache_salt=salt,
+                    request_class=req.request_class or "",
+                    session=req.session,
+                    turn=req.turn,
                 )
             )
             self.advance(out, len(self.submitted))
 
 
-class _Arrivals:
-    """Poisson arrival offsets (seconds from the level's start) of an open-loop level, drawn in
-    chunks of ``chunk`` from one seeded generator: exponential gaps of mean 1/rate s, the first
-    arrival at 0."""
-
-    def __init__(self, rng: np.random.Generator, rate: float, chunk: int):
-        self.rng, self.scale, self.chunk = rng, 1.0 / rate, max(chunk, 1)
-        self.offsets = np.zeros(0)
-
-    def __getitem__(self, index: int) -> float:
-        while index >= len(self.offsets):
-            gaps = self.rng.exponential(self.scale, size=self.chunk)
-            last = self.offsets[-1] if len(self.offsets) else None
-            more = np.cumsum(gaps[:-1]) if last is None else last + np.cumsum(gaps)
-            self.offsets = np.concatenate([self.offsets, [0.0] if last is None else [], more])
-        return float(self.offsets[index])
-
-
 def run_level(backend: Backend, level: Level, recorder: Recorder, seed: int) -> None:
     """Drive one level to the end: closed loop keeps ``level`` requests in flight; open loop
-    submits at Poisson arrival times (exponential gaps of mean 1/rate s, seeded per level). A
-    level with a plan sends its warm-up, measured and cool-down requests, or sends until its
-    ``duration_s`` is up; then the requests in flight finish."""
+    submits at the arrival times of ``level.arrival`` (kvplan.load.arrivals; Poisson when None:
+    exponential gaps of mean 1/rate s), seeded per level. A level with a plan sends its warm-up,
+    measured and cool-down requests, or sends until its ``duration_s`` is up; then the requests in
+    flight finish. A level of multi-turn sessions runs them as users would (kvplan.load.session_loop)."""
     key, requests = level.key, level.requests
     num = len(requests)
     plan = level.plan
@@ -224,8 +260,20 @@ def run_level(backend: Backend, level: Level, recorder: Recorder, seed: int) -> 
     duration = None if plan is None else plan.duration_s
     if key.mode == "open":
         # min: a rate near float's top would make the seed word inf (rates are finite, > 0)
-        rng = np.random.default_rng([seed, level.bucket_index, int(min(key.value * 1000, 2**63))])
-        arrivals = _Arrivals(rng, key.value, total or num)
+        rng = np.random.default_rng([seed, level.bucket_index, int(min(level.value * 1000, 2**63))])
+        arrivals = ArrivalOffsets(rng, level.value, total or num, level.arrival)
+    if requests and requests[0].session is not None:  # multi-turn sessions (kvplan.load.session_loop)
+
+        def send(index: int, arrival: float | None) -> str:
+            req = requests[index]
+            rid, salt = f"{key.id}/{index}", cache_salt(key, index, req)  # the level's salt for every turn
+            recorder.submitted[rid] = (req, salt)
+            submission = Submission(rid, req.prompt_token_ids, req.max_tokens, seed + index, salt, arrival)
+            backend.submit(replace(submission, output_token_ids=req.reply_token_ids))
+            return rid
+
+        users, offsets = (int(level.value), None) if key.mode == "closed" else (None, lambda i: arrivals[i])
+        return run_sessions(backend, requests, users, offsets, send, recorder.record)
     t0 = backend.now()
     end = t0 + duration if duration is not None else None
     sent = in_flight = 0
@@ -252,7 +300,7 @@ def run_level(backend: Backend, level: Level, recorder: Recorder, seed: int) -> 
     while True:
         next_arrival = None
         if key.mode == "closed":
-            while in_flight < key.value and upcoming() is not None:
+            while in_flight < level.value and upcoming() is not None:
                 submit(None)
         else:
             now = backend.now()

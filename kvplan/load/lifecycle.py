@@ -20,9 +20,11 @@ from kvplan.errors import KvplanError
 from kvplan.load.driver import Backend, Level, Recorder, RunStopped, run_level
 from kvplan.load.progress import level_progress
 from kvplan.load.workload import Workload
+from kvplan.results.prefix_metrics import VARIANTS as PREFIX_VARIANTS
 from kvplan.results.run_result import RunData, RunResult, load_run, save_result
 from kvplan.results.store import RunWriter, create_run_dir
 from kvplan.results.summarize import summarize
+from kvplan.results.variants import mixed_variant
 
 
 class ReportInterrupted(KvplanError):
@@ -63,19 +65,26 @@ def run_levels(
     console=None,
     hooks=None,
     flush: bool = True,
+    variant_backend: Callable[[str], tuple[Backend, Callable]] | None = None,
 ) -> str:
     """Every level on ``backend``, records appended to ``run_dir`` (each line flushed as written
     unless ``flush`` is False); returns the run's status: complete, or interrupted (Ctrl-C, or the
     backend stopped: ``RunStopped``; the records written so far stay). ``hooks``:
-    ``level_started(level)`` / ``level_finished(level)`` around each level."""
+    ``level_started(level)`` / ``level_finished(level)`` around each level. ``variant_backend``:
+    an engine variant's name -> its backend and KV sizes (kvplan.load.variants), for the levels
+    run on one; the others run on ``backend``."""
     say = console.print if console is not None else (lambda *a, **k: None)
     with RunWriter(run_dir, flush) as writer:
         try:
             for level in levels:
                 if hooks is not None:
                     hooks.level_started(level)
+                on, sizes = backend, kv_sizes
+                engine_variant = mixed_variant(level.key.variant)
+                if variant_backend is not None and engine_variant not in ("", *PREFIX_VARIANTS):
+                    on, sizes = variant_backend(engine_variant)
                 with level_progress(console, level) as advance:
-                    run_level(backend, level, Recorder(writer, level, kv_sizes, advance), seed)
+                    run_level(on, level, Recorder(writer, level, sizes, advance), seed)
                 if hooks is not None:
                     hooks.level_finished(level)
         except KeyboardInterrupt:

@@ -20,7 +20,9 @@ bucket's knee simulated on the engine's own scheduler (kvplan.load.sim.search) b
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
+from kvplan.errors import KvplanError
 from kvplan.load.bundled.backend import EngineBackend, build_engine, engine_facts, run_info, tokenizer_function
 from kvplan.load.checks import check_requests_fit
 from kvplan.load.driver import plan_levels
@@ -28,8 +30,9 @@ from kvplan.load.lifecycle import finish_run, now_iso, run_levels, start_run
 from kvplan.load.prompts import sample_buckets
 from kvplan.load.run_estimate import compute_estimate, plan_target
 from kvplan.load.sim.search import resolve_auto, simulated_knees, with_knees
+from kvplan.load.variants import all_variants, variant_workload
 from kvplan.load.workload import Workload
-from kvplan.results.run_result import RunResult, WorkloadRef
+from kvplan.results.run_result import EngineFacts, RunResult, WorkloadRef
 from kvplan.results.store import check_out
 
 
@@ -70,10 +73,13 @@ def run_loadtest(workload: Workload, run_dir: Path | None = None, *, engine=None
         facts = facts.model_copy(update={"kv_scales": calibrate_for_run(engine, workload, sampled.requests)})
     estimate, pricing = compute_estimate(workload, facts, sampled.requests)
     estimate = with_knees(estimate, simulated_knees(workload, facts, sampled.requests))
+    variants = _variant_engines(workload, engine, sampled.requests, say)
     result = RunResult(
         started_at=started,
         slo=workload.slo,
         level_plans=workload.level_plans,
+        class_slos=workload.class_slos,
+        variant_engines={name: v[2] for name, v in variants.items()},
         engine=facts,
         estimate=estimate,
         run=run_info(sampled.dataset_info),
@@ -89,6 +95,7 @@ def run_loadtest(workload: Workload, run_dir: Path | None = None, *, engine=None
         pricing.step_bytes,
         workload.seed,
         console,
+        variant_backend=lambda name: variants[name][:2],
     )
     if is_fp8 and status == "complete" and workload.fp8_quality.num_prompts:
         from kvplan.load.bundled.fp8_quality import check_for_run
@@ -100,3 +107,28 @@ def run_loadtest(workload: Workload, run_dir: Path | None = None, *, engine=None
             status = "interrupted"
             say("[yellow]interrupted: no fp8 quality check; writing the report[/yellow]")
     return finish_run(run_dir, result, status)
+
+
+def _variant_engines(workload: Workload, base, sampled: dict, say) -> dict[str, tuple[EngineBackend, Any, EngineFacts]]:
+    """Every engine variant's (backend, KV sizes of a step, engine facts), built before the run
+    folder exists so a setting the engine refuses, or a request a variant's pool cannot fit, stops
+    the run first (errors name the variant). A variant that changes nothing runs on ``base``."""
+    out: dict[str, tuple[EngineBackend, Any, EngineFacts]] = {}
+    for name in all_variants(workload):
+        own = variant_workload(workload, name)
+        engine = base
+        if own.engine != workload.engine:
+            say(f"[dim]building engine variant {name}...[/dim]")
+            try:
+                engine = build_engine(own)
+            except KvplanError as err:
+                raise KvplanError(f"variants {name}: {err.field}", err.problem, err.fix, source=err.source) from None
+        facts = engine_facts(engine)
+        check_requests_fit(own, facts, sampled)
+        if facts.kv_cache_dtype == "fp8" and engine is not base:
+            from kvplan.load.bundled.fp8_quality import calibrate_for_run
+
+            facts = facts.model_copy(update={"kv_scales": calibrate_for_run(engine, own, sampled)})
+        pricing = compute_estimate(own.model_copy(update={"plan": []}), facts, sampled)[1]
+        out[name] = (EngineBackend(engine), pricing.step_bytes, facts)
+    return out

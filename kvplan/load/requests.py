@@ -18,6 +18,13 @@ class SampledRequest:
     num_prefix_tokens: int = 0  # leading prompt tokens that are a shared prefix
     prefix_group: int | None = None  # which shared prefix (0 .. num_prefixes - 1); None: none
     tenant: int | None = None  # 0 .. num_tenants - 1 in a shared_prefix workload
+    request_class: str | None = None  # the bucket's mix class it was drawn from; None: no mix
+    reply_token_ids: tuple[int, ...] | None = None  # a session turn's recorded reply, emitted as its output
+    # a session's turn (kvplan.load.sessions): the session's index in its bucket, the turn (1-based)
+    # and the pause, s, between the previous turn's finish and this turn's arrival (0 for turn 1)
+    session: int | None = None
+    turn: int | None = None
+    think_time_s: float = 0.0
 
     @property
     def num_prompt_tokens(self) -> int:

@@ -59,13 +59,28 @@ class KVPricing:
         }
 
 
+def resident_tokens(requests: list[SampledRequest]) -> list[int]:
+    """What each request, or each multi-turn session, keeps resident at its peak, tokens: a request's
+    prompt + output; a session's largest turn (its prompt is the whole history, + its max_tokens),
+    since one user holds one turn's KV at a time (kvplan.load.sessions)."""
+    sessions: dict[int, int] = {}
+    single = []
+    for r in requests:
+        if r.session is None:
+            single.append(r.num_tokens)
+        else:
+            sessions[r.session] = max(sessions.get(r.session, 0), r.num_tokens)
+    return single + list(sessions.values())
+
+
 def compute_estimate(
     workload: Workload, facts: EngineFacts, sampled: dict[str, list[SampledRequest]]
 ) -> tuple[RunEstimate, KVPricing]:
     """kvplan's prediction for this run, from the served model's config and KV dtype.
 
     Pool: ``num_blocks`` as given, or floor(kv_cache_memory / bytes per block) (engine default
-    256 MiB). Per bucket: P95 request length (prompt + output tokens) and the max concurrency:
+    256 MiB). Per bucket: P95 request length (prompt + output tokens; of a session bucket, each
+    session's largest turn: ``resident_tokens``) and the max concurrency:
     how many requests of that length fit the pool at once in whole blocks
     (``num_blocks x bytes_per_block / per-request paged bytes``, rounded down).
     Per plan target: the same, on that model, GPU, tp and KV dtype (kvplan's capacity estimate).
@@ -79,7 +94,7 @@ def compute_estimate(
     bpb = bpt * block_size
     memory = workload.engine.kv_cache_memory or DEFAULT_KV_CACHE_MEMORY_BYTES
     num_blocks = workload.engine.num_blocks or memory // bpb
-    p95 = {name: p95_request_tokens([r.num_tokens for r in reqs]) for name, reqs in sampled.items()}
+    p95 = {name: p95_request_tokens(resident_tokens(reqs)) for name, reqs in sampled.items()}
     buckets = [
         BucketEstimate(
             name=name,

@@ -19,6 +19,7 @@ Minimal example::
         output_tokens: [16, 128]
         concurrency: [1, 8, 32]       # closed loop: keep N requests in flight
         request_rates: [2.0]          # open loop: Poisson arrivals, requests/s
+        # arrival: {process: gamma, burstiness: 0.5, ramp_up_s: 10}   # or constant (kvplan.load.arrivals)
         num_requests: 32              # per level
     plan: [{model: llama-3.1-8b, gpu: L4, tp: 1, kv_cache_dtype: fp8}]
     shared_prefix: {num_tokens: 256, num_prefixes: 2, fraction: 0.75, num_tenants: 2}
@@ -44,7 +45,7 @@ from pydantic import ByteSize, ConfigDict, Field, PrivateAttr, field_validator, 
 
 from engine.config import KV_CACHE_DTYPES, AttentionBackendName, DeviceName, DtypeName, EngineConfig
 from kvplan.errors import KvplanError
-from kvplan.load.buckets import Bucket, Count, Dataset, Name, StrictModel
+from kvplan.load.buckets import Bucket, Count, Dataset, Name, StrictModel, Variant
 from kvplan.load.target.settings import TargetSettings
 from kvplan.plan import dtypes
 from kvplan.results.gated import GateSettings
@@ -311,6 +312,13 @@ class Workload(StrictModel):
     buckets: Annotated[list[Bucket], Field(min_length=1)] = Field(
         description="The request shapes, at least one, each run at its own load levels, bucket by bucket."
     )
+    variants: list[Variant] = Field(
+        [],
+        description="Engine variants every level runs on, in turn, with the same requests (a bucket's own"
+        " ``variants`` replace these), e.g. two step budgets: ``[{name: chunk-256, engine:"
+        " {max_num_batched_tokens: 256}}, {name: whole-prefill, engine: {max_num_batched_tokens: 2048}}]``;"
+        " [] = the engine as it is.",
+    )
     plan: list[PlanTarget] = Field(
         [],
         description="Production targets (model, GPU, tp, KV dtype) to size the same buckets on with kvplan's"
@@ -349,6 +357,17 @@ class Workload(StrictModel):
         a cool-down (what the run result keeps, so its summaries leave those requests out)."""
         plans = {b.name: b.level_plan for b in self.buckets}
         return {name: plan for name, plan in plans.items() if not plan.is_plain}
+
+    @property
+    def class_slos(self) -> dict[str, dict[str, Slo]]:
+        """Bucket name -> mix class -> the class's SLO: the workload's ``slo`` with each limit the
+        class gives put in its place; for the classes that give their own ``slo`` only (the others
+        are judged by the workload's)."""
+        return {
+            b.name: {c.name: self.slo.model_copy(update=(c.slo or Slo()).model_dump(exclude_none=True)) for c in own}
+            for b in self.buckets
+            if (own := [c for c in b.mix or [] if c.slo is not None])
+        }
 
     @property
     def sha256(self) -> str:

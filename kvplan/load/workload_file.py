@@ -14,6 +14,9 @@ from pydantic import ValidationError
 
 from engine.config import TINY_RANDOM_MODEL
 from kvplan.errors import KvplanError, describe_error, validation_error
+from kvplan.load.buckets import Bucket
+from kvplan.load.sessions import check_sessions
+from kvplan.load.variants import check_target_variants, check_variants
 from kvplan.load.workload import MAX_LEVEL_S, Workload
 from kvplan.yaml_input import read_yaml
 
@@ -86,14 +89,17 @@ def with_target(workload: Workload, url: str | None, model: str | None) -> tuple
         )
     updated = workload.model_copy(update={"target": settings})
     updated._source, updated._sha256, updated._warnings = workload.source, workload.sha256, workload.warnings
+    check_target_variants(updated)
     return updated, "target" if url is not None else "target.url"
 
 
 def check_workload(workload: Workload) -> None:
     """Every cross-section rule (see the module docstring). Raises KvplanError."""
     _check_dataset(workload)
+    check_sessions(workload)
     _check_buckets(workload)
     _check_shared_prefix(workload)
+    check_variants(workload)
 
 
 def _error(workload: Workload, field: str, problem: str, fix: str | None = None) -> KvplanError:
@@ -125,21 +131,23 @@ def _check_buckets(workload: Workload) -> None:
         at = f"buckets[{i}]"
         if bucket.name in names[:i]:
             raise _error(workload, f"{at}.name", f"duplicate name {bucket.name!r}")
-        for side in ("input_tokens", "output_tokens"):
-            if workload.dataset.kind != "random" and getattr(bucket, side).dist in ("normal", "lognormal"):
+        _check_mix(workload, at, bucket)
+        for c, shape in enumerate(bucket.classes):
+            for side in ("input_tokens", "output_tokens"):
+                if workload.dataset.kind != "random" and getattr(shape, side).dist in ("normal", "lognormal"):
+                    raise _error(
+                        workload,
+                        f"{at}.{bucket.class_field(c, side)}.dist",
+                        f"applies to dataset random only (dataset is {workload.dataset.kind})",
+                        "drop dist; the range filters the real lengths",
+                    )
+            if max_len is not None and shape.input_tokens.min + shape.output_tokens.min > max_len:
                 raise _error(
                     workload,
-                    f"{at}.{side}.dist",
-                    f"applies to dataset random only (dataset is {workload.dataset.kind})",
-                    "drop dist; the range filters the real lengths",
+                    at if bucket.mix is None else f"{at}.mix[{c}]",
+                    f"shortest request ({shape.input_tokens.min} + {shape.output_tokens.min}"
+                    f" tokens) exceeds engine.max_model_len {max_len}",
                 )
-        if max_len is not None and bucket.input_tokens.min + bucket.output_tokens.min > max_len:
-            raise _error(
-                workload,
-                at,
-                f"shortest request ({bucket.input_tokens.min} + {bucket.output_tokens.min}"
-                f" tokens) exceeds engine.max_model_len {max_len}",
-            )
         plan = bucket.level_plan
         sent = plan.total_requests  # None: a timed level, which cycles its requests
         for j, level in enumerate(bucket.concurrency if bucket.concurrency != "auto" else []):
@@ -178,6 +186,35 @@ def _check_buckets(workload: Workload) -> None:
                 )
 
 
+def _check_mix(workload: Workload, at: str, bucket: Bucket) -> None:
+    """A bucket has its own lengths or a mix of classes, not both; a mix's class names are
+    unique and its weights sum to a positive number."""
+    for side in ("input_tokens", "output_tokens"):
+        given = getattr(bucket, side) is not None
+        if bucket.mix is None and not given:
+            raise _error(workload, f"{at}.{side}", "required field missing", "give a range, or a mix of classes")
+        if bucket.mix is not None and given:
+            raise _error(
+                workload,
+                f"{at}.{side}",
+                "a mix bucket takes its lengths from its classes",
+                f"give {side} in each mix class",
+            )
+    if bucket.mix is None:
+        return
+    names = [c.name for c in bucket.mix]
+    for c, name in enumerate(names):
+        if name in names[:c]:
+            raise _error(workload, f"{at}.mix[{c}].name", f"duplicate class name {name!r}")
+    if sum(c.weight for c in bucket.mix) <= 0:
+        raise _error(
+            workload,
+            f"{at}.mix",
+            f"the weights must sum to a positive number (got {sum(c.weight for c in bucket.mix):g})",
+            "give at least one class a weight > 0",
+        )
+
+
 def _check_shared_prefix(workload: Workload) -> None:
     """Prefix caching on, a prefix of at least one block (only full blocks are shared), and every
     bucket's shortest request with the prefix within engine.max_model_len."""
@@ -198,12 +235,13 @@ def _check_shared_prefix(workload: Workload) -> None:
             f"must be >= engine.block_size {engine.block_size}: only full blocks are shared (got {prefix.num_tokens})",
         )
     for i, bucket in enumerate(workload.buckets):
-        shortest = prefix.num_tokens + bucket.input_tokens.min + bucket.output_tokens.min
-        if engine.max_model_len is not None and shortest > engine.max_model_len:
-            raise _error(
-                workload,
-                f"buckets[{i}]",
-                f"shortest request with the shared prefix ({prefix.num_tokens} + {bucket.input_tokens.min}"
-                f" + {bucket.output_tokens.min} = {shortest} tokens) exceeds engine.max_model_len"
-                f" {engine.max_model_len}",
-            )
+        for c, shape in enumerate(bucket.classes):
+            shortest = prefix.num_tokens + shape.input_tokens.min + shape.output_tokens.min
+            if engine.max_model_len is not None and shortest > engine.max_model_len:
+                raise _error(
+                    workload,
+                    f"buckets[{i}]" if bucket.mix is None else f"buckets[{i}].mix[{c}]",
+                    f"shortest request with the shared prefix ({prefix.num_tokens} + {shape.input_tokens.min}"
+                    f" + {shape.output_tokens.min} = {shortest} tokens) exceeds engine.max_model_len"
+                    f" {engine.max_model_len}",
+                )

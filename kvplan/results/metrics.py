@@ -1,7 +1,7 @@
 """Load-test metrics: pure functions of the recorded requests and steps.
 
-The definitions are ``DEFINITIONS`` below (vLLM's benchmark definitions, pinned in
-docs/metrics.md); the report prints them. A request is *completed* when it finished with
+The definitions are kvplan.results.latency's ``DEFINITIONS`` (vLLM's benchmark definitions, pinned
+in docs/metrics.md); the report prints them. A request is *completed* when it finished with
 reason stop or length; latency statistics cover completed requests only. A request that
 produced no token is a *failure*: counted, and kept out of TTFT. Rates divide by the level's
 span, from its first arrival to its last finish.
@@ -9,134 +9,35 @@ span, from its first arrival to its last finish.
 
 from __future__ import annotations
 
-import operator
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from itertools import chain
-from typing import Annotated
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, computed_field
+from pydantic import computed_field
 
+from kvplan.results.arrival_stats import ArrivalSettings, level_arrival
+from kvplan.results.classes import ClassSummary, class_summaries
+from kvplan.results.latency import (  # noqa: F401  (re-exported: kvplan.results.metrics is their old home)
+    DEFINITIONS,
+    PERCENTILES,
+    TARGET_DEFINITIONS,
+    LatencyStats,
+    Slo,
+    _Summary,
+    completed,
+    e2e_s,
+    held_blocks,
+    itl_s,
+    kv_cache_usage,
+    latency_stats,
+    meets_slo,
+    tpot_s,
+    ttft_s,
+)
 from kvplan.results.records import LevelKey, RequestRecord, StepRecord
 from kvplan.results.steady import LevelPlan, window_steps
-
-PERCENTILES = (50, 90, 95, 99)
-DEFINITIONS = """\
-- TTFT = time of the first output token - arrival time of the request.
-- TPOT = (E2E latency - TTFT) / (output tokens - 1), per request; undefined (never 0) for
-  one-token outputs.
-- ITL = every gap between consecutive output tokens, pooled over requests.
-- E2E latency = finish time - arrival time.
-- Percentiles are over requests, each weighted once (numpy's default linear interpolation).
-- Goodput = completed requests per second that meet every SLO given (TTFT, TPOT, E2E); a
-  one-token request has no TPOT, so it cannot miss a TPOT SLO (vLLM counts its TPOT as 0).
-- KV cache usage = used blocks / total blocks, sampled after every engine step.
-- These follow vLLM's benchmark definitions (calculate_metrics in vllm/benchmarks/serve.py);
-  other tools differ (some fold the first token into TPOT or average ITL per request).
-"""
-TARGET_DEFINITIONS = """\
-- Against an HTTP server: a token's time is the arrival of the streamed chunk carrying it, and a
-  chunk carrying k tokens counts as k tokens at its arrival (k - 1 gaps of 0 in ITL); TTFT ends
-  at the first chunk carrying text or reasoning text (never a role-only or empty chunk). Failed
-  requests (HTTP errors, timeouts, dropped connections, empty outputs) are counted by reason and
-  kept out of every latency. Server preemptions and KV usage are read from its /metrics.
-"""
-
-
-def completed(r: RequestRecord) -> bool:
-    return r.finish_reason in ("stop", "length") and r.num_output_tokens > 0
-
-
-def ttft_s(r: RequestRecord) -> float | None:
-    return r.token_times[0] - r.arrival_time if r.token_times else None
-
-
-def e2e_s(r: RequestRecord) -> float:
-    return r.finish_time - r.arrival_time
-
-
-def tpot_s(r: RequestRecord) -> float | None:
-    ttft = ttft_s(r)  # None exactly when there are no token times
-    if r.num_output_tokens < 2 or ttft is None:
-        return None
-    return (e2e_s(r) - ttft) / (r.num_output_tokens - 1)
-
-
-def itl_s(r: RequestRecord) -> list[float]:
-    """Every gap between consecutive output tokens of ``r``, seconds (later minus earlier)."""
-    return list(map(operator.sub, r.token_times[1:], r.token_times))
-
-
-def kv_cache_usage(s: StepRecord) -> float:
-    return s.num_used_blocks / s.num_total_blocks if s.num_total_blocks else 0.0
-
-
-def held_blocks(s: StepRecord) -> int:
-    """Blocks held while the step ran (``num_peak_used_blocks``); a step recorded before that
-    field existed held at least its after-step count, ``num_used_blocks``."""
-    peak = getattr(s, "num_peak_used_blocks", None)
-    return s.num_used_blocks if peak is None else peak
-
-
-class Slo(BaseModel):
-    """Service-level objectives in milliseconds; any subset. Goodput counts requests meeting all.
-    (The workload YAML's ``slo:`` section.)"""
-
-    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
-
-    ttft_ms: Annotated[float, Field(gt=0)] | None = Field(
-        None,
-        description="The most a request's time to first token (TTFT: first output token - arrival) may"
-        " take, ms; null = no TTFT limit.",
-    )
-    tpot_ms: Annotated[float, Field(gt=0)] | None = Field(
-        None,
-        description="The most a request's time per output token (TPOT: (E2E - TTFT) / (output tokens -"
-        " 1)) may be, ms, which a one-token request cannot miss; null = no TPOT limit.",
-    )
-    e2e_ms: Annotated[float, Field(gt=0)] | None = Field(
-        None,
-        description="The most a request's end-to-end latency (E2E: finish - arrival) may take, ms; null ="
-        " no E2E limit.",
-    )
-
-
-class _Summary(BaseModel):
-    # frozen values of the run result; fields a newer kvplan adds are ignored when read back
-    model_config = ConfigDict(frozen=True, extra="ignore")
-
-
-class LatencyStats(_Summary):
-    """Mean and percentiles of one latency, in milliseconds, over ``count`` values."""
-
-    count: int
-    mean: float
-    p50: float
-    p90: float
-    p95: float
-    p99: float
-
-
-def latency_stats(values_s: Sequence[float]) -> LatencyStats | None:
-    """Statistics of latencies given in seconds, reported in ms; None when there are none."""
-    if len(values_s) == 0:
-        return None
-    ms = np.asarray(values_s, dtype=np.float64) * 1e3
-    pcts = np.percentile(ms, PERCENTILES)  # linear interpolation (numpy's default)
-    return LatencyStats(count=len(ms), mean=float(ms.mean()), **{f"p{q}": float(p) for q, p in zip(PERCENTILES, pcts)})
-
-
-def meets_slo(r: RequestRecord, slo: Slo) -> bool:
-    """True when a completed request is within every SLO given (ms)."""
-    if not completed(r):
-        return False
-    ttft, tpot = ttft_s(r), tpot_s(r)
-    assert ttft is not None  # a completed request has output tokens, so token times
-    return not (
-        (slo.ttft_ms is not None and ttft * 1e3 > slo.ttft_ms)
-        or (slo.tpot_ms is not None and tpot is not None and tpot * 1e3 > slo.tpot_ms)
-        or (slo.e2e_ms is not None and e2e_s(r) * 1e3 > slo.e2e_ms)
-    )
+from kvplan.results.turns import TurnSummary, turn_summaries
+from kvplan.results.variants import is_alone
 
 
 class LevelSummary(_Summary):
@@ -196,6 +97,14 @@ class LevelSummary(_Summary):
     num_excluded: int = 0
     window_start_s: float | None = None
     window_end_s: float | None = None
+    # An open-loop level's arrivals (kvplan.results.arrival_stats); None for closed loop: the process,
+    # the inter-arrival CV it asks for (poisson 1, gamma 1/sqrt(burstiness), constant 0) and the CV of
+    # the gaps between its requests' sorted arrival times (numpy std, ddof=0, / mean; None under 3)
+    arrival_process: str | None = None
+    requested_cv: float | None = None
+    achieved_cv: float | None = None
+    classes: list[ClassSummary] = []  # a mixed level's request classes (kvplan.results.classes); [] without a mix
+    turns: list[TurnSummary] | None = None  # a session level's turns (kvplan.results.turns); None without sessions
 
     @computed_field  # type: ignore[prop-decorator]  # pydantic's documented idiom; mypy rejects it
     @property
@@ -215,18 +124,26 @@ def summarize_level(
     slo: Slo,
     num_planned: int | None = None,
     plan: LevelPlan | None = None,
+    class_slos: Mapping[str, Slo] | None = None,
+    arrival: ArrivalSettings | None = None,
 ) -> LevelSummary:
     """Summarise one level (one variant of it) from its own request and step records;
     ``num_planned``: the requests the level was to run (the bucket's num_requests). ``plan``: a
     steady-state level's, whose warm-up and cool-down requests, and the steps outside the measured
-    window, are kept out of every statistic (kvplan.results.steady)."""
+    window, are kept out of every statistic (kvplan.results.steady). ``class_slos``: mix class ->
+    its SLO, for the classes judged by their own (the others by ``slo``). ``arrival``: the bucket's
+    open-loop arrival settings (None: Poisson), whose CVs an open-loop level gets from all its
+    requests, warm-up and cool-down included."""
+    own_slos = class_slos or {}
+    slo_of = lambda r: own_slos.get(r.request_class, slo)  # noqa: E731
     num_excluded, window = 0, None
+    arrivals = level_arrival(key, requests, arrival)  # before a steady-state plan splits the requests
     done = [r for r in requests if completed(r)]
     span = (max(r.finish_time for r in requests) - min(r.arrival_time for r in requests)) if requests else 0.0
     rate = (lambda n: n / span) if span > 0 else (lambda n: None)
     out_tokens = sum(r.num_output_tokens for r in done)
     all_tokens = sum(r.num_output_tokens + r.num_prompt_tokens for r in done)
-    served = [(r, meets_slo(r, slo)) for r in done]
+    served = [(r, meets_slo(r, slo_of(r))) for r in done]
     if plan is not None and not plan.is_plain and requests:
         t0 = min(r.arrival_time for r in requests)
         requests, num_excluded, window = plan.split(requests)
@@ -272,7 +189,7 @@ def summarize_level(
         total_tokens_per_s=rate(all_tokens),
         requests_per_s=rate(len(served)),
         goodput_rps=rate(sum(good for _, good in served)),
-        slo_attainment=(sum(meets_slo(r, slo) for r in requests) / len(requests)) if requests else None,
+        slo_attainment=(sum(meets_slo(r, slo_of(r)) for r in requests) / len(requests)) if requests else None,
         num_steps=len(steps),
         num_preemptions=sum(s.num_preemptions for s in steps),
         num_preempted_requests=sum(r.num_preemptions > 0 for r in requests),
@@ -304,6 +221,9 @@ def summarize_level(
         num_excluded=num_excluded,
         window_start_s=window[0] if window is not None else None,
         window_end_s=window[1] if window is not None else None,
+        **arrivals,
+        classes=class_summaries(requests, served, rate, slo_of),
+        turns=turn_summaries(requests),
     )
 
 
@@ -313,10 +233,14 @@ def summarize_levels(
     slo: Slo,
     num_planned: dict[str, int] | None = None,
     plans: dict[str, LevelPlan] | None = None,
+    class_slos: Mapping[str, Mapping[str, Slo]] | None = None,
+    arrivals: Mapping[str, ArrivalSettings] | None = None,
 ) -> list[LevelSummary]:
     """One summary per (bucket, mode, level, variant), in the order the levels first appear.
     ``num_planned``: bucket name -> its num_requests, the requests each of its levels was to run;
-    ``plans``: bucket name -> its steady-state LevelPlan (plain buckets absent)."""
+    ``plans``: bucket name -> its steady-state LevelPlan (plain buckets absent); ``class_slos``:
+    bucket name -> mix class -> its own SLO; ``arrivals``: bucket name -> its open-loop arrival settings
+    (absent: Poisson)."""
     by_key: dict[LevelKey, tuple[list[RequestRecord], list[StepRecord]]] = {}
     records: list[StepRecord | RequestRecord] = [*steps, *requests]
     for rec in records:  # steps first: the order the levels ran in
@@ -326,7 +250,16 @@ def summarize_levels(
     for s in steps:
         by_key[s.key][1].append(s)
     return [
-        summarize_level(k, own_requests, own_steps, slo, (num_planned or {}).get(k.bucket), (plans or {}).get(k.bucket))
+        summarize_level(
+            k,
+            own_requests,
+            own_steps,
+            slo,
+            None if is_alone(k.variant) else (num_planned or {}).get(k.bucket),  # a class alone: its own requests
+            None if is_alone(k.variant) else (plans or {}).get(k.bucket),
+            (class_slos or {}).get(k.bucket),
+            arrival=(arrivals or {}).get(k.bucket),
+        )
         for k, (own_requests, own_steps) in by_key.items()
     ]
 

@@ -88,6 +88,9 @@ class RequestRecord:
     cache_salt: str | None = None  # requests share prefix blocks only under the same salt
     sent_time: float | None = None
     output_tokens_source: str = ""
+    request_class: str = ""  # the bucket's mix class it was drawn from; "" without a mix
+    session: int | None = None  # a multi-turn session's index in its bucket; None: a single request
+    turn: int | None = None  # its turn in that session, 1-based
 
     @property
     def key(self) -> LevelKey:

@@ -11,9 +11,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from kvplan.results import metrics, prefix_metrics
+from kvplan.results.arrival_stats import bucket_arrivals
 from kvplan.results.records import RequestRecord, StepRecord
 from kvplan.results.run_result import BucketSummary, KvSummary, RunResult
 from kvplan.results.server_samples import ServerSample, level_server_stats
+from kvplan.results.variants import is_alone
 
 
 def prefix_pricing(result: RunResult) -> prefix_metrics.PrefixPricing | None:
@@ -63,14 +65,26 @@ def summarize(
 ) -> RunResult:
     """``result`` with its summaries computed from ``requests``, ``steps`` and, for a remote
     target, its /metrics reads (``server_samples``)."""
-    levels = metrics.summarize_levels(requests, steps, result.slo, result.planned_requests(), result.level_plans)
+    levels = metrics.summarize_levels(
+        requests,
+        steps,
+        result.slo,
+        result.planned_requests(),
+        result.level_plans,
+        result.class_slos,
+        arrivals=bucket_arrivals(result.workload.config),
+    )
     levels = with_server_stats(levels, server_samples)
     estimates = {b.name: b for b in (result.estimate.buckets if result.estimate else [])}
     names = list(dict.fromkeys([*estimates, *(s.bucket for s in levels)]))
     buckets = []
     for name in names:
-        # The predicted max concurrency shares nothing, so the knee is the unshared variant's.
-        own = [s for s in levels if s.bucket == name and s.variant != prefix_metrics.CACHED]
+        # The predicted max concurrency shares nothing, so the knee is the unshared variant's; with
+        # engine variants, the first variant's (classes alone are not the bucket's load).
+        mine = [
+            s for s in levels if s.bucket == name and s.variant != prefix_metrics.CACHED and not is_alone(s.variant)
+        ]
+        own = [s for s in mine if s.variant == mine[0].variant]
         estimate = estimates.get(name)
         buckets.append(
             BucketSummary(

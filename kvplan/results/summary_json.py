@@ -34,13 +34,29 @@ run also gives per level ``num_errors``, ``error_reasons``, ``requested_rate`` a
 steady-state level (warm-up, cool-down, ``duration_s``) gives ``num_measured`` (the requests
 every statistic covers), ``num_excluded`` (warm-up and cool-down requests left out) and
 ``window_start_s`` / ``window_end_s``: the measured window, seconds from the level's first
-arrival (null for a plain level: all its requests are measured).
+arrival (null for a plain level: all its requests are measured). An open-loop level gives
+``arrival_process`` (poisson, gamma, constant), ``requested_cv`` (the inter-arrival coefficient of
+variation it asks for: 1, 1/sqrt(burstiness), 0) and ``achieved_cv`` (std / mean of the gaps
+between its requests' sorted arrival times, numpy's ddof=0; null under 3 requests); all three are
+null for a closed-loop level (kvplan.results.arrival_stats). A level of multi-turn sessions
+(``dataset.sessions``) gives ``turns``: per turn ``turn`` (1-based), ``num_completed``, ``ttft_ms``,
+``prefix_hit_tokens`` (its requests' prompt tokens served by the prefix cache) and
+``prompt_tokens``; null for other levels (kvplan.results.turns). A level of a ``mix`` bucket gives
+``classes``: per request class ``name``, ``num_requests``, ``num_completed``, ``ttft_ms``,
+``tpot_ms``, ``itl_ms``, ``e2e_ms``, ``slo_attainment`` (against the class's own SLO) and
+``goodput_req_s`` ([] for other levels; kvplan.results.classes); a class run alone at its share of
+the load (interference) is a level of its own, variant ``alone:<class>`` (``<variant>
+alone:<class>`` on an engine variant), and each mixed level gives ``interference``: per class
+``name``, ``ttft_p99_ms_mixed``, ``ttft_p99_ms_alone``, ``tpot_p99_ms_mixed``,
+``tpot_p99_ms_alone`` ([] where no class ran alone; kvplan.results.interference). Engine variants
+(``variants:``) are levels of their own too, ``variant`` naming each.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from kvplan.results.interference import ClassInterference, interference
 from kvplan.results.metrics import LatencyStats, LevelSummary, preemptions
 from kvplan.results.run_result import RunResult
 from kvplan.results.simulated import BucketCapacity, SloPoint
@@ -79,7 +95,43 @@ def level_json(level: LevelSummary) -> dict[str, Any]:
         "num_excluded": level.num_excluded,
         "window_start_s": level.window_start_s,
         "window_end_s": level.window_end_s,
+        "arrival_process": level.arrival_process,
+        "requested_cv": level.requested_cv,
+        "achieved_cv": level.achieved_cv,
+        "turns": _turns(level),
+        "classes": [
+            {
+                "name": c.name,
+                "num_requests": c.num_requests,
+                "num_completed": c.num_completed,
+                "ttft_ms": _stats(c.ttft_ms),
+                "tpot_ms": _stats(c.tpot_ms),
+                "itl_ms": _stats(c.itl_ms),
+                "e2e_ms": _stats(c.e2e_ms),
+                "slo_attainment": c.slo_attainment,
+                "goodput_req_s": c.goodput_rps,
+            }
+            for c in level.classes
+        ],
     }
+
+
+def _turns(level: LevelSummary) -> list[dict[str, Any]] | None:
+    """A session level's per-turn statistics (kvplan.results.turns); None for other levels."""
+    if level.turns is None:
+        return None
+    keys = ("turn", "num_completed", "prefix_hit_tokens", "prompt_tokens")
+    return [{**{k: getattr(t, k) for k in keys}, "ttft_ms": _stats(t.ttft_ms)} for t in level.turns]
+
+
+def _interference(level: LevelSummary, rows: list[ClassInterference]) -> list[dict[str, Any]]:
+    """A mixed level's classes, P99 mixed against alone (kvplan.results.interference)."""
+    keys = ("ttft_p99_ms_mixed", "ttft_p99_ms_alone", "tpot_p99_ms_mixed", "tpot_p99_ms_alone")
+    return [
+        {"name": r.request_class, **{k: getattr(r, k) for k in keys}}
+        for r in rows
+        if (r.bucket, r.mode, r.level, r.variant) == (level.bucket, level.mode, level.level, level.variant)
+    ]
 
 
 def _point(point: SloPoint | None) -> dict[str, Any] | None:
@@ -123,6 +175,7 @@ def capacity_json(bucket: BucketCapacity | None, attainment: float | None) -> di
 def summary_json(result: RunResult) -> dict[str, Any]:
     """The run's summary as plain JSON types (see the module docstring)."""
     engine = next((t for t in result.capacity if t.target == "engine"), None)
+    mixed = interference(result.levels)
     buckets = []
     for bucket in result.buckets:
         searched = engine.bucket(bucket.name) if engine else None
@@ -133,7 +186,11 @@ def summary_json(result: RunResult) -> dict[str, Any]:
                 "knee": searched.knee if searched else bucket.measured_knee,
                 "slo_max_concurrency": top(searched.max_concurrency) if searched else None,
                 "slo_max_request_rate": top(searched.max_request_rate) if searched else None,
-                "levels": [level_json(lv) for lv in result.levels if lv.bucket == bucket.name],
+                "levels": [
+                    {**level_json(lv), "interference": _interference(lv, mixed)}
+                    for lv in result.levels
+                    if lv.bucket == bucket.name
+                ],
                 "measured_knee": bucket.measured_knee,
                 "simulated_knee": bucket.simulated_knee,
                 "predicted_max_concurrency": bucket.predicted_max_concurrency,

@@ -89,6 +89,18 @@ def test_stops_at_eos_unless_ignored():
     assert len(ignored.output_token_ids) == 30 and ignored.output_token_ids[: len(hf_ids)] == tuple(hf_ids)
 
 
+def test_forced_tokens_are_emitted_and_then_greedy_continues_from_them():
+    # a replayed reply: the forced ids come out first, and the greedy tokens after them are the
+    # model's continuation of prompt + forced ids (transformers' greedy decode as the reference)
+    prompt = random_prompts((7,), seed=3)[0]
+    forced = (5, 17, 300, 2)  # 2 is EOS: forced, it does not stop a request that ignores EOS
+    out = tiny_engine().generate([prompt], SamplingParams(max_tokens=9, ignore_eos=True, forced_token_ids=forced))[0]
+    assert out.output_token_ids[:4] == forced and len(out.output_token_ids) == 9
+    assert list(out.output_token_ids[4:]) == hf_greedy(tiny_hf_model(), [*prompt, *forced], 5, ignore_eos=True)
+    with pytest.raises(ValueError, match="forced_token_ids: must be a tuple of ints"):
+        SamplingParams(forced_token_ids=[1, 2])  # type: ignore[arg-type]  # the wrong type is the point
+
+
 def test_abort_frees_blocks_and_reports_abort():
     engine = tiny_engine()
     a = engine.add_request(random_prompts((9,))[0], SamplingParams(max_tokens=50, ignore_eos=True))

@@ -113,7 +113,12 @@ class EngineBackend:
     def submit(self, submission: Submission) -> None:
         from engine.request import SamplingParams
 
-        params = SamplingParams(max_tokens=submission.max_tokens, ignore_eos=True, seed=submission.seed)
+        params = SamplingParams(
+            max_tokens=submission.max_tokens,
+            ignore_eos=True,
+            seed=submission.seed,
+            forced_token_ids=submission.output_token_ids,
+        )
         self.engine.add_request(
             list(submission.prompt_token_ids),
             params,

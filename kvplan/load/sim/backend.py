@@ -70,7 +70,12 @@ class SimBackend:
         if level != self._level:
             self._level = level
             self.clock.begin_level(level, self.now_s)
-        params = SamplingParams(max_tokens=submission.max_tokens, ignore_eos=True, seed=submission.seed)
+        params = SamplingParams(
+            max_tokens=submission.max_tokens,
+            ignore_eos=True,
+            seed=submission.seed,
+            forced_token_ids=submission.output_token_ids,
+        )
         arrival = self.now_s if submission.arrival_time is None else submission.arrival_time
         request = Request(submission.request_id, submission.prompt_token_ids, params, arrival, submission.cache_salt)
         self.scheduler.add_request(request, self.now_s)

@@ -117,7 +117,13 @@ def decode_run(
     tokens = [SIMULATED_TOKEN_ID] * k
     for r in running:
         r.num_computed_tokens += k
-        r.output_token_ids.extend(tokens)
+        outputs, forced = r.output_token_ids, r.sampling_params.forced_token_ids
+        if forced is not None and len(outputs) < len(forced):  # a replayed reply, as the scheduler emits it
+            own = forced[len(outputs) : len(outputs) + k]
+            outputs.extend(own)
+            outputs.extend(tokens[len(own) :])
+        else:
+            outputs.extend(tokens)
         r.token_times.extend(ends)
     scheduler._blocks_held = bm.num_used_blocks  # as schedule() leaves it after its last step
     return steps, now

@@ -28,10 +28,11 @@ from kvplan.load.requests import SampledBuckets
 from kvplan.load.run_estimate import compute_estimate
 from kvplan.load.sim.backend import SimBackend
 from kvplan.load.sim.cost import StepClock
-from kvplan.load.sim.facts import simulated_run_info
+from kvplan.load.sim.facts import simulated_facts, simulated_run_info
 from kvplan.load.sim.samples import cached_sample
 from kvplan.load.sim.search import resolve_auto, search_capacity, simulated_knees, with_knees
 from kvplan.load.sim.tokenizer import tokenize_function, tokenizer_identity
+from kvplan.load.variants import all_variants, variant_workload
 from kvplan.load.workload import Workload
 from kvplan.results.run_result import EngineFacts, RunResult, WorkloadRef
 from kvplan.results.simulated import DEFAULT_ATTAINMENT, CostModelInfo, TargetCapacity
@@ -57,6 +58,21 @@ class SimSetup:
         """``workload`` with this target's pool (what the estimate reads)."""
         engine = workload.engine.model_copy(update={"num_blocks": self.facts.num_blocks, "kv_cache_memory": None})
         return workload.model_copy(update={"engine": engine})
+
+
+def variant_facts(workload: Workload, name: str, setup: SimSetup) -> EngineFacts:
+    """The engine facts of ``setup`` on engine variant ``name`` (kvplan.load.variants): for the
+    workload's own engine, the facts a load test of the variant would read; for a GPU target, its
+    facts with the variant's scheduler settings (block size, pool and dtypes stay the target's).
+
+    Raises:
+        KvplanError: a variant setting the engine would refuse (``engine.<field>``).
+    """
+    own = variant_workload(workload, name)
+    if setup.gpu is None:
+        return simulated_facts(own, setup.facts.device, setup.facts.attention_backend)
+    knobs = ("max_num_seqs", "max_num_batched_tokens", "enable_prefix_caching")
+    return setup.facts.model_copy(update={k: getattr(own.engine, k) for k in knobs})
 
 
 def sample(workload: Workload, facts: EngineFacts) -> SampledBuckets:
@@ -117,6 +133,7 @@ def simulate(
         started_at=started,
         slo=workload.slo,
         level_plans=workload.level_plans,
+        class_slos=workload.class_slos,
         engine=setup.facts,
         estimate=estimate,
         run=simulated_run_info(sampled.dataset_info),
@@ -125,15 +142,27 @@ def simulate(
             name=workload.name, source=workload.source, sha256=workload.sha256, config=workload.model_dump(mode="json")
         ),
     )
+    variants = {name: variant_facts(workload, name, setup) for name in all_variants(workload)}
+    for facts in variants.values():
+        check_requests_fit(workload, facts, sampled.requests)
+    result = result.model_copy(update={"variant_engines": variants})
     run_dir = start_run(workload, result, run_dir)
+
+    def variant_backend(name: str) -> tuple[SimBackend, Callable]:
+        own = variant_workload(workload, name)
+        return SimBackend(variants[name], setup.clock()), compute_estimate(
+            setup.sized(own).model_copy(update={"plan": []}), variants[name], sampled.requests
+        )[1].step_bytes
+
     status = run_levels(
         SimBackend(setup.facts, setup.clock()),
-        plan_levels(workload, sampled.requests),
+        plan_levels(workload, sampled.requests, interference=True),
         run_dir,
         pricing.step_bytes,
         workload.seed,
         console,
         flush=False,
+        variant_backend=variant_backend,
     )
     if search and status == "complete" and setup.timed:
         targets = []

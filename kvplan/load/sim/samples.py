@@ -20,13 +20,18 @@ from collections.abc import Callable
 from pathlib import Path
 
 from kvplan.errors import KvplanError
-from kvplan.load import prefixes, prompts
+from kvplan.load import mix, prefixes, prompts, sessions
 from kvplan.load.requests import SampledBuckets, SampledRequest, Tokenize
 from kvplan.load.workload import Workload
 from kvplan.results.store import write_atomic
 
 CACHE_ENV = "KVPLAN_CACHE"
-_FIELDS = ("prompt_token_ids", "max_tokens", "source", "num_prefix_tokens", "prefix_group", "tenant")
+_FIELDS = (
+    *("prompt_token_ids", "max_tokens", "source", "num_prefix_tokens", "prefix_group", "tenant"),
+    *("session", "turn", "think_time_s"),  # a session's turn (kvplan.load.sessions); older rows lack them
+    "request_class",  # the mix class (kvplan.load.mix)
+    "reply_token_ids",  # a session turn's recorded reply
+)
 
 
 def cache_root() -> Path:
@@ -51,7 +56,7 @@ def sample_key(workload: Workload, vocab_size: int, tokenizer_id: list) -> str:
         except importlib.metadata.PackageNotFoundError:
             dataset_file = None
     code = []
-    for module in (prompts, prefixes):
+    for module in (prompts, prefixes, mix, sessions):
         assert module.__file__ is not None  # both are imported from their source files
         code.append(hashlib.sha256(Path(module.__file__).read_bytes()).hexdigest())
     material = {
@@ -59,7 +64,7 @@ def sample_key(workload: Workload, vocab_size: int, tokenizer_id: list) -> str:
         "dataset": workload.dataset.model_dump(mode="json"),
         "dataset_file": dataset_file if isinstance(dataset_file, list) else _file_identity(dataset_file),
         "buckets": [
-            b.model_dump(mode="json", include={"name", "input_tokens", "output_tokens", "num_requests"})
+            b.model_dump(mode="json", include={"name", "input_tokens", "output_tokens", "mix", "num_requests"})
             for b in workload.buckets
         ],
         "shared_prefix": workload.shared_prefix and workload.shared_prefix.model_dump(mode="json"),
@@ -68,6 +73,15 @@ def sample_key(workload: Workload, vocab_size: int, tokenizer_id: list) -> str:
         "code": code,
     }
     return hashlib.sha256(json.dumps(material, sort_keys=True).encode()).hexdigest()
+
+
+def _request(row: list) -> SampledRequest:
+    """A cached row back as the SampledRequest it was (JSON keeps tuples of ids as lists)."""
+    fields = dict(zip(_FIELDS, row))
+    reply = fields.get("reply_token_ids")
+    return SampledRequest(
+        **{**fields, "prompt_token_ids": tuple(row[0]), "reply_token_ids": None if reply is None else tuple(reply)}
+    )
 
 
 def cached_sample(
@@ -86,10 +100,7 @@ def cached_sample(
     try:
         data = json.loads(path.read_text())
         return SampledBuckets(
-            {
-                name: [SampledRequest(**{**dict(zip(_FIELDS, row)), "prompt_token_ids": tuple(row[0])}) for row in rows]
-                for name, rows in data["requests"].items()
-            },
+            {name: [_request(row) for row in rows] for name, rows in data["requests"].items()},
             data["dataset_info"],
         )
     except (OSError, ValueError, KeyError, TypeError):

@@ -88,8 +88,10 @@ class _Records(Recorder):
         stop_on_preemption: bool,
         slo: Slo | None = None,
         attainment: float | None = None,
+        class_slos: dict[str, Slo] | None = None,
     ):
         super().__init__(self, level, lambda _: _NO_SIZES)
+        self.class_slos = class_slos or {}  # a mix class judged by its own SLO
         self.requests: list[RequestRecord] = []
         self.steps: list[Any] = []
         self.stop = stop_on_preemption
@@ -102,7 +104,11 @@ class _Records(Recorder):
 
     def write_request(self, record) -> None:
         self.requests.append(record)
-        if self.decide and self.first <= request_index(record) < self.last and not meets_slo(record, self.slo):
+        if (
+            self.decide
+            and self.first <= request_index(record) < self.last
+            and not meets_slo(record, self.class_slos.get(record.request_class, self.slo))
+        ):
             self.misses += 1
             if self.misses > self.allowed:
                 raise _Decided
@@ -151,16 +157,21 @@ class Prober:
         and its attainment is below the target)."""
         bucket = self.workload.buckets[bucket_index]
         key = LevelKey(bucket.name, mode, value, self.knee_variant if variant is None else variant)
-        level = Level(key, bucket_index, tuple(self.sampled[bucket.name]), plan)
-        records = _Records(level, stop_on_preemption, self.workload.slo, decide)
+        requests = tuple(self.sampled[bucket.name])
+        sessions = bool(requests) and requests[0].session is not None
+        if sessions:  # a session level runs each of its sessions once (kvplan.load.session_loop)
+            plan = None
+        level = Level(key, bucket_index, requests, plan, bucket.arrival)
+        slos = self.workload.class_slos.get(bucket.name)
+        records = _Records(level, stop_on_preemption, self.workload.slo, decide, slos)
         try:
             run_level(SimBackend(self.facts, self.clock()), level, records, self.workload.seed)
         except _Preempted:
             return None
         except _Decided:  # summarised from the requests finished so far: its attainment is below target
             pass
-        planned = bucket.num_requests if plan is None else plan.num_requests
-        return summarize_level(key, records.requests, records.steps, self.workload.slo, planned, plan)
+        planned = len(requests) if sessions else bucket.num_requests if plan is None else plan.num_requests
+        return summarize_level(key, records.requests, records.steps, self.workload.slo, planned, plan, slos)
 
     def preempts(self, bucket_index: int, concurrency: int) -> bool:
         """Whether ``concurrency`` in flight preempts: a closed-loop level of the bucket's requests,

@@ -179,6 +179,7 @@ def run_target_loadtest(
         started_at=started,
         slo=workload.slo,
         level_plans=workload.level_plans,
+        class_slos=workload.class_slos,
         engine=None,
         server=server,
         estimate=estimate,

@@ -46,6 +46,13 @@ def render_charts(data: RunData) -> list[str]:
     names.append("kv_over_time.png")
     if result.prefix_caching is not None:
         names += render_prefix_charts(data)
+    from kvplan.results.report import traffic
+
+    if traffic.has_interference(levels):
+        fig, (ax,) = _figure(11, 4.5)
+        traffic.plot_interference(ax, traffic.interference(levels))
+        _save(fig, out / "interference.png")
+        names.append("interference.png")
 
     for bucket in knees or ["(none)"]:
         for mode, suffix in (("closed", ""), ("open", "_open")):
@@ -131,7 +138,7 @@ def render_report(run_dir: str | Path, charts: bool = True, data: RunData | None
 
 def print_summary(result: RunResult, console) -> None:
     """The knee table and one narrow row per level (latencies in ms, goodput in req/s)."""
-    from kvplan.results.report import prefix, tables
+    from kvplan.results.report import prefix, tables, traffic
 
     for title, frame in (
         ("Knee: predicted max concurrency vs measured", tables.knee_table(result)),
@@ -139,6 +146,8 @@ def print_summary(result: RunResult, console) -> None:
         ("Steady state: measured requests and window (s from the level's start)", tables.steady_table(result)),
         ("Capacity within the SLO (simulated; goodput req/s)", tables.capacity_table(result)),
         ("Prefix caching: TTFT (ms) cached vs uncached", prefix.prefix_table(result).iloc[:, :7]),
+        ("Interference: P99 (ms) of each class mixed vs alone", traffic.interference_table(result)),
+        ("Engine variants: P99 (ms) side by side", traffic.variant_table(result)),
     ):
         if not frame.empty:
             console.print(tables.to_rich(frame, title))

@@ -7,6 +7,8 @@ from kvplan.results.report import tables
 from kvplan.results.report.fp8 import fp8_markdown
 from kvplan.results.report.prefix import prefix_markdown
 from kvplan.results.report.target import target_lines, target_markdown
+from kvplan.results.report.traffic import traffic_markdown
+from kvplan.results.report.turns import turns_markdown
 from kvplan.results.run_result import RunResult
 
 STATUS_NOTES = {
@@ -118,6 +120,8 @@ def summary_markdown(result: RunResult, charts: list[str]) -> str:
     lines += target_markdown(result)
     lines += fp8_markdown(result)
     lines += prefix_markdown(result)
+    lines += turns_markdown(result)
+    lines += traffic_markdown(result)
     lines += ["", "## Charts", ""]
     lines += [f"![{name}]({name})" for name in charts] or ["Not drawn: `kvplan report DIR` draws them."]
     definitions = DEFINITIONS + (TARGET_DEFINITIONS if result.server is not None else "")

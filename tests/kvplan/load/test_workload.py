@@ -61,6 +61,25 @@ BAD_CASES = {
     "duration_rate_conflict.yaml": "buckets[0].request_rates[0]: at 0.01 req/s a 10 s level (duration_s) expects"
     " 0.1 arrivals; give a rate >= 0.1 req/s or a longer duration_s",
     "bad_warmup.yaml": "buckets[0].warmup: '5 minutes' is neither a number of requests nor a time like 30s or 500ms",
+    # open-loop arrival processes (kvplan.load.arrivals)
+    "arrival_unknown_process.yaml": "buckets[0].arrival.process: must be one of 'poisson', 'gamma', 'constant'"
+    " (got 'bursty')",
+    "arrival_zero_burstiness.yaml": "buckets[0].arrival.burstiness: must be > 0.0 (got 0)",
+    "arrival_burstiness_without_gamma.yaml": "buckets[0].arrival.burstiness: applies to process gamma only (process"
+    " is poisson); set process: gamma or drop burstiness",
+    # request classes and engine variants (kvplan.load.mix, kvplan.load.variants)
+    "mix_zero_weights.yaml": "buckets[0].mix: the weights must sum to a positive number (got 0); give at least one"
+    " class a weight > 0",
+    "mix_beside_lengths.yaml": "buckets[0].input_tokens: a mix bucket takes its lengths from its classes; give"
+    " input_tokens in each mix class",
+    "missing_input_tokens.yaml": "buckets[0].input_tokens: required field missing; give a range, or a mix of classes",
+    "variant_changes_model.yaml": "variants[0].engine.model: a variant runs the same token ids, so it cannot change"
+    " the model",
+    "variant_unknown_setting.yaml": "buckets[0].variants[0].engine.max_batch_tokens: unknown engine setting; give"
+    " one of dtype, device, block_size,",
+    "variant_bad_value.yaml": "variants[1].engine.max_num_batched_tokens: must be >= 1 (got 0)",
+    "variant_with_shared_prefix.yaml": "variants: not supported with shared_prefix, which runs every level as its"
+    " own cached and uncached variants",
 }
 
 # Refused by `kvplan loadtest` once the engine is built and prompts are sampled (the YAML is

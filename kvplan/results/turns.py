@@ -1,0 +1,58 @@
+"""Per-turn statistics of a level of multi-turn sessions (``dataset.sessions``, kvplan.load.sessions):
+pure functions of its request records.
+
+Turn k's prompt holds turns 1..k-1 (prompts and replies), so with prefix caching its cached
+tokens grow with k while the tokens it prefills stay one message's worth; the table shows how
+TTFT and the prefix hits move along a session. TTFT is computed as the level's is
+(kvplan.results.latency), over the turn's completed requests.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from kvplan.results.latency import LatencyStats, _Summary, completed, latency_stats, ttft_s
+from kvplan.results.records import RequestRecord
+
+
+class TurnSummary(_Summary):
+    """One turn index of a session level, over the requests of that turn (every session that got so
+    far): completed requests, their TTFT (ms), and the sums over all of them of ``num_cached_tokens``
+    (``prefix_hit_tokens``: prompt tokens served by the prefix cache) and of prompt tokens."""
+
+    turn: int
+    num_requests: int
+    num_completed: int
+    ttft_ms: LatencyStats | None
+    prefix_hit_tokens: int
+    prompt_tokens: int
+
+    @property
+    def prefix_hit_fraction(self) -> float | None:
+        """prefix_hit_tokens / prompt_tokens (0..1); None without prompt tokens."""
+        return self.prefix_hit_tokens / self.prompt_tokens if self.prompt_tokens else None
+
+
+def turn_summaries(requests: Sequence[RequestRecord]) -> list[TurnSummary] | None:
+    """One summary per turn, in turn order; None for a level whose requests carry no turn."""
+    by_turn: dict[int, list[RequestRecord]] = {}
+    for r in requests:
+        if r.turn is not None:
+            by_turn.setdefault(r.turn, []).append(r)
+    if not by_turn:
+        return None
+    out = []
+    for turn in sorted(by_turn):
+        own = by_turn[turn]
+        done = [r for r in own if completed(r)]
+        out.append(
+            TurnSummary(
+                turn=turn,
+                num_requests=len(own),
+                num_completed=len(done),
+                ttft_ms=latency_stats([t for r in done if (t := ttft_s(r)) is not None]),
+                prefix_hit_tokens=sum(r.num_cached_tokens for r in own),
+                prompt_tokens=sum(r.num_prompt_tokens for r in own),
+            )
+        )
+    return out
