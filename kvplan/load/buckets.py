@@ -35,27 +35,53 @@ from kvplan.load.session_settings import Sessions
 from kvplan.results.steady import LevelPlan
 
 Rate = Annotated[float, Field(gt=0, allow_inf_nan=False)]  # requests/s
-DatasetKind = Literal["sharegpt", "random", "jsonl"]
+DatasetKind = Literal["sharegpt", "random", "jsonl", "trace"]
 DATASETS: tuple[str, ...] = get_args(DatasetKind)
 
 
 class Dataset(StrictModel):
     """Where prompts come from. Shorthands: ``dataset: sharegpt`` and ``dataset: {jsonl: PATH}``.
 
-    ``path`` (jsonl only) is relative to the workload file; each line holds ``prompt`` (text) or
-    ``prompt_token_ids``, and optionally ``output_tokens``.
+    ``path`` (jsonl and trace only) is relative to the workload file; each line holds ``prompt`` (text)
+    or ``prompt_token_ids``, and optionally ``output_tokens``; a trace's lines are Mooncake-format
+    requests (kvplan.load.trace), replayed at their timestamps.
     """
 
     kind: DatasetKind = Field(
         description="The prompt source: ``sharegpt`` (the first human turn of real ShareGPT conversations, the"
         " reply's length in tokens as the output length), ``random`` (random token ids, lengths drawn"
-        " from the buckets' ranges) or ``jsonl`` (a file of prompts, see ``path``)."
+        " from the buckets' ranges), ``jsonl`` (a file of prompts, see ``path``) or ``trace`` (a Mooncake-format"
+        " trace replayed at its timestamps, kvplan.load.trace)."
     )
     path: str | None = Field(
         None,
-        description="The JSONL file, relative to the workload file (jsonl only, where it is required): one"
-        " JSON object a line with ``prompt`` (text) or ``prompt_token_ids``, and optionally"
-        " ``output_tokens``.",
+        description="The JSONL file, relative to the workload file (jsonl and trace only, where it is required):"
+        " for jsonl one JSON object a line with ``prompt`` (text) or ``prompt_token_ids``, and optionally"
+        " ``output_tokens``; for trace one request a line with ``timestamp`` (ms), ``input_length``,"
+        " ``output_length`` and ``hash_ids`` (Mooncake's format).",
+    )
+    speed: float = Field(
+        1.0,
+        gt=0,
+        allow_inf_nan=False,
+        description="Trace only: how much faster than recorded the trace is replayed (2.0 = twice as fast: line"
+        " i arrives timestamp_i / 1000 / speed s into the level).",
+    )
+    max_requests: Count | None = Field(
+        None, description="Trace only: replay the trace's first max_requests lines; null = all of them."
+    )
+    block_tokens: Count = Field(
+        512,
+        description="Trace only: tokens per hash id's block (Mooncake's traces: 512, AIPerf's --isl-block-size"
+        " default).",
+    )
+    max_input_tokens: Count | None = Field(
+        None,
+        description="Trace only: clip each prompt to its first max_input_tokens tokens (leading shared blocks"
+        " stay shared), tokens; null = the trace's input_length.",
+    )
+    max_output_tokens: Count | None = Field(
+        None, description="Trace only: clip each max_tokens to this, tokens; null = the trace's output_length."
     )
     sessions: Sessions | None = Field(
         None,
@@ -92,9 +118,21 @@ class Dataset(StrictModel):
     def _path_for_jsonl(self) -> Dataset:
         if self.kind == "jsonl" and not self.path:
             raise ValueError("jsonl needs a path: dataset: {jsonl: prompts.jsonl}")
-        if self.kind != "jsonl" and self.path is not None:
+        if self.kind == "trace" and not self.path:
+            raise ValueError("trace needs a path: dataset: {kind: trace, path: trace.jsonl}")
+        if self.kind not in ("jsonl", "trace") and self.path is not None:
             raise ValueError(f"path applies to jsonl only (kind is {self.kind})")
+        trace_keys = ("speed", "max_requests", "block_tokens", "max_input_tokens", "max_output_tokens")
+        # by value, not by fields set: a stored run's config (every default written out) validates again
+        given = [k for k in trace_keys if getattr(self, k) != type(self).model_fields[k].default]
+        if self.kind != "trace" and given:
+            raise ValueError(f"{given[0]} applies to trace only (kind is {self.kind})")
         return self
+
+
+def _no_default(schema: dict[str, Any]) -> None:
+    """A field's JSON schema without its ``default``: a sentinel no file should write."""
+    schema.pop("default", None)
 
 
 def _auto_or_levels(value: Any, handler: Any) -> Any:
@@ -208,10 +246,14 @@ class Bucket(StrictModel):
         " (default), gamma (with ``burstiness``) or constant, and ``ramp_up_s``; closed-loop levels"
         " ignore it.",
     )
+    # required but for a trace bucket (kvplan.load.workload_file checks it: 0 = not given, never validated),
+    # whose count is the trace's line count, filled in when the workload is read (kvplan.load.trace)
     num_requests: Count = Field(
+        0,
         description="Requests per load level: the bucket's sampled requests, deterministic for the seed, the"
         " same list replayed at every level (with ``duration_s``, warm-up or cool-down requests, the"
-        " list is cycled)."
+        " list is cycled). Required, except over a ``trace`` dataset (then the trace's line count).",
+        json_schema_extra=_no_default,
     )
     duration_s: float | None = Field(
         None,
@@ -254,8 +296,7 @@ class Bucket(StrictModel):
 
     @model_validator(mode="after")
     def _some_level(self) -> Bucket:
-        if not self.concurrency and not self.request_rates:
-            raise ValueError("give concurrency levels and/or request_rates")
+        # at least one level: checked across sections (kvplan.load.workload_file), since a trace bucket needs none
         for field in ("concurrency", "request_rates"):
             values = getattr(self, field)
             if values != "auto" and len(set(values)) != len(values):

@@ -24,6 +24,9 @@ from kvplan.results.run_result import EngineFacts
 def _longest_part(index: int, bucket: Bucket, request: SampledRequest) -> tuple[str, str]:
     """(the YAML field that contributes most tokens to ``request``, its tokens spelled out)."""
     prefix, own = request.num_prefix_tokens, request.num_prompt_tokens - request.num_prefix_tokens
+    if request.source.startswith("trace:"):  # a trace's line (kvplan.load.trace): its lengths, clipped or not
+        line = request.source.removeprefix("trace:")
+        return "dataset.max_input_tokens", f"the trace's line {line}, {own} + {request.max_tokens}"
     names = [c.name for c in bucket.classes]
     c = names.index(request.request_class) if request.request_class in names else 0
     at = f"buckets[{index}]."

@@ -37,6 +37,7 @@ from kvplan.load.arrivals import Arrival, ArrivalOffsets
 from kvplan.load.buckets import Bucket
 from kvplan.load.requests import SampledRequest
 from kvplan.load.session_loop import run_sessions
+from kvplan.load.trace import read_trace
 from kvplan.load.variants import variants_of
 from kvplan.load.workload import Workload
 from kvplan.results.prefix_metrics import CACHED, UNCACHED, VARIANTS
@@ -55,6 +56,7 @@ class Level:
     plan: LevelPlan | None = None  # None: each of ``requests`` once, all measured
     arrival: Arrival | None = None  # the bucket's open-loop arrival process; None: Poisson
     load: float | None = None  # the concurrency or rate it runs at, when not key.value (a class alone)
+    offsets: tuple[float, ...] | None = None  # a trace's arrivals, s from the level's start; None: drawn
 
     @property
     def value(self) -> float:
@@ -72,6 +74,7 @@ def plan_levels(
     ``interference`` (or any mix with ``interference=True``: a simulation) follows each mixed
     level with each class alone at its share of the load (``_alone``)."""
     levels = []
+    trace = read_trace(workload)  # a trace bucket: one open level at the trace's mean rate (kvplan.load.trace)
     for i, bucket in enumerate(workload.buckets):
         reqs = tuple(sampled[bucket.name])
         if bucket.concurrency == "auto":
@@ -82,7 +85,7 @@ def plan_levels(
             variants = [v.name for v in variants_of(workload, i)] or [""]
         modes: tuple[tuple[Mode, Sequence[float]], ...] = (
             ("closed", bucket.concurrency),
-            ("open", bucket.request_rates),
+            ("open", bucket.request_rates if trace is None else [trace.mean_rate]),
         )
         for mode, values in modes:
             plan = None if bucket.level_plan.is_plain else bucket.level_plan
@@ -94,6 +97,7 @@ def plan_levels(
                         reqs,
                         plan,
                         bucket.arrival,
+                        offsets=None if trace is None else trace.offsets,
                     )
                     levels.append(level)
                     if bucket.mix is not None and (interference or bucket.interference):
@@ -250,9 +254,10 @@ class Recorder:
 def run_level(backend: Backend, level: Level, recorder: Recorder, seed: int) -> None:
     """Drive one level to the end: closed loop keeps ``level`` requests in flight; open loop
     submits at the arrival times of ``level.arrival`` (kvplan.load.arrivals; Poisson when None:
-    exponential gaps of mean 1/rate s), seeded per level. A level with a plan sends its warm-up,
-    measured and cool-down requests, or sends until its ``duration_s`` is up; then the requests in
-    flight finish. A level of multi-turn sessions runs them as users would (kvplan.load.session_loop)."""
+    exponential gaps of mean 1/rate s), seeded per level, or at a trace's ``level.offsets``. A
+    level with a plan sends its warm-up, measured and cool-down requests, or sends until its
+    ``duration_s`` is up; then the requests in flight finish. A level of multi-turn sessions runs
+    them as users would (kvplan.load.session_loop)."""
     key, requests = level.key, level.requests
     num = len(requests)
     plan = level.plan
@@ -261,7 +266,8 @@ def run_level(backend: Backend, level: Level, recorder: Recorder, seed: int) -> 
     if key.mode == "open":
         # min: a rate near float's top would make the seed word inf (rates are finite, > 0)
         rng = np.random.default_rng([seed, level.bucket_index, int(min(level.value * 1000, 2**63))])
-        arrivals = ArrivalOffsets(rng, level.value, total or num, level.arrival)
+        traced = level.offsets  # a trace's, else drawn
+        arrivals = ArrivalOffsets(rng, level.value, total or num, level.arrival) if traced is None else traced
     if requests and requests[0].session is not None:  # multi-turn sessions (kvplan.load.session_loop)
 
         def send(index: int, arrival: float | None) -> str:

@@ -23,7 +23,14 @@ from pathlib import Path
 from typing import Any
 
 from kvplan.errors import KvplanError
-from kvplan.load.bundled.backend import EngineBackend, build_engine, engine_facts, run_info, tokenizer_function
+from kvplan.load.bundled.backend import (
+    EngineBackend,
+    build_engine,
+    engine_facts,
+    run_info,
+    tokenizer_function,
+    warm_up,
+)
 from kvplan.load.checks import check_requests_fit
 from kvplan.load.driver import plan_levels
 from kvplan.load.lifecycle import finish_run, now_iso, run_levels, start_run
@@ -87,6 +94,8 @@ def run_loadtest(workload: Workload, run_dir: Path | None = None, *, engine=None
             name=workload.name, source=workload.source, sha256=workload.sha256, config=workload.model_dump(mode="json")
         ),
     )
+    for warmed in {id(e): e for e in (engine, *(v[0].engine for v in variants.values()))}.values():
+        warm_up(warmed)  # each engine's one-time costs before its first level, not in it
     run_dir = start_run(workload, result, run_dir)
     status = run_levels(
         EngineBackend(engine),

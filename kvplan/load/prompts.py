@@ -238,6 +238,10 @@ def sample_buckets(workload: Workload, tokenize: Tokenize | None, vocab_size: in
     if workload.dataset.sessions is not None:  # multi-turn sessions, turn by turn (kvplan.load.sessions)
         return sessions.sample_sessions(workload, tokenize, vocab_size, read_sharegpt, draw_lengths)
     kind = workload.dataset.kind
+    if kind == "trace":  # a Mooncake-format trace, its prompts built from hash blocks (kvplan.load.trace)
+        from kvplan.load.trace import sample_trace
+
+        return sample_trace(workload, vocab_size)
     records: list[dict] = []
     if kind == "random":
         requests = {b.name: _random_bucket(b, i, workload.seed, vocab_size) for i, b in enumerate(workload.buckets)}

@@ -391,7 +391,7 @@ class Workload(StrictModel):
 
     @property
     def dataset_path(self) -> Path | None:
-        """The jsonl file, resolved against the workload file's folder."""
+        """The jsonl or trace file, resolved against the workload file's folder."""
         if self.dataset.path is None:
             return None
         return (Path(self.source).parent / self.dataset.path).resolve()

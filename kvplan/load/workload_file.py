@@ -16,6 +16,7 @@ from engine.config import TINY_RANDOM_MODEL
 from kvplan.errors import KvplanError, describe_error, validation_error
 from kvplan.load.buckets import Bucket
 from kvplan.load.sessions import check_sessions
+from kvplan.load.trace import check_trace, with_trace_counts
 from kvplan.load.variants import check_target_variants, check_variants
 from kvplan.load.workload import MAX_LEVEL_S, Workload
 from kvplan.yaml_input import read_yaml
@@ -41,7 +42,7 @@ def parse_workload(data: Any, source: str = "<memory>", sha256: str = "") -> Wor
         raise validation_error(err, source) from None
     workload._source, workload._sha256, workload._warnings = source, sha256, _deprecations(data)
     check_workload(workload)
-    return workload
+    return with_trace_counts(workload)  # a trace bucket's num_requests: the trace's line count
 
 
 def load_workload(path: str | Path) -> Workload:
@@ -95,7 +96,9 @@ def with_target(workload: Workload, url: str | None, model: str | None) -> tuple
 
 def check_workload(workload: Workload) -> None:
     """Every cross-section rule (see the module docstring). Raises KvplanError."""
+    _check_required(workload)
     _check_dataset(workload)
+    check_trace(workload)
     check_sessions(workload)
     _check_buckets(workload)
     _check_shared_prefix(workload)
@@ -124,6 +127,18 @@ def _check_dataset(workload: Workload) -> None:
         )
 
 
+def _check_required(workload: Workload) -> None:
+    """``num_requests`` and at least one level, which every bucket needs but a trace's (its count
+    and its one level come from the trace, kvplan.load.trace)."""
+    if workload.dataset.kind == "trace":
+        return
+    for i, bucket in enumerate(workload.buckets):
+        if "num_requests" not in bucket.model_fields_set:
+            raise _error(workload, f"buckets[{i}].num_requests", "required field missing")
+        if not bucket.concurrency and not bucket.request_rates:
+            raise _error(workload, f"buckets[{i}]", "give concurrency levels and/or request_rates")
+
+
 def _check_buckets(workload: Workload) -> None:
     names = [b.name for b in workload.buckets]
     max_len = workload.engine.max_model_len
@@ -131,6 +146,8 @@ def _check_buckets(workload: Workload) -> None:
         at = f"buckets[{i}]"
         if bucket.name in names[:i]:
             raise _error(workload, f"{at}.name", f"duplicate name {bucket.name!r}")
+        if workload.dataset.kind == "trace":
+            continue  # lengths, count and arrivals from the trace (kvplan.load.trace.check_trace)
         _check_mix(workload, at, bucket)
         for c, shape in enumerate(bucket.classes):
             for side in ("input_tokens", "output_tokens"):
@@ -188,7 +205,14 @@ def _check_buckets(workload: Workload) -> None:
 
 def _check_mix(workload: Workload, at: str, bucket: Bucket) -> None:
     """A bucket has its own lengths or a mix of classes, not both; a mix's class names are
-    unique and its weights sum to a positive number."""
+    unique and its weights sum to a positive number; ``interference`` needs a mix."""
+    if bucket.interference and bucket.mix is None:
+        raise _error(
+            workload,
+            f"{at}.interference",
+            "needs a mix: it runs each request class alone beside the mixed level",
+            "add a mix of classes or drop interference",
+        )
     for side in ("input_tokens", "output_tokens"):
         given = getattr(bucket, side) is not None
         if bucket.mix is None and not given:

@@ -57,6 +57,23 @@ def with_server_stats(
     return out
 
 
+def in_class_order(levels: list[metrics.LevelSummary], result: RunResult) -> list[metrics.LevelSummary]:
+    """Each mixed level's classes in the order its bucket's ``mix`` lists them (the workload kept
+    in the run result), not the order their first requests happened to finish in."""
+    order = {
+        b.get("name"): [c.get("name") for c in b.get("mix") or []]
+        for b in result.workload.config.get("buckets", [])
+        if isinstance(b, dict)
+    }
+    out = []
+    for level in levels:
+        names = order.get(level.bucket) or []
+        rank = {name: i for i, name in enumerate(names)}
+        ordered = sorted(level.classes, key=lambda c: rank.get(c.name, len(names)))
+        out.append(level if ordered == level.classes else level.model_copy(update={"classes": ordered}))
+    return out
+
+
 def summarize(
     result: RunResult,
     requests: Sequence[RequestRecord],
@@ -75,6 +92,7 @@ def summarize(
         arrivals=bucket_arrivals(result.workload.config),
     )
     levels = with_server_stats(levels, server_samples)
+    levels = in_class_order(levels, result)
     estimates = {b.name: b for b in (result.estimate.buckets if result.estimate else [])}
     names = list(dict.fromkeys([*estimates, *(s.bucket for s in levels)]))
     buckets = []

@@ -18,19 +18,22 @@ from kvplan.results.records import RequestRecord
 class TurnSummary(_Summary):
     """One turn index of a session level, over the requests of that turn (every session that got so
     far): completed requests, their TTFT (ms), and the sums over all of them of ``num_cached_tokens``
-    (``prefix_hit_tokens``: prompt tokens served by the prefix cache) and of prompt tokens."""
+    (``prefix_hit_tokens``: prompt tokens served by the prefix cache; None against a remote target,
+    whose answers do not say) and of prompt tokens."""
 
     turn: int
     num_requests: int
     num_completed: int
     ttft_ms: LatencyStats | None
-    prefix_hit_tokens: int
+    prefix_hit_tokens: int | None
     prompt_tokens: int
 
     @property
     def prefix_hit_fraction(self) -> float | None:
-        """prefix_hit_tokens / prompt_tokens (0..1); None without prompt tokens."""
-        return self.prefix_hit_tokens / self.prompt_tokens if self.prompt_tokens else None
+        """prefix_hit_tokens / prompt_tokens (0..1); None without prompt tokens or hit counts."""
+        if self.prefix_hit_tokens is None or not self.prompt_tokens:
+            return None
+        return self.prefix_hit_tokens / self.prompt_tokens
 
 
 def turn_summaries(requests: Sequence[RequestRecord]) -> list[TurnSummary] | None:
@@ -51,7 +54,10 @@ def turn_summaries(requests: Sequence[RequestRecord]) -> list[TurnSummary] | Non
                 num_requests=len(own),
                 num_completed=len(done),
                 ttft_ms=latency_stats([t for r in done if (t := ttft_s(r)) is not None]),
-                prefix_hit_tokens=sum(r.num_cached_tokens for r in own),
+                # a remote target's requests (sent_time set) carry no cached-token count: unknown, not 0
+                prefix_hit_tokens=None
+                if all(r.sent_time is not None for r in own)
+                else sum(r.num_cached_tokens for r in own),
                 prompt_tokens=sum(r.num_prompt_tokens for r in own),
             )
         )

@@ -129,19 +129,25 @@ def default_for(workload: Workload) -> Calibration:
     Raises:
         KvplanError: none ships for that engine (names ``calibrate``).
     """
-    names = []
+    names, misses = [], []
     for path in sorted(DATA_DIR.glob("*.json")):
         calibration = load(path)
-        names.append(f"{calibration.engine['model']} {calibration.engine['dtype']}")
+        engine = calibration.engine
+        names.append(
+            f"{engine['model']} {engine['dtype']} (KV {engine['kv_cache_dtype']}, block {engine['block_size']})"
+        )
         try:
             check_engine(calibration, workload)
-        except KvplanError:
+        except KvplanError as err:
+            if engine["model"] == workload.engine.model:
+                misses.append(f"{err.field} {err.problem.split(',')[0].removeprefix('is ')}")
             continue
         return calibration
+    settings = workload.engine
+    which = f"{settings.model} with {misses[0]}" if misses else f"{settings.model}, dtype {settings.dtype}"
     raise KvplanError(
         "calibrate",
-        f"no calibration ships for {workload.engine.model} with dtype "
-        f"{workload.engine.dtype} (shipped: {', '.join(names)})",
+        f"no calibration ships for {which} (shipped: {'; '.join(names)})",
         "give a load test of this engine to calibrate on, or simulate a GPU with `model` and `gpu`",
     )
 

@@ -5,7 +5,7 @@ milliseconds for the simulation itself. The first simulation of a workload sampl
 does (``kvplan.load.prompts.sample_buckets``, same seed, same tokenizer's ids) and stores the
 result; later ones read it back. The key is a sha256 over everything the sample depends on: the
 workload's seed, dataset, buckets' lengths and counts, shared prefix, the vocabulary, the
-tokenizer's identity, the dataset file's identity and the source of the sampling modules
+tokenizer's identity, the dataset file's identity (a JSONL file's or a trace's) and the source of the sampling modules
 themselves, so a change to any of them samples afresh::
 
     $KVPLAN_CACHE (default ~/.cache/kvplan)/samples/<sha256>.json
@@ -20,7 +20,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from kvplan.errors import KvplanError
-from kvplan.load import mix, prefixes, prompts, sessions
+from kvplan.load import mix, prefixes, prompts, sessions, trace
 from kvplan.load.requests import SampledBuckets, SampledRequest, Tokenize
 from kvplan.load.workload import Workload
 from kvplan.results.store import write_atomic
@@ -56,7 +56,7 @@ def sample_key(workload: Workload, vocab_size: int, tokenizer_id: list) -> str:
         except importlib.metadata.PackageNotFoundError:
             dataset_file = None
     code = []
-    for module in (prompts, prefixes, mix, sessions):
+    for module in (prompts, prefixes, mix, sessions, trace):
         assert module.__file__ is not None  # both are imported from their source files
         code.append(hashlib.sha256(Path(module.__file__).read_bytes()).hexdigest())
     material = {

@@ -113,7 +113,7 @@ def test_an_interrupted_run_keeps_a_report_that_kvplan_report_renders(tmp_path):
 
     def step_then_ctrl_c():
         calls.append(1)
-        if len(calls) == 110:
+        if len(calls) == 2 + 110:  # after the warm-up's 2 steps (kvplan.load.bundled.backend.warm_up)
             raise KeyboardInterrupt
         return real_step()
 
@@ -122,7 +122,8 @@ def test_an_interrupted_run_keeps_a_report_that_kvplan_report_renders(tmp_path):
     data = load_run(run_dir)
     assert data.result.status == "interrupted"
     # A request takes 12 steps (one prefill, 11 decodes): c=1 ends after step 96; c=4 admits 4
-    # at once, which finish at step 108. Ctrl-C comes in the 110th call: 109 steps were recorded.
+    # at once, which finish at step 108. Ctrl-C comes in the 110th call after the warm-up: 109 steps
+    # were recorded.
     assert len(data.steps) == 109
     assert len(data.requests) == 12
     # c=4 finished 4 of its 8 planned requests: partial, and so not a level "without preemption".

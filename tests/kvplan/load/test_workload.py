@@ -22,7 +22,7 @@ BAD_CASES = {
     " bucket has num_requests 8 (its measured knee would claim a level never"
     " reached); raise num_requests to >= 100 or drop the level",
     "empty_buckets.yaml": "buckets: must not be empty",
-    "unknown_dataset.yaml": "dataset.kind: must be one of 'sharegpt', 'random', 'jsonl' (got 'wikipedia')",
+    "unknown_dataset.yaml": "dataset.kind: must be one of 'sharegpt', 'random', 'jsonl', 'trace' (got 'wikipedia')",
     "unreadable_dataset.yaml": "dataset.path: file not found:",
     "bad_units.yaml": "engine.kv_cache_memory: unknown unit; use B, KB, MB, GB, KiB, MiB or GiB (e.g. 48MiB)"
     " (got '48 parsecs')",
@@ -78,6 +78,8 @@ BAD_CASES = {
     "variant_unknown_setting.yaml": "buckets[0].variants[0].engine.max_batch_tokens: unknown engine setting; give"
     " one of dtype, device, block_size,",
     "variant_bad_value.yaml": "variants[1].engine.max_num_batched_tokens: must be >= 1 (got 0)",
+    "interference_without_mix.yaml": "buckets[0].interference: needs a mix: it runs each request class alone beside"
+    " the mixed level; add a mix of classes or drop interference",
     "variant_with_shared_prefix.yaml": "variants: not supported with shared_prefix, which runs every level as its"
     " own cached and uncached variants",
 }

@@ -1,0 +1,85 @@
+"""``kvplan advise``: which KV optimisation pays for this traffic (kvplan.load.sim.advise)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from kvplan.cli.app import make_console, warn
+
+
+def advise(
+    workload: Annotated[Path, typer.Argument(help="Workload YAML, e.g. workloads/shared_prefix.yaml.")],
+    model: Annotated[
+        str | None, typer.Option(help="Advise for this model (preset, config.json or .gguf) on --gpu.")
+    ] = None,
+    gpu: Annotated[str | None, typer.Option(help="GPU to simulate --model on (the GPU table's names).")] = None,
+    tp: Annotated[int, typer.Option(help="Tensor-parallel size on --gpu.")] = 1,
+    kv_cache_dtype: Annotated[
+        str, typer.Option(help="KV dtype on --gpu as it is: auto (model dtype), fp16, bf16, fp8.")
+    ] = "auto",
+    weight_dtype: Annotated[
+        str, typer.Option(help="Weight dtype on --gpu: auto (checkpoint), bf16, fp16, fp8, int8, int4, nvfp4, mxfp4.")
+    ] = "auto",
+    backend: Annotated[
+        str, typer.Option(help="Serving engine whose measured operation times time --gpu steps: vllm, sglang, trtllm.")
+    ] = "vllm",
+    calibrate: Annotated[
+        Path | None,
+        typer.Option(help="A load test's run folder of this engine to fit the step time on (the engine only)."),
+    ] = None,
+    attainment: Annotated[
+        float, typer.Option(help="SLO attainment target: the fraction of requests meeting every SLO.")
+    ] = 0.95,
+    json_output: Annotated[bool, typer.Option("--json", help="Print one JSON object instead of tables.")] = False,
+) -> None:
+    # one line: `kvplan --help` shows this paragraph's line breaks as they are written
+    """Simulate the workload's traffic as it is and with each KV optimisation (prefix caching, fp8 KV, the chunked-prefill budget, max_num_seqs, block size) and say which pays: SLO capacity, goodput and KV pool side by side."""  # noqa: E501
+    from kvplan.load.sim.advise import advise as run_advise
+    from kvplan.load.sim.cli_setup import setups_for
+    from kvplan.load.sim.facts import simulated_facts
+    from kvplan.load.sim.run import SimSetup
+    from kvplan.load.workload import Workload
+    from kvplan.load.workload_file import load_workload
+
+    spec = load_workload(workload)
+    warn(spec.warnings, spec.source)
+    on_gpu = gpu is not None
+    base: list[SimSetup] = []
+
+    def setup_for(changed: Workload, alt_kv: str | None) -> SimSetup:
+        """A GPU target is set up anew per alternative; the workload's engine keeps the base
+        calibration's clock unless its KV dtype changes (which has a calibration of its own)."""
+
+        def setup(kv: str, calibration: Path | None) -> SimSetup:
+            return setups_for(
+                changed,
+                model=model,
+                gpu=gpu,
+                tp=tp,
+                kv_cache_dtype=kv,
+                weight_dtype=weight_dtype,
+                backend=backend,
+                attainment=attainment,
+                calibrate=calibration,
+            )[0]
+
+        if on_gpu:
+            return setup(alt_kv or kv_cache_dtype, None)
+        if base and changed.engine.kv_cache_dtype == spec.engine.kv_cache_dtype:
+            facts = simulated_facts(changed, base[0].facts.device, base[0].facts.attention_backend)
+            return SimSetup(facts, base[0].clock, base[0].cost_model)
+        own = setup(kv_cache_dtype, calibrate)
+        if not base:
+            base.append(own)
+        return own
+
+    advice = run_advise(spec, setup_for, on_gpu=on_gpu, kv_cache_dtype=kv_cache_dtype, attainment=attainment)
+    if json_output:
+        print(advice.model_dump_json(indent=2))
+        return
+    from kvplan.load.sim.advise_view import print_advice
+
+    print_advice(advice, make_console())

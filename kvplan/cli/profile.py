@@ -1,0 +1,108 @@
+"""``kvplan profile``: a request log's traffic profile, and a workload YAML that reproduces it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from engine.config import DEFAULT_MODEL
+from kvplan.cli.app import make_console
+
+
+def _lazy_tokenizer(model: str):
+    """``model``'s tokenizer (kvplan.load.sim.tokenizer), built at its first call only: a Mooncake or
+    kvplan log never loads one."""
+    built: list = []
+
+    def tokenize(texts: list[str]) -> list[list[int]]:
+        if not built:
+            from kvplan.errors import KvplanError
+            from kvplan.load.sim.tokenizer import tokenize_function
+
+            function = tokenize_function(model)
+            if function is None:
+                raise KvplanError("tokenizer", f"{model} has no tokenizer", "give --tokenizer SmolLM2-135M-Instruct")
+            built.append(function)
+        return built[0](texts)
+
+    return tokenize
+
+
+def profile(
+    log: Annotated[
+        Path, typer.Argument(help="A request log, JSONL: OpenAI-style, a Mooncake trace or a kvplan requests.jsonl.")
+    ],
+    log_format: Annotated[
+        str,
+        typer.Option("--format", help="The log's format: auto (told per line by its keys), openai, mooncake, kvplan"),
+    ] = "auto",
+    tokenizer: Annotated[
+        str,
+        typer.Option(help="An OpenAI log's tokenizer: SmolLM2-135M-Instruct or a folder with tokenizer.json."),
+    ] = DEFAULT_MODEL,
+    level: Annotated[
+        str | None,
+        typer.Option(
+            help="A kvplan run's load level to profile, e.g. short/open/2 or short/closed/8/cached (default: the"
+            " first in the file; all: every one)."
+        ),
+    ] = None,
+    block_size: Annotated[int, typer.Option(help="Tokens per block for the prefix reuse (engine default).")] = 16,
+    out: Annotated[Path | None, typer.Option(help="Write a workload YAML reproducing the traffic here.")] = None,
+    model: Annotated[str, typer.Option(help="The written workload's engine.model.")] = DEFAULT_MODEL,
+    dataset: Annotated[
+        str, typer.Option(help="The written workload's dataset: random (lengths drawn) or sharegpt (real prompts).")
+    ] = "random",
+    num_requests: Annotated[
+        int | None, typer.Option(help="The written workload's num_requests (default: the log's requests or sessions).")
+    ] = None,
+    plots: Annotated[
+        Path | None, typer.Option(help="Write lengths.png, arrivals.png and prefix_reuse.png into this folder.")
+    ] = None,
+    json_output: Annotated[
+        bool, typer.Option("--json", help="Print one JSON object (its keys: docs/profile.md) instead of tables.")
+    ] = False,
+) -> None:
+    """Profile a request log: length percentiles, prefix reuse, arrival rate and burstiness, turns, requests in flight; optionally write a workload that reproduces it."""  # noqa: E501
+    from kvplan.errors import KvplanError
+    from kvplan.load.profile_log import FORMATS, read_log
+    from kvplan.load.profile_stats import profile_log
+
+    if log_format not in FORMATS:
+        raise KvplanError("log_format", f"must be one of {', '.join(FORMATS)} (got {log_format!r})")
+    if block_size < 1:
+        raise KvplanError("block_size", f"must be >= 1 (got {block_size})")
+    if dataset not in ("random", "sharegpt"):
+        raise KvplanError("dataset", f"must be random or sharegpt (got {dataset!r})")
+    if num_requests is not None and num_requests < 1:
+        raise KvplanError("num_requests", f"must be >= 1 (got {num_requests})")
+    parsed = read_log(log, log_format, _lazy_tokenizer(tokenizer), level)
+    result = profile_log(parsed, block_size)
+    written = None
+    if out is not None:
+        from kvplan.load.profile_workload import workload_from_profile, workload_name, write_workload
+
+        data = workload_from_profile(
+            result, model=model, dataset=dataset, name=workload_name(log), num_requests=num_requests
+        )
+        write_workload(data, out, str(log))
+        written = str(out)
+    if plots is not None:
+        from kvplan.load.profile_plots import write_plots
+
+        write_plots(result, plots)
+    if json_output:
+        import json
+
+        print(json.dumps({**result.data, "workload": written}, indent=2))
+        return
+    from kvplan.load.profile_view import print_profile
+
+    console = make_console()
+    print_profile(result.data, console)
+    if written is not None:
+        console.print(f"workload: {written}", markup=False, highlight=False)
+    if plots is not None:
+        console.print(f"plots: {plots}", markup=False, highlight=False)
