@@ -61,6 +61,13 @@ def profile(
     plots: Annotated[
         Path | None, typer.Option(help="Write lengths.png, arrivals.png and prefix_reuse.png into this folder.")
     ] = None,
+    replay: Annotated[
+        bool,
+        typer.Option(
+            help="With --out: write the log itself as a Mooncake-format trace beside the workload, and a"
+            " workload that replays it (dataset kind trace), instead of one that resembles it."
+        ),
+    ] = False,
     json_output: Annotated[
         bool, typer.Option("--json", help="Print one JSON object (its keys: docs/profile.md) instead of tables.")
     ] = False,
@@ -81,12 +88,19 @@ def profile(
     parsed = read_log(log, log_format, _lazy_tokenizer(tokenizer), level)
     result = profile_log(parsed, block_size)
     written = None
+    if replay and out is None:
+        raise KvplanError("replay", "writes a workload, and no --out was given", "give --out workload.yaml")
     if out is not None:
         from kvplan.load.profile_workload import workload_from_profile, workload_name, write_workload
 
-        data = workload_from_profile(
-            result, model=model, dataset=dataset, name=workload_name(log), num_requests=num_requests
-        )
+        if replay:
+            from kvplan.load.profile_replay import replay_workload
+
+            data = replay_workload(parsed, out, model=model, name=workload_name(log))
+        else:
+            data = workload_from_profile(
+                result, model=model, dataset=dataset, name=workload_name(log), num_requests=num_requests
+            )
         write_workload(data, out, str(log))
         written = str(out)
     if plots is not None:

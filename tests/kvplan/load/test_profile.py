@@ -374,3 +374,28 @@ def test_openai_iso_timestamps_and_e2e_ms(tmp_path):
     assert data["arrival"]["rate_per_s"] == pytest.approx(1.0) and data["arrival"]["cv"] == pytest.approx(0.0)
     assert data["peak_in_flight"] == 3  # each 2.5 s long, one a second
     assert data["in_flight"]["mean"] == pytest.approx(4 * 2.5 / 5.5)
+
+
+def test_replay_writes_the_log_as_a_trace_sharing_what_the_log_shared(tmp_path):
+    source = Path(__file__).resolve().parents[3] / "workloads" / "traces" / "mooncake_conversation_100.jsonl"
+    out = tmp_path / "replay.yaml"
+    code, _, err = run_cli("profile", str(source), "--out", str(out), "--replay")
+    assert code == 0, err
+    workload = load_workload(out)
+    assert workload.dataset.kind == "trace" and [b.name for b in workload.buckets] == ["trace"]
+    original = [json.loads(line) for line in source.read_text().splitlines()]
+    replayed = [json.loads(line) for line in (tmp_path / "replay.trace.jsonl").read_text().splitlines()]
+
+    def relabelled(ids):  # hash ids by first appearance: the sharing, whatever the labels
+        seen: dict[int, int] = {}
+        return [[seen.setdefault(h, len(seen)) for h in row] for row in ids]
+
+    assert [(r["input_length"], r["output_length"]) for r in replayed] == [
+        (r["input_length"], r["output_length"]) for r in original
+    ]
+    assert [r["timestamp"] for r in replayed] == [r["timestamp"] - original[0]["timestamp"] for r in original]
+    # the trace's last block may be partial: the replay keys a block by its tokens, the trace by its id
+    trimmed = [r["hash_ids"][: -(-r["input_length"] // 512)] for r in original]
+    assert relabelled([r["hash_ids"] for r in replayed]) == relabelled(trimmed)
+    code, _, err = run_cli("profile", str(source), "--replay")
+    assert code == 2 and "replay: writes a workload, and no --out was given" in err
