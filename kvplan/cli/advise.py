@@ -33,6 +33,14 @@ def advise(
     attainment: Annotated[
         float, typer.Option(help="SLO attainment target: the fraction of requests meeting every SLO.")
     ] = 0.95,
+    fp8_quality: Annotated[
+        bool,
+        typer.Option(
+            help="Also run the fp8 KV quality check on the bundled engine (the workload's model, KV in its dtype"
+            " against fp8: greedy agreement, KL, top-1), the fp8 row's condition; loads the model (seconds to"
+            " minutes). Not with --gpu."
+        ),
+    ] = False,
     json_output: Annotated[bool, typer.Option("--json", help="Print one JSON object instead of tables.")] = False,
 ) -> None:
     # one line: `kvplan --help` shows this paragraph's line breaks as they are written
@@ -76,10 +84,42 @@ def advise(
             base.append(own)
         return own
 
+    if fp8_quality and on_gpu:
+        from kvplan.errors import KvplanError
+
+        raise KvplanError(
+            "fp8_quality",
+            "runs on the bundled engine, the workload's own model, not on --gpu",
+            "drop --fp8-quality, or advise the workload's engine",
+        )
     advice = run_advise(spec, setup_for, on_gpu=on_gpu, kv_cache_dtype=kv_cache_dtype, attainment=attainment)
+    if fp8_quality:
+        advice = _with_fp8_quality(advice, spec)
     if json_output:
         print(advice.model_dump_json(indent=2))
         return
     from kvplan.load.sim.advise_view import print_advice
 
     print_advice(advice, make_console())
+
+
+def _with_fp8_quality(advice, spec):
+    """``advice`` with the fp8 row's condition measured: the bundled engine's fp8 quality check on
+    the workload (kvplan.load.bundled.fp8_quality, at its ``fp8_quality`` size)."""
+    from kvplan.load.bundled.backend import build_engine, tokenizer_function
+    from kvplan.load.bundled.fp8_quality import check_for_run
+    from kvplan.load.prompts import sample_buckets
+
+    engine = build_engine(spec)
+    sampled = sample_buckets(spec, tokenizer_function(engine), engine.hf_config.vocab_size).requests
+    q = check_for_run(engine, spec, sampled)
+    measured = (
+        f"measured on {q.model}: top-1 agreement {q.top1_agreement:.1%}, mean KL {q.mean_kl:.3g} (max {q.max_kl:.3g})"
+        f" over {q.num_kl_positions} positions, greedy exact match {q.exact_match_rate:.0%} of {q.num_prompts}"
+        f" prompts ({q.prompts})"
+    )
+    rows = [
+        row.model_copy(update={"condition": f"{row.condition}; {measured}"}) if row.name == "fp8 KV cache" else row
+        for row in advice.alternatives
+    ]
+    return advice.model_copy(update={"alternatives": rows})

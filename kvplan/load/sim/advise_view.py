@@ -50,7 +50,9 @@ def print_advice(advice: Advice, console) -> None:
             )
     console.print(table)
     for alt in ranked[1:] if ranked and ranked[0].verdict == "baseline" else ranked:
-        condition = f" (condition: {alt.condition})" if alt.condition and alt.verdict == "worth it" else ""
+        measured = "measured on" in alt.condition  # kvplan advise --fp8-quality ran the check
+        shown = alt.condition and (alt.verdict == "worth it" or measured)
+        condition = f" (condition: {alt.condition})" if shown else ""
         console.print(
             f"{alt.name} ({alt.change}): {alt.verdict}{condition}: {alt.reason}",
             markup=False,

@@ -114,3 +114,22 @@ def test_prefix_caching_pays_on_shared_prefixes_and_not_without_reuse():
 def test_bad_options_are_one_line():
     code, out, err = run_cli("advise", str(SMOKE), "--gpu", "H100-SXM")
     assert code == 2 and len(err.strip().splitlines()) == 1 and "model" in err
+
+
+def test_fp8_quality_measures_the_condition_on_the_bundled_engine():
+    from kvplan.load.bundled.backend import build_engine
+    from kvplan.load.bundled.fp8_quality import check_for_run
+    from kvplan.load.prompts import sample_buckets
+
+    code, out, err = run_cli("advise", str(SMOKE), "--fp8-quality", "--json")
+    assert code == 0, err
+    row = next(a for a in json.loads(out)["alternatives"] if a["name"] == "fp8 KV cache")
+    workload = load_workload(SMOKE)
+    engine = build_engine(workload)
+    q = check_for_run(engine, workload, sample_buckets(workload, None, engine.hf_config.vocab_size).requests)
+    assert (
+        f"measured on tiny-random-llama: top-1 agreement {q.top1_agreement:.1%}, mean KL {q.mean_kl:.3g}"
+        in (row["condition"])
+    )
+    code, _, err = run_cli("advise", str(SMOKE), "--model", "llama-3.1-8b", "--gpu", "H100-SXM", "--fp8-quality")
+    assert code == 2 and "--fp8-quality: runs on the bundled engine" in err
