@@ -74,6 +74,7 @@ def run_levels(
     an engine variant's name -> its backend and KV sizes (kvplan.load.variants), for the levels
     run on one; the others run on ``backend``."""
     say = console.print if console is not None else (lambda *a, **k: None)
+    last: Backend = backend
     with RunWriter(run_dir, flush) as writer:
         try:
             for level in levels:
@@ -83,6 +84,9 @@ def run_levels(
                 engine_variant = mixed_variant(level.key.variant)
                 if variant_backend is not None and engine_variant not in ("", *PREFIX_VARIANTS):
                     on, sizes = variant_backend(engine_variant)
+                if on is not last:  # one timeline: a simulated variant's clock starts where the run is
+                    on.wait_until(last.now())
+                    last = on
                 with level_progress(console, level) as advance:
                     run_level(on, level, Recorder(writer, level, sizes, advance), seed)
                 if hooks is not None:

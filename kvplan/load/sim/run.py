@@ -148,11 +148,15 @@ def simulate(
     result = result.model_copy(update={"variant_engines": variants})
     run_dir = start_run(workload, result, run_dir)
 
+    backends: dict[str, tuple[SimBackend, Callable]] = {}
+
     def variant_backend(name: str) -> tuple[SimBackend, Callable]:
-        own = variant_workload(workload, name)
-        return SimBackend(variants[name], setup.clock()), compute_estimate(
-            setup.sized(own).model_copy(update={"plan": []}), variants[name], sampled.requests
-        )[1].step_bytes
+        """One backend per engine variant for the whole run, as the bundled engine keeps one engine."""
+        if name not in backends:
+            own = setup.sized(variant_workload(workload, name)).model_copy(update={"plan": []})
+            pricing = compute_estimate(own, variants[name], sampled.requests)[1]
+            backends[name] = (SimBackend(variants[name], setup.clock()), pricing.step_bytes)
+        return backends[name]
 
     status = run_levels(
         SimBackend(setup.facts, setup.clock()),

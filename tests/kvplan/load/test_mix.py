@@ -161,6 +161,8 @@ def test_the_simulation_equals_the_engine_at_every_step_mixed_alone_and_on_both_
         for s in steps:
             out.setdefault(s.key, []).append(s)
     assert list(mine) == list(theirs) and len(theirs) == 12  # 2 modes x 2 variants x (mixed + 2 alone)
+    starts = [s.start_time for s in run.steps]  # one timeline, though each variant has its own scheduler
+    assert starts == sorted(starts)
     for key, steps in theirs.items():
         assert len(mine[key]) == len(steps), key
         for a, b in zip(mine[key], steps):
