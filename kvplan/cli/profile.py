@@ -96,7 +96,7 @@ def profile(
         if replay:
             from kvplan.load.profile_replay import replay_workload
 
-            data = replay_workload(parsed, out, model=model, name=workload_name(log))
+            data = replay_workload(parsed, out, model=model, name=workload_name(log), block_size=block_size)
         else:
             data = workload_from_profile(
                 result, model=model, dataset=dataset, name=workload_name(log), num_requests=num_requests

@@ -102,8 +102,13 @@ def _number(row: dict, key: str, *, minimum: float | None = 0) -> float:
     return float(value)
 
 
+MAX_TOKENS = 10**9  # a length beyond any context window is a broken line, not a request
+
+
 def _count(row: dict, key: str) -> int:
     value = _number(row, key)
+    if value > MAX_TOKENS:
+        raise _Bad(key, f"must be at most {MAX_TOKENS:,} tokens (got {value:.3g})")
     if value != int(value):
         raise _Bad(key, f"must be a whole number of tokens (got {value!r})")
     return int(value)

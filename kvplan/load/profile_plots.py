@@ -23,7 +23,14 @@ def write_plots(profile: TrafficProfile, folder: str | Path) -> list[Path]:
     import matplotlib.pyplot as plt
 
     out = Path(folder)
-    out.mkdir(parents=True, exist_ok=True)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        from kvplan.errors import KvplanError
+
+        raise KvplanError(
+            "plots", f"cannot make the folder {out} ({err.strerror or err})", "give a folder path"
+        ) from None
     paths = []
     fig, axes = plt.subplots(1, 2, figsize=(10, 3.5))
     for ax, values, side in zip(axes, (profile.input_tokens, profile.output_tokens), ("input", "output")):

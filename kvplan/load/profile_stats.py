@@ -98,11 +98,14 @@ def percentiles(values: np.ndarray) -> dict[str, float]:
 
 
 def arrival_stats(arrivals_s: np.ndarray) -> dict[str, float | None]:
-    """Rate (n - 1) / (last - first) req/s, the gaps' CV (ddof=0) and the gamma shape 1 / CV^2."""
+    """Rate (n - 1) / (last - first) req/s, the gaps' CV (ddof=0; below 1e-9, float rounding of evenly
+    spaced timestamps, it is 0) and the gamma shape 1 / CV^2 (None at CV 0)."""
     span = float(arrivals_s[-1] - arrivals_s[0]) if len(arrivals_s) > 1 else 0.0
     gaps = np.diff(arrivals_s)
     mean = float(gaps.mean()) if len(gaps) else 0.0
     cv = float(gaps.std() / mean) if mean > 0 else None
+    if cv is not None and cv < 1e-9:  # evenly spaced: float rounding of the timestamps, not burstiness
+        cv = 0.0
     return {
         "rate_per_s": (len(arrivals_s) - 1) / span if span > 0 else None,
         "cv": cv,

@@ -11,14 +11,16 @@ under each alternative the serving guides weigh, one setting changed at a time::
 
 For each: the KV pool in tokens, and per bucket the SLO capacity (the highest concurrency and
 request rate at which the attainment target of requests meet every SLO: kvplan.load.sim.search),
-the goodput there, and at the bucket's own top load level the goodput, the request throughput,
-the median TTFT and the prefix hit rate. The verdict compares each alternative with the workload
-as it is: a capacity answer first (max users, then max req/s), else goodput at the top level,
-else request throughput there; ``worth it`` when it gains more than ``NOISE`` (5 %), ``not worth
-it`` when it loses more, ``within noise`` otherwise (a search resolves one user and 2 % of a rate,
-kvplan.load.sim.search). Prefix caching with under 1 % of prompt tokens hit is ``not worth it``
-whatever else moved: there is nothing to reuse (the guides' rule of thumb puts the break-even
-near 30 % reuse, since hashing and eviction cost what the simulation does not charge).
+the goodput there, and at the bucket's own top load level (a trace bucket: the trace at its own
+timing) the goodput, the request throughput, the median TTFT and the prefix hit rate. The verdict
+compares each alternative with the workload as it is, over every bucket's answers: both capacity
+answers where the search gave them (max users only where it found an edge, not where it stopped
+at its ceiling of users; a difference of one user, its resolution, counts as none), else goodput
+at the top level, else request throughput there. The mean relative gain decides: ``worth it``
+above ``NOISE`` (5 %), ``not worth it`` below -5 %, ``within noise`` between (a rate search
+resolves 2 %). Prefix caching with under 1 % of prompt tokens hit is ``not worth it`` whatever else
+moved: there is nothing to reuse (the guides' rule of thumb puts the break-even near 30 % reuse,
+since hashing and eviction cost what the simulation does not charge).
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from kvplan.errors import KvplanError
 from kvplan.load.checks import check_requests_fit
 from kvplan.load.sim.run import SimSetup, sample
 from kvplan.load.sim.search import Prober, resolve_auto, search_capacity, simulated_knees
+from kvplan.load.trace import read_trace
 from kvplan.load.workload import Workload
 
 NOISE = 0.05  # relative change below which two answers are the same (the searches' resolution and more)
@@ -60,6 +63,7 @@ class BucketAdvice(_Part):
 
     name: str
     max_users: int | None
+    max_users_bound: bool = False  # the search stopped at its ceiling of users: max_users is a floor
     max_request_rate: float | None
     goodput_at_max: float | None
     level: str | None  # the bucket's top load level, where the next four were measured
@@ -126,7 +130,7 @@ def alternatives(workload: Workload, on_gpu: bool, kv_cache_dtype: str) -> list[
         out.append(Alternative(f"max_num_seqs {value}", f"max_num_seqs: {value}", {"max_num_seqs": value}))
     block = 32 if engine.block_size != 32 else 16
     change: dict = {"block_size": block}
-    if engine.num_blocks is not None:  # the same pool in bytes: fewer, larger blocks (or more, smaller ones)
+    if engine.num_blocks is not None and not on_gpu:  # the same pool in bytes: fewer, larger blocks
         change["num_blocks"] = max(1, engine.num_blocks * engine.block_size // block)
     out.append(Alternative(f"block size {block}", ", ".join(f"{k}: {v}" for k, v in change.items()), change))
     return out
@@ -147,10 +151,14 @@ def _outcome(workload: Workload, setup: SimSetup, sampled: dict, attainment: flo
     caps = {c.name: c for c in search_capacity(workload, facts, sampled, setup.clock, attainment, knees)}
     prober = Prober(workload, facts, setup.clock, sampled)
     out = []
+    trace = read_trace(workload)
     for i, bucket in enumerate(workload.buckets):
         cap = caps[bucket.name]
         top = None
-        if bucket.concurrency and bucket.concurrency != "auto":
+        if trace is not None:  # a trace bucket's one level: the trace at its own timing
+            top = prober.level(i, "open", trace.mean_rate, variant=prober.slo_variant, offsets=trace.offsets)
+            label = f"{trace.mean_rate:.3g} req/s (trace)"
+        elif bucket.concurrency and bucket.concurrency != "auto":
             top = prober.level(i, "closed", max(bucket.concurrency), variant=prober.slo_variant)
             label = f"c={max(bucket.concurrency)}"
         elif bucket.request_rates:
@@ -161,6 +169,7 @@ def _outcome(workload: Workload, setup: SimSetup, sampled: dict, attainment: flo
             BucketAdvice(
                 name=bucket.name,
                 max_users=None if cap.max_concurrency is None else int(cap.max_concurrency.level),
+                max_users_bound=cap.concurrency_bound == "max_users",
                 max_request_rate=None if cap.max_request_rate is None else float(cap.max_request_rate.level),
                 goodput_at_max=None if best is None else best.goodput_rps,
                 level=label if top is not None else None,
@@ -181,47 +190,50 @@ def _gain(base: float | None, other: float | None) -> float | None:
     return (other or 0.0) / base - 1
 
 
-_METRICS = (
-    ("max users", "max_users"),
-    ("max req/s", "max_request_rate"),
-    ("goodput", "goodput"),
-    ("req/s", "requests_per_s"),
-)
-
-
-def _compared(b: BucketAdvice, m: BucketAdvice) -> tuple[str, float | None, float | None] | None:
-    """The first answer the two outcomes of one bucket both can be judged by (see the module):
-    (what, base value, alternative value); None when there is none."""
-    for label, key in _METRICS:
-        mine, theirs = getattr(b, key), getattr(m, key)
-        if mine is None and theirs is None or (key == "goodput" and not (mine or theirs)):
-            continue
-        return (label if key.startswith("max") else f"{label} at {b.level}"), mine, theirs
-    return None
+def _compared(b: BucketAdvice, m: BucketAdvice) -> list[tuple[str, float | None, float | None]]:
+    """What the two outcomes of one bucket are judged by (see the module docstring): both SLO
+    capacity answers where the search gave them (max users only where it found an edge, not its
+    ceiling), else goodput at the top level where either has some, else request throughput there;
+    each as (what, base value, alternative value)."""
+    out: list[tuple[str, float | None, float | None]] = []
+    if (b.max_users is not None or m.max_users is not None) and not (b.max_users_bound or m.max_users_bound):
+        out.append(("max users", b.max_users, m.max_users))
+    if b.max_request_rate is not None or m.max_request_rate is not None:
+        out.append(("max req/s", b.max_request_rate, m.max_request_rate))
+    if out:
+        return out
+    if b.goodput or m.goodput:
+        return [(f"goodput at {b.level}", b.goodput, m.goodput)]
+    if b.requests_per_s is not None or m.requests_per_s is not None:
+        return [(f"req/s at {b.level}", b.requests_per_s, m.requests_per_s)]
+    return []
 
 
 def verdict(alt: Alternative, base: list[BucketAdvice], mine: list[BucketAdvice]) -> tuple[str, str]:
-    """(verdict, the numbers behind it) of ``mine`` against ``base``: the mean over buckets of the
-    relative gain in each bucket's first comparable answer (see the module docstring)."""
+    """(verdict, the numbers behind it) of ``mine`` against ``base``: the mean relative gain over
+    every bucket's answers from ``_compared`` (a difference of one user, the search's resolution,
+    counts as none), against ``NOISE`` (see the module docstring)."""
     gains, said = [], []
     for b, m in zip(base, mine):
-        compared = _compared(b, m)
-        if compared is None:
-            continue
-        label, before, after = compared
-        gain = _gain(before, after)
-        assert gain is not None  # _compared returns a pair with a value
-        gains.append(gain)
-        said.append(f"{b.name} {label} {_fmt(before)} -> {_fmt(after)} ({gain:+.0%})")
+        for label, before, after in _compared(b, m):
+            gain = _gain(before, after)
+            assert gain is not None  # _compared gives a pair with a value
+            if label == "max users" and before is not None and after is not None and abs(after - before) <= 1:
+                gain = 0.0
+            gains.append(gain)
+            said.append(f"{b.name} {label} {_fmt(before)} -> {_fmt(after)} ({gain:+.0%})")
     if alt.removes:  # the change takes the optimisation away: it pays where taking it away loses
         gains = [-g for g in gains]
         said = [f"without it: {s}" for s in said]
     if "enable_prefix_caching" in alt.engine:
         with_caching = base if alt.removes else mine
-        hit = max((m.prefix_hit_rate or 0.0 for m in with_caching), default=0.0)
-        if hit < NO_REUSE:
-            return "not worth it", "; ".join([f"no prefix reuse: {hit:.1%} of prompt tokens hit the cache", *said])
-        said.append(f"prefix hit rate {hit:.1%} with it")
+        rates = [m.prefix_hit_rate for m in with_caching if m.prefix_hit_rate is not None]
+        if rates and max(rates) < NO_REUSE:
+            return "not worth it", "; ".join(
+                [f"no prefix reuse: {max(rates):.1%} of prompt tokens hit the cache", *said]
+            )
+        if rates:
+            said.append(f"prefix hit rate {max(rates):.1%} with it")
     if not gains:
         return "within noise", "no capacity answer, goodput or throughput to compare"
     mean = sum(gains) / len(gains)

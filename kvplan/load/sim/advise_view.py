@@ -39,7 +39,7 @@ def print_advice(advice: Advice, console) -> None:
                     if b is None
                     else [
                         f"{b.name} {b.level}" if b.level else b.name,
-                        _cell(b.max_users),
+                        ("≥ " if b.max_users_bound else "") + _cell(b.max_users),
                         _cell(b.max_request_rate),
                         _cell(b.goodput),
                         _cell(b.requests_per_s),

@@ -148,20 +148,22 @@ class Prober:
         variant: str | None = None,
         plan: LevelPlan | None = None,
         decide: float | None = None,
+        offsets: tuple[float, ...] | None = None,
     ) -> LevelSummary | None:
         """The summary of one simulated level (None: it preempted and ``stop_on_preemption``);
         ``variant`` of a shared_prefix workload: the knee's by default; ``plan``: a steady-state
         probe's (None: the bucket's requests once, as a load test's level); ``decide``: an
         attainment target at which a probe with a plan stops as soon as too many of its measured
         requests missed the SLO to meet it (its summary then covers the requests finished so far,
-        and its attainment is below the target)."""
+        and its attainment is below the target); ``offsets``: a trace's arrival offsets, s, for an
+        open level replayed at them (kvplan.load.trace)."""
         bucket = self.workload.buckets[bucket_index]
         key = LevelKey(bucket.name, mode, value, self.knee_variant if variant is None else variant)
         requests = tuple(self.sampled[bucket.name])
         sessions = bool(requests) and requests[0].session is not None
         if sessions:  # a session level runs each of its sessions once (kvplan.load.session_loop)
             plan = None
-        level = Level(key, bucket_index, requests, plan, bucket.arrival)
+        level = Level(key, bucket_index, requests, plan, bucket.arrival, offsets=offsets)
         slos = self.workload.class_slos.get(bucket.name)
         records = _Records(level, stop_on_preemption, self.workload.slo, decide, slos)
         try:

@@ -399,3 +399,30 @@ def test_replay_writes_the_log_as_a_trace_sharing_what_the_log_shared(tmp_path):
     assert relabelled([r["hash_ids"] for r in replayed]) == relabelled(trimmed)
     code, _, err = run_cli("profile", str(source), "--replay")
     assert code == 2 and "replay: writes a workload, and no --out was given" in err
+
+
+def test_replay_of_a_non_mooncake_log_keeps_sharing_below_512_tokens(tmp_path):
+    from kvplan.load.profile_replay import trace_lines
+
+    rng = np.random.default_rng(1)
+    prefix = tuple(int(t) for t in rng.integers(0, 500, 144))  # 9 full blocks of 16, under one 512 block
+    requests = [
+        LoggedRequest(i + 1, "openai", float(i), 144 + 20, 4, token_ids=prefix + tuple(range(1000 * i, 1000 * i + 20)))
+        for i in range(3)
+    ]
+    rows = trace_lines(ParsedLog("log", tuple(requests)), 16)
+    assert [r["hash_ids"][:9] for r in rows] == [list(range(9))] * 3  # the prefix's 9 blocks, shared
+    assert len({r["hash_ids"][9] for r in rows}) == 3  # each request's own tokens, its own block
+    assert trace_lines(ParsedLog("log", tuple(requests)), 512)[1]["hash_ids"] == [1]  # one 512 block: none shared
+
+
+def test_huge_lengths_are_bad_lines_evenly_spaced_arrivals_are_constant_and_a_bad_plots_folder_is_one_line(tmp_path):
+    rows = [{"timestamp": 100 * i, "input_length": 32, "output_length": 8, "hash_ids": [i]} for i in range(5)]
+    rows.append({"timestamp": 600, "input_length": 10**23, "output_length": 8, "hash_ids": [9]})
+    log = write_jsonl(tmp_path / "even.jsonl", rows)
+    data = profile_json(str(log), "--out", str(tmp_path / "w.yaml"))
+    assert data["num_bad_lines"] == 1 and data["arrival"]["cv"] == 0.0 and data["arrival"]["gamma_shape"] is None
+    assert yaml.safe_load((tmp_path / "w.yaml").read_text())["buckets"][0]["arrival"] == {"process": "constant"}
+    (tmp_path / "afile").write_text("")
+    code, out, err = run_cli("profile", str(log), "--plots", str(tmp_path / "afile"))
+    assert code == 2 and len(err.strip().splitlines()) == 1 and "plots: cannot make the folder" in err

@@ -47,6 +47,12 @@ def test_the_verdict_compares_the_first_answer_both_have_and_inverts_a_removed_o
     off = Alternative("prefix caching", "", {"enable_prefix_caching": False}, removes=True)
     said, why = verdict(off, [bucket(users=100, hit=0.4)], [bucket(users=50, hit=0.0)])
     assert said == "worth it" and "prefix hit rate 40.0% with it" in why
+    # both capacity answers count; a one-user difference is the search's resolution; a ceiling is no edge
+    both = verdict(seqs, [bucket(users=2, rate=10.0)], [bucket(users=3, rate=5.0)])
+    assert both[0] == "not worth it" and "max users 2 -> 3 (+0%)" in both[1] and "max req/s 10 -> 5 (-50%)" in both[1]
+    capped = BucketAdvice(**{**bucket(users=128, rate=10.0).model_dump(), "max_users_bound": True})
+    said, why = verdict(seqs, [capped], [bucket(users=256, rate=10.0)])
+    assert said == "within noise" and "max users" not in why
     # prefix caching off, simulated on, with nothing to reuse: not worth it whatever else moved
     on = Alternative("prefix caching", "", {"enable_prefix_caching": True})
     assert verdict(on, [bucket(users=100)], [bucket(users=120, hit=0.001)])[0] == "not worth it"
