@@ -4,7 +4,9 @@ A calibration holds the fitted ``LinearStepCost`` (kvplan.load.sim.fit), the eng
 measured on (model, dtype, KV dtype, block size, device, attention backend: what sets a step's
 cost; pool size and scheduler limits do not, so a calibration serves any of them), the machine,
 and the compact per-step samples it was fitted from. ``--calibrate RUN_DIR`` makes one from a
-load test's run folder; ``data/`` ships defaults for the bundled engine, found by engine::
+load test's run folder; ``data/`` ships defaults for the bundled engine, found by engine, and
+among those of one engine the one measured on a CPU like this one (``machine_rank``: the same CPU
+family, and bf16 arithmetic in hardware or not, which moves a bf16 step's cost 10x)::
 
     data/<name>.json          the model, its fit, engine, machine, source run
     data/<name>.steps.csv.gz  level, work (5 counts), seconds, gap: one row per measured step
@@ -123,14 +125,34 @@ def check_engine(calibration: Calibration, workload: Workload) -> None:
             )
 
 
+def this_cpu() -> tuple[str, bool]:
+    """(this machine's CPU model name, whether it has avx512_bf16), from /proc/cpuinfo; ("", False)
+    where it cannot be read."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return "", False
+    name = next((line.split(":", 1)[1].strip() for line in text.splitlines() if line.startswith("model name")), "")
+    return name, "avx512_bf16" in text
+
+
+def machine_rank(calibration: Calibration, cpu: tuple[str, bool]) -> tuple[int, int]:
+    """How well ``calibration``'s machine (``CPU name, N cores[ with avx512_bf16], ...``) matches
+    ``cpu`` (this_cpu()): (same CPU family, same bf16 support), each 1 or 0; higher is better."""
+    name, bf16 = cpu
+    family = calibration.machine.split(",")[0].strip()
+    return int(bool(family) and family in name), int(("with avx512_bf16" in calibration.machine) == bf16)
+
+
 def default_for(workload: Workload) -> Calibration:
-    """The shipped calibration of the workload's engine.
+    """The shipped calibration of the workload's engine: of several, the one whose machine is most
+    like this one (``machine_rank``), else the first in name order (a machine suffix sorts last).
 
     Raises:
         KvplanError: none ships for that engine (names ``calibrate``).
     """
-    names, misses = [], []
-    for path in sorted(DATA_DIR.glob("*.json")):
+    names, misses, fitting = [], [], []
+    for path in sorted(DATA_DIR.glob("*.json"), key=lambda p: (len(p.stem), p.stem)):
         calibration = load(path)
         engine = calibration.engine
         names.append(
@@ -142,12 +164,15 @@ def default_for(workload: Workload) -> Calibration:
             if engine["model"] == workload.engine.model:
                 misses.append(f"{err.field} {err.problem.split(',')[0].removeprefix('is ')}")
             continue
-        return calibration
+        fitting.append(calibration)
+    if fitting:
+        cpu = this_cpu()
+        return max(fitting, key=lambda c: machine_rank(c, cpu))  # max keeps the first of the best
     settings = workload.engine
     which = f"{settings.model} with {misses[0]}" if misses else f"{settings.model}, dtype {settings.dtype}"
     raise KvplanError(
         "calibrate",
-        f"no calibration ships for {which} (shipped: {'; '.join(names)})",
+        f"no calibration ships for {which} (shipped: {'; '.join(dict.fromkeys(names))})",
         "give a load test of this engine to calibrate on, or simulate a GPU with `model` and `gpu`",
     )
 
