@@ -6,13 +6,14 @@ Each command parses its options, calls one library function and renders the resu
 function, registered below (the order is ``kvplan --help``'s).
 """
 
-from kvplan.cli import advise, compare, estimate, gate, loadtest, profile, report, schema, simulate
+from kvplan.cli import advise, compare, estimate, gate, loadtest, plan, profile, report, schema, simulate
 from kvplan.cli.app import app, main
 
 app.command()(estimate.estimate)
 app.command()(loadtest.loadtest)
 app.command()(simulate.simulate)
 app.command()(advise.advise)
+app.command()(plan.plan)
 app.command()(report.report)
 app.command()(profile.profile)
 app.command(name="compare")(compare.compare_runs)

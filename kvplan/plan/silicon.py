@@ -110,17 +110,24 @@ def check_backend(backend: str) -> str:
 def database_versions(system: str, backend: str) -> list[str]:
     """The database versions aiconfigurator-core holds for ``system`` and ``backend``, oldest
     first ([] where none, or where it is not installed)."""
+    return list(_database_versions(system, backend))
+
+
+@cache
+def _database_versions(system: str, backend: str) -> tuple[str, ...]:
+    # aiconfigurator reads some 500 YAML files to list its databases (2.4 s): once per process
     if not available():
-        return []
+        return ()
     from aiconfigurator_core.sdk.perf_database import get_supported_databases
 
     with _quiet():
-        return sorted(get_supported_databases().get(system, {}).get(backend, []), key=_version_key)
+        return tuple(sorted(get_supported_databases().get(system, {}).get(backend, []), key=_version_key))
 
 
+@cache
 def default_version(system: str, backend: str) -> str | None:
     """The newest database version of ``system`` / ``backend`` with data (aiconfigurator's
-    ``get_latest_database_version``), None where there is none."""
+    ``get_latest_database_version``), None where there is none (cached per process)."""
     if not database_versions(system, backend):
         return None
     from aiconfigurator_core.sdk.perf_database import get_latest_database_version

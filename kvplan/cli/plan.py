@@ -1,0 +1,136 @@
+"""``kvplan plan``: the cheapest deployment that serves a load of the workload's traffic within its SLO
+(kvplan.load.sim.plan)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from kvplan.cli.app import make_console, warn
+
+
+def _ints(text: str, field: str) -> list[int]:
+    from kvplan.errors import KvplanError
+
+    try:
+        values = [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise KvplanError(field, f"must be comma-separated integers (got {text!r})", "e.g. 64,128") from None
+    if not values or min(values) < 1:
+        raise KvplanError(field, f"must be integers >= 1 (got {text!r})", "e.g. 64,128")
+    return values
+
+
+def plan(
+    workload: Annotated[Path, typer.Argument(help="Workload YAML whose traffic and SLO to plan for.")],
+    rate: Annotated[float | None, typer.Option(help="The load to serve, requests/s (Poisson arrivals).")] = None,
+    users: Annotated[int | None, typer.Option(help="The load to serve, users in flight (closed loop).")] = None,
+    model: Annotated[
+        str | None, typer.Option(help="The model to serve (default: the workload's first plan: entry's).")
+    ] = None,
+    gpus: Annotated[
+        str | None,
+        typer.Option(help="GPUs to consider, comma-separated (default: H100-SXM,H200,B200,A100-80GB,L40S,L4)."),
+    ] = None,
+    max_gpus: Annotated[int, typer.Option(help="The most GPUs one replica may use.")] = 8,
+    tp: Annotated[str, typer.Option(help="Tensor-parallel sizes to consider, comma-separated.")] = "1,2,4,8",
+    kv_cache_dtype: Annotated[
+        str, typer.Option(help="KV dtypes to consider, comma-separated: auto, bf16, fp8.")
+    ] = "auto",
+    weight_dtype: Annotated[str, typer.Option(help="Weight dtypes to consider, comma-separated.")] = "auto",
+    max_num_seqs: Annotated[str, typer.Option(help="max_num_seqs values to consider, comma-separated.")] = "256",
+    max_num_batched_tokens: Annotated[
+        str, typer.Option(help="max_num_batched_tokens values to consider, comma-separated.")
+    ] = "8192",
+    bucket: Annotated[
+        str | None, typer.Option(help="The workload bucket whose traffic it is (default: the first).")
+    ] = None,
+    prices: Annotated[
+        Path | None, typer.Option(help="$/GPU-hour per GPU (YAML or CSV: gpu,usd_per_gpu_hour,source,date).")
+    ] = None,
+    jobs: Annotated[int | None, typer.Option(help="Worker processes (default: the machine's cores).")] = None,
+    json_output: Annotated[bool, typer.Option("--json", help="Print one JSON object instead of tables.")] = False,
+) -> None:
+    # one line: `kvplan --help` shows this paragraph's line breaks as they are written
+    """Search GPU kind, TP, dtypes and scheduler limits for the cheapest deployment that serves --rate (or --users) of the workload's traffic within its SLO: per-replica SLO capacity by simulation, replicas, GPUs, cost."""  # noqa: E501
+    from kvplan.errors import KvplanError
+    from kvplan.load.sim import plan as planning
+    from kvplan.load.sim.facts import model_config
+    from kvplan.load.sim.samples import cached_sample
+    from kvplan.load.sim.tokenizer import tokenize_function, tokenizer_identity
+    from kvplan.load.workload_file import load_workload
+    from kvplan.plan.gpus import canonical_gpu
+    from kvplan.plan.prices import load_prices
+
+    spec = load_workload(workload)
+    warn(spec.warnings, spec.source)
+    if (rate is None) == (users is None):
+        raise KvplanError("rate", "give the load as --rate or as --users, one of them", "e.g. --rate 20")
+    if rate is not None and not rate > 0:
+        raise KvplanError("rate", f"must be > 0 requests/s (got {rate:g})")
+    if users is not None and users < 1:
+        raise KvplanError("users", f"must be >= 1 (got {users})")
+    if max_gpus < 1:
+        raise KvplanError("max_gpus", f"must be >= 1 (got {max_gpus})")
+    if model is None:
+        if not spec.plan:
+            raise KvplanError("model", "no --model and the workload has no plan: entry", "give --model llama-3.1-8b")
+        model = spec.resolve_model(spec.plan[0].model)
+    names = [b.name for b in spec.buckets]
+    if bucket is not None and bucket not in names:
+        raise KvplanError("bucket", f"unknown bucket {bucket!r}", f"give one of {', '.join(names)}")
+    index = names.index(bucket) if bucket is not None else 0
+    chosen = [canonical_gpu(g.strip()) for g in (gpus.split(",") if gpus else planning.DEFAULT_GPUS) if g.strip()]
+    priced = load_prices(prices)
+    configs = planning.grid(
+        chosen,
+        _ints(tp, "tp"),
+        [d.strip() for d in kv_cache_dtype.split(",") if d.strip()],
+        [d.strip() for d in weight_dtype.split(",") if d.strip()],
+        _ints(max_num_seqs, "max_num_seqs"),
+        _ints(max_num_batched_tokens, "max_num_batched_tokens"),
+        max_gpus,
+    )
+    engine_model = spec.engine.model
+    sampled = cached_sample(
+        spec,
+        lambda: tokenize_function(engine_model),
+        model_config(engine_model).get("vocab_size") or 1,
+        tokenizer_identity(engine_model),
+    ).requests
+    price_of = {g: (p.usd_per_gpu_hour, p.source) for g, p in priced.items()}
+    work = [planning.Job(spec, model, index, c, sampled, rate, users, 0.95, price_of.get(c.gpu)) for c in configs]
+    console = make_console()
+    say = (
+        (lambda r: None)
+        if json_output
+        else (lambda r: console.print(planning.progress_line(r), markup=False, highlight=False))
+    )
+    results = planning.search(work, jobs or os.cpu_count() or 1, say)
+    if not any(r.feasible for r in results):
+        raise KvplanError(
+            "model", f"no configuration fits: {results[0].reason}", "allow more GPUs (--max-gpus, --tp) or fp8"
+        )
+    load = {"rate": rate} if rate is not None else {"users": users}
+    if json_output:
+        import json
+
+        best = results[0] if results[0].meets_slo else None
+        print(
+            json.dumps(
+                {
+                    "load": load,
+                    "slo": spec.slo.model_dump(),
+                    "configs": [r.model_dump() for r in results],
+                    "best": None if best is None else best.model_dump(),
+                },
+                indent=2,
+            )
+        )
+        return
+    from kvplan.load.sim.plan_view import print_plan
+
+    print_plan(results, model, load, console)

@@ -1,0 +1,232 @@
+"""``kvplan plan``: the cheapest deployment that serves a load of this traffic within the SLO.
+
+Every configuration of the grid (GPU x tensor parallelism x KV dtype x weight dtype x
+``max_num_seqs`` x ``max_num_batched_tokens``) is judged on the workload's bucket, the same sampled
+requests for all::
+
+    feasible?     the weights, activations and KV fit (kvplan.load.sim.gpu_target.gpu_setup, the
+                  capacity arithmetic of kvplan estimate) and every request fits the KV pool
+    per replica   the SLO capacity search (kvplan.load.sim.search): the highest request rate
+                  (``--rate``) or number of users (``--users``) at which the attainment target of
+                  requests meet every SLO, timed by measured silicon where covered, else the roofline
+    replicas      ceil(load / per-replica capacity); GPUs = replicas x tp
+    cost          $/hour = GPUs x the GPU's on-demand $/GPU-hour (kvplan.plan.prices); $ per 1M output
+                  tokens = $/hour / (rate x mean output tokens x 3,600 / 1e6); $ per 1,000 good
+                  requests = $/hour / (rate x the attainment at the capacity point x 3,600 / 1,000)
+
+Configurations are independent: they run on a process pool (``jobs``), each simulated whole in one
+worker, so the answers do not depend on the pool. Ranked: meeting the SLO first, then priced ones
+by $/hour, then by GPU count (an unpriced GPU ranks by GPU count, and says so).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass
+from itertools import product
+
+from pydantic import BaseModel, ConfigDict
+
+from kvplan.errors import KvplanError
+from kvplan.load.checks import check_requests_fit
+from kvplan.load.requests import SampledRequest
+from kvplan.load.workload import Workload
+
+DEFAULT_GPUS = ("H100-SXM", "H200", "B200", "A100-80GB", "L40S", "L4")  # data-centre GPUs with speed figures
+DEFAULT_TP = (1, 2, 4, 8)
+
+
+@dataclass(frozen=True)
+class Config:
+    """One deployment to judge: a replica of ``tp`` GPUs ``gpu`` with these dtypes and limits."""
+
+    gpu: str
+    tp: int
+    kv_cache_dtype: str
+    weight_dtype: str
+    max_num_seqs: int
+    max_num_batched_tokens: int
+
+
+class ConfigResult(BaseModel):
+    """One configuration's answer (the keys of ``kvplan plan --json``'s ``configs``; a contract)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    gpu: str
+    tp: int
+    num_gpus_per_replica: int
+    replicas: int | None
+    num_gpus: int | None
+    kv_cache_dtype: str
+    weight_dtype: str
+    max_num_seqs: int
+    max_num_batched_tokens: int
+    feasible: bool
+    reason: str
+    slo_max_request_rate: float | None
+    slo_max_concurrency: int | None
+    step_times: str
+    cost_source: str | None
+    usd_per_hour: float | None
+    usd_per_m_output_tokens: float | None
+    usd_per_k_good_requests: float | None
+    meets_slo: bool
+
+
+def grid(
+    gpus: Sequence[str],
+    tps: Sequence[int],
+    kv_cache_dtypes: Sequence[str],
+    weight_dtypes: Sequence[str],
+    max_num_seqs: Sequence[int],
+    max_num_batched_tokens: Sequence[int],
+    max_gpus: int,
+) -> list[Config]:
+    """Every combination with tp <= ``max_gpus`` (GPUs per replica), in the order given."""
+    return [
+        Config(g, t, k, w, s, b)
+        for g, t, k, w, s, b in product(gpus, tps, kv_cache_dtypes, weight_dtypes, max_num_seqs, max_num_batched_tokens)
+        if t <= max_gpus
+    ]
+
+
+@dataclass(frozen=True)
+class Job:
+    """What a worker needs to judge one configuration (picklable)."""
+
+    workload: Workload
+    model: str
+    bucket: int
+    config: Config
+    sampled: dict[str, list[SampledRequest]]
+    rate: float | None
+    users: int | None
+    attainment: float
+    price: tuple[float, str] | None  # $/GPU-hour and its source
+
+
+def judge(job: Job) -> ConfigResult:
+    """One configuration's answer (see the module docstring); never raises for a configuration that
+    cannot run: it comes back infeasible, with the reason."""
+    from kvplan.load.sim.gpu_target import gpu_setup
+    from kvplan.load.sim.search import search_capacity
+
+    c = job.config
+    engine = job.workload.engine.model_copy(
+        update={"max_num_seqs": c.max_num_seqs, "max_num_batched_tokens": c.max_num_batched_tokens}
+    )
+    bucket = job.workload.buckets[job.bucket]
+    workload = job.workload.model_copy(update={"engine": engine, "buckets": [bucket], "plan": []})
+    base = dict(
+        gpu=c.gpu,
+        tp=c.tp,
+        num_gpus_per_replica=c.tp,
+        kv_cache_dtype=c.kv_cache_dtype,
+        weight_dtype=c.weight_dtype,
+        max_num_seqs=c.max_num_seqs,
+        max_num_batched_tokens=c.max_num_batched_tokens,
+        cost_source=None if job.price is None else job.price[1],
+    )
+    empty = dict(
+        replicas=None,
+        num_gpus=None,
+        slo_max_request_rate=None,
+        slo_max_concurrency=None,
+        usd_per_hour=None,
+        usd_per_m_output_tokens=None,
+        usd_per_k_good_requests=None,
+        meets_slo=False,
+    )
+    try:
+        setup = gpu_setup(workload, job.model, c.gpu, c.tp, c.kv_cache_dtype, c.weight_dtype)
+        sampled = {bucket.name: job.sampled[bucket.name]}
+        check_requests_fit(workload, setup.facts, sampled)
+    except KvplanError as err:
+        return ConfigResult(**base, **empty, feasible=False, reason=f"{err.field}: {err.problem}", step_times="")
+    cap = search_capacity(workload, setup.facts, sampled, setup.clock, job.attainment, {})[0]  # no knee needed
+    rate = None if cap.max_request_rate is None else float(cap.max_request_rate.level)
+    users = None if cap.max_concurrency is None else int(cap.max_concurrency.level)
+    per_replica = rate if job.rate is not None else users
+    load = job.rate if job.rate is not None else job.users
+    assert load is not None  # the CLI gives one of rate and users
+    if not per_replica:
+        why = "no level meets the SLO at the attainment target, even one request at a time"
+        return ConfigResult(
+            **base,
+            **{**empty, "slo_max_request_rate": rate, "slo_max_concurrency": users},
+            feasible=True,
+            reason=why,
+            step_times=setup.cost_model.step_times,
+        )
+    replicas = math.ceil(load / per_replica - 1e-9)
+    gpus = replicas * c.tp
+    point = cap.max_request_rate if job.rate is not None else cap.max_concurrency
+    assert point is not None  # per_replica is its level
+    attained = point.slo_attainment or 0.0
+    if job.rate is not None:  # the load's requests, of which the capacity point's share meet the SLO
+        served_rps, good = job.rate, job.rate * attained
+    else:  # N users over the replicas, each replica at its capacity point's goodput
+        good = (point.goodput_rps or 0.0) * replicas
+        served_rps = good / attained if attained else 0.0
+    mean_out = sum(r.max_tokens for r in sampled[bucket.name]) / len(sampled[bucket.name])
+    usd = None if job.price is None else gpus * job.price[0]
+    return ConfigResult(
+        **base,
+        replicas=replicas,
+        num_gpus=gpus,
+        feasible=True,
+        reason="",
+        slo_max_request_rate=rate,
+        slo_max_concurrency=users,
+        step_times=setup.cost_model.step_times,
+        usd_per_hour=usd,
+        usd_per_m_output_tokens=None if usd is None or not served_rps else usd / (served_rps * mean_out * 3600 / 1e6),
+        usd_per_k_good_requests=None if usd is None or not good else usd / (good * 3600 / 1000),
+        meets_slo=True,
+    )
+
+
+def rank_key(r: ConfigResult) -> tuple:
+    """Meeting the SLO first; then priced by $/hour; then by GPU count (unpriced after priced)."""
+    return (
+        not r.meets_slo,
+        r.usd_per_hour is None,
+        r.usd_per_hour if r.usd_per_hour is not None else 0.0,
+        r.num_gpus if r.num_gpus is not None else math.inf,
+        r.tp,
+    )
+
+
+def search(
+    jobs: Sequence[Job], workers: int = 1, done: Callable[[ConfigResult], None] | None = None
+) -> list[ConfigResult]:
+    """Every job judged (on ``workers`` processes; 1: here), ranked (``rank_key``). ``done`` is called
+    with each result as it finishes (progress)."""
+    results: list[ConfigResult] = []
+    if workers <= 1:
+        for job in jobs:
+            results.append(judge(job))
+            if done:
+                done(results[-1])
+    else:
+        with ProcessPoolExecutor(max_workers=workers) as pool:
+            # contiguous chunks: a worker judges one GPU's configurations together, loading its
+            # measured-silicon database once (the grid is GPU-major)
+            for result in pool.map(judge, jobs, chunksize=max(1, math.ceil(len(jobs) / (workers * 4)))):
+                results.append(result)
+                if done:
+                    done(result)
+    return sorted(results, key=rank_key)
+
+
+def progress_line(r: ConfigResult) -> str:
+    """One line per finished configuration (the search's progress)."""
+    what = f"{r.gpu} x{r.tp} kv {r.kv_cache_dtype} seqs {r.max_num_seqs} tokens {r.max_num_batched_tokens}"
+    if not r.feasible:
+        return f"{what}: infeasible ({r.reason})"
+    if not r.meets_slo:
+        return f"{what}: misses the SLO ({r.reason})"
+    return f"{what}: {r.slo_max_request_rate} req/s per replica, {r.replicas} replica(s)"

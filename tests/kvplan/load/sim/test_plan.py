@@ -1,0 +1,119 @@
+"""``kvplan plan``: the cheapest configuration meeting the SLO, checked by simulating it again
+independently at the load (and with one replica fewer, which must miss), the ranking and the
+arithmetic of replicas and cost recomputed by hand, and bad input one line."""
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+from kvplan.load.sim.gpu_target import gpu_setup
+from kvplan.load.sim.run import sample
+from kvplan.load.sim.search import Prober
+from kvplan.load.workload_file import load_workload
+from kvplan.plan.prices import load_prices
+from tests.kvplan.cli_runner import run_cli
+
+ROOT = Path(__file__).resolve().parents[4]
+CHAT = ROOT / "workloads" / "chat.yaml"
+RATE = 20.0
+
+
+def plan_json(*args: str) -> dict:
+    code, out, err = run_cli("plan", str(CHAT), *args, "--json", "--jobs", "2")
+    assert code == 0, err
+    return json.loads(out)
+
+
+@pytest.fixture(scope="module")
+def planned():
+    """The acceptance question: 20 req/s of chat.yaml's short bucket for Llama-3.1-8B on four GPU kinds."""
+    return plan_json("--model", "llama-3.1-8b", "--rate", str(RATE), "--gpus", "H100-SXM,A100-80GB,L40S,L4")
+
+
+@pytest.fixture(scope="module")
+def replicated():
+    """A load one replica cannot carry: 150 req/s on L4s."""
+    return plan_json("--model", "llama-3.1-8b", "--rate", "150", "--gpus", "L4", "--tp", "1,2")
+
+
+def prober_for(config: dict) -> Prober:
+    """chat.yaml's short bucket on the configuration, simulated apart from the search."""
+    workload = load_workload(CHAT)
+    engine = workload.engine.model_copy(
+        update={"max_num_seqs": config["max_num_seqs"], "max_num_batched_tokens": config["max_num_batched_tokens"]}
+    )
+    workload = workload.model_copy(update={"engine": engine, "buckets": workload.buckets[:1], "plan": []})
+    setup = gpu_setup(workload, "llama-3.1-8b", config["gpu"], config["tp"], config["kv_cache_dtype"])
+    return Prober(workload, setup.facts, setup.clock, sample(workload, setup.facts).requests)
+
+
+def attainment_at(config: dict, rate_per_replica: float) -> float:
+    """The SLO attainment of a steady open-loop level at ``rate_per_replica`` on the configuration."""
+    prober = prober_for(config)
+    level = prober.level(0, "open", rate_per_replica, plan=prober.steady(8, 0, rate_per_replica))
+    assert level is not None
+    return level.slo_attainment
+
+
+def saturation(config: dict) -> float:
+    """Requests/s a replica serves with max_num_seqs users in flight: above it the queue only grows."""
+    prober = prober_for(config)
+    users = config["max_num_seqs"]
+    level = prober.level(0, "closed", users, plan=prober.steady(users, 0))
+    assert level is not None
+    return level.requests_per_s
+
+
+def test_the_best_meets_the_slo_at_the_load_and_one_replica_fewer_would_not(planned, replicated):
+    best = planned["best"]
+    assert best == planned["configs"][0] and best["meets_slo"] and planned["load"] == {"rate": RATE}
+    assert attainment_at(best, RATE / best["replicas"]) >= 0.95
+    best = replicated["best"]
+    assert best["meets_slo"] and best["replicas"] > 1
+    assert attainment_at(best, 150 / best["replicas"]) >= 0.95
+    # one replica fewer: each would get more than a replica can serve, so its queue grows without bound
+    assert 150 / best["replicas"] <= saturation(best) * 1.02 < 150 / (best["replicas"] - 1)
+
+
+@pytest.mark.parametrize("which", ["planned", "replicated"])
+def test_replicas_gpus_and_cost_are_the_arithmetic_of_the_capacity_and_the_price(which, request):
+    planned = request.getfixturevalue(which)
+    rate = planned["load"]["rate"]
+    prices = load_prices()
+    for c in planned["configs"]:
+        if not c["meets_slo"]:
+            continue
+        assert c["replicas"] == math.ceil(rate / c["slo_max_request_rate"] - 1e-9)
+        assert c["num_gpus"] == c["replicas"] * c["tp"] == c["replicas"] * c["num_gpus_per_replica"]
+        if c["gpu"] in prices:
+            assert c["usd_per_hour"] == pytest.approx(c["num_gpus"] * prices[c["gpu"]].usd_per_gpu_hour)
+            assert c["cost_source"] == prices[c["gpu"]].source
+    met = [c for c in planned["configs"] if c["meets_slo"]]
+    priced = [c["usd_per_hour"] for c in met if c["usd_per_hour"] is not None]
+    assert priced == sorted(priced)  # cheapest first
+    assert all(not c["feasible"] or not c["meets_slo"] for c in planned["configs"][len(met) :])
+
+
+def test_infeasible_configurations_say_why():
+    found = plan_json("--model", "llama-3.1-70b", "--rate", "1", "--gpus", "L4", "--tp", "1,8")
+    by_tp = {c["tp"]: c for c in found["configs"]}
+    assert not by_tp[1]["feasible"] and "weights" in by_tp[1]["reason"] and by_tp[1]["replicas"] is None
+    assert by_tp[8]["feasible"] and found["configs"][0]["tp"] == 8
+
+
+@pytest.mark.parametrize(
+    ("args", "line"),
+    [
+        (["--rate", "0"], "rate: must be > 0"),
+        (["--rate", "5", "--gpus", "H100-SXMX"], "gpu"),
+        (["--users", "4", "--rate", "2"], "rate: give the load as --rate or as --users"),
+        (["--rate", "5", "--tp", "two"], "tp: must be comma-separated integers"),
+        (["--rate", "5", "--model", "llama-3.1-405b", "--gpus", "L4", "--tp", "1"], "no configuration fits"),
+    ],
+)
+def test_bad_input_is_one_line(args, line):
+    base = ["plan", str(CHAT)] + ([] if "--model" in args else ["--model", "llama-3.1-8b"])
+    code, out, err = run_cli(*base, *args, "--jobs", "1")
+    assert code == 2 and len(err.strip().splitlines()) == 1 and line in err, err
