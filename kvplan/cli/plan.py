@@ -83,7 +83,13 @@ def plan(
     if bucket is not None and bucket not in names:
         raise KvplanError("bucket", f"unknown bucket {bucket!r}", f"give one of {', '.join(names)}")
     index = names.index(bucket) if bucket is not None else 0
-    chosen = [canonical_gpu(g.strip()) for g in (gpus.split(",") if gpus else planning.DEFAULT_GPUS) if g.strip()]
+    chosen = []
+    for name in [g.strip() for g in (gpus.split(",") if gpus else planning.DEFAULT_GPUS) if g.strip()]:
+        try:
+            chosen.append(canonical_gpu(name))
+        except KvplanError as err:
+            closest = (err.fix or "").split("; or give")[0] or "give GPU names as kvplan estimate knows them"
+            raise KvplanError("gpus", err.problem, closest) from None
     priced = load_prices(prices)
     configs = planning.grid(
         chosen,
