@@ -52,6 +52,10 @@ def plan(
         Path | None, typer.Option(help="$/GPU-hour per GPU (YAML or CSV: gpu,usd_per_gpu_hour,source,date).")
     ] = None,
     jobs: Annotated[int | None, typer.Option(help="Worker processes (default: the machine's cores).")] = None,
+    pareto: Annotated[
+        Path | None,
+        typer.Option(help="Write the Pareto chart here (PNG): output tok/s per GPU against per user, the frontier."),
+    ] = None,
     json_output: Annotated[bool, typer.Option("--json", help="Print one JSON object instead of tables.")] = False,
 ) -> None:
     # one line: `kvplan --help` shows this paragraph's line breaks as they are written
@@ -121,6 +125,10 @@ def plan(
             "model", f"no configuration fits: {results[0].reason}", "allow more GPUs (--max-gpus, --tp) or fp8"
         )
     load = {"rate": rate} if rate is not None else {"users": users}
+    if pareto is not None:
+        from kvplan.load.sim.plan_view import plot_pareto
+
+        plot_pareto(results, spec.slo.tpot_ms, pareto)
     if json_output:
         import json
 

@@ -74,6 +74,9 @@ class ConfigResult(BaseModel):
     usd_per_m_output_tokens: float | None
     usd_per_k_good_requests: float | None
     meets_slo: bool
+    # at the highest concurrency meeting the SLO, per replica: output tok/s per GPU and per user
+    output_tokens_per_s_per_gpu: float | None = None
+    output_tokens_per_s_per_user: float | None = None
 
 
 def grid(
@@ -173,8 +176,12 @@ def judge(job: Job) -> ConfigResult:
         served_rps = good / attained if attained else 0.0
     mean_out = sum(r.max_tokens for r in sampled[bucket.name]) / len(sampled[bucket.name])
     usd = None if job.price is None else gpus * job.price[0]
+    at_users = cap.max_concurrency
+    throughput = None if at_users is None else at_users.output_tokens_per_s
     return ConfigResult(
         **base,
+        output_tokens_per_s_per_gpu=None if throughput is None else throughput / c.tp,
+        output_tokens_per_s_per_user=None if throughput is None or at_users is None else throughput / at_users.level,
         replicas=replicas,
         num_gpus=gpus,
         feasible=True,
@@ -230,3 +237,23 @@ def progress_line(r: ConfigResult) -> str:
     if not r.meets_slo:
         return f"{what}: misses the SLO ({r.reason})"
     return f"{what}: {r.slo_max_request_rate} req/s per replica, {r.replicas} replica(s)"
+
+
+def pareto(results: Sequence[ConfigResult]) -> list[ConfigResult]:
+    """The configurations no other beats on both output tok/s per GPU and per user (the frontier),
+    by tok/s per user ascending; those without both numbers are left out."""
+    points = [
+        r for r in results if r.output_tokens_per_s_per_gpu is not None and r.output_tokens_per_s_per_user is not None
+    ]
+    front = [
+        r
+        for r in points
+        if not any(
+            o.output_tokens_per_s_per_gpu >= r.output_tokens_per_s_per_gpu  # type: ignore[operator]
+            and o.output_tokens_per_s_per_user >= r.output_tokens_per_s_per_user  # type: ignore[operator]
+            and (o.output_tokens_per_s_per_gpu, o.output_tokens_per_s_per_user)
+            != (r.output_tokens_per_s_per_gpu, r.output_tokens_per_s_per_user)
+            for o in points
+        )
+    ]
+    return sorted(front, key=lambda r: r.output_tokens_per_s_per_user or 0.0)

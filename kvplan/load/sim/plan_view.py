@@ -82,3 +82,55 @@ def print_plan(results: list[ConfigResult], model: str, load: dict, console, top
         )
     else:
         console.print("no configuration meets the SLO at this load", markup=False, highlight=False)
+
+
+def plot_pareto(results: list[ConfigResult], tpot_ms: float | None, path) -> None:
+    """Output tok/s per GPU against tok/s per user, every configuration meeting the SLO, the
+    frontier (kvplan.load.sim.plan.pareto) joined, the best labelled, and the SLO's TPOT as the
+    per-user rate it allows (1,000 / TPOT ms); written to ``path`` (PNG).
+
+    Raises:
+        KvplanError: ``path`` cannot be written.
+    """
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from kvplan.errors import KvplanError
+    from kvplan.load.sim.plan import pareto
+
+    met = [r for r in results if r.meets_slo and r.output_tokens_per_s_per_gpu is not None]
+    fig, ax = plt.subplots(figsize=(8, 5))
+    for gpu in dict.fromkeys(r.gpu for r in met):
+        own = [r for r in met if r.gpu == gpu]
+        per_user = [r.output_tokens_per_s_per_user or 0.0 for r in own]  # none is None: filtered above
+        ax.scatter(per_user, [r.output_tokens_per_s_per_gpu or 0.0 for r in own], label=gpu)
+    front = pareto(met)
+    if front:
+        ax.plot(
+            [r.output_tokens_per_s_per_user or 0.0 for r in front],
+            [r.output_tokens_per_s_per_gpu or 0.0 for r in front],
+            "k--",
+            lw=1,
+            label="frontier",
+        )
+    if tpot_ms:
+        ax.axvline(1000 / tpot_ms, color="tab:red", lw=1, label=f"TPOT SLO {tpot_ms:g} ms")
+    if met:
+        best = results[0]
+        if best.meets_slo and best.output_tokens_per_s_per_user is not None:
+            ax.annotate(
+                f"best: {best.gpu} x{best.tp}",
+                (best.output_tokens_per_s_per_user, best.output_tokens_per_s_per_gpu or 0),
+            )
+    ax.set_xlabel("output tok/s per user (at the most users within the SLO)")
+    ax.set_ylabel("output tok/s per GPU")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    try:
+        fig.savefig(path, dpi=110)
+    except OSError as err:
+        raise KvplanError("pareto", f"cannot write {path} ({err.strerror or err})") from None
+    finally:
+        plt.close(fig)

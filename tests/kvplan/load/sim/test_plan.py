@@ -117,3 +117,38 @@ def test_bad_input_is_one_line(args, line):
     base = ["plan", str(CHAT)] + ([] if "--model" in args else ["--model", "llama-3.1-8b"])
     code, out, err = run_cli(*base, *args, "--jobs", "1")
     assert code == 2 and len(err.strip().splitlines()) == 1 and line in err, err
+
+
+def test_the_pareto_frontier_keeps_what_nothing_beats_on_both_axes(planned, tmp_path):
+    from kvplan.load.sim.plan import ConfigResult, pareto
+
+    results = [ConfigResult(**c) for c in planned["configs"]]
+    front = pareto(results)
+    points = [(r.output_tokens_per_s_per_user, r.output_tokens_per_s_per_gpu) for r in results if r.meets_slo]
+    for r in front:  # nothing beats a frontier point on both
+        mine = (r.output_tokens_per_s_per_user, r.output_tokens_per_s_per_gpu)
+        assert not any(u >= mine[0] and g >= mine[1] and (u, g) != mine for u, g in points)
+    for u, g in points:  # and every other point is beaten by one of them
+        if (u, g) not in [(r.output_tokens_per_s_per_user, r.output_tokens_per_s_per_gpu) for r in front]:
+            assert any(r.output_tokens_per_s_per_user >= u and r.output_tokens_per_s_per_gpu >= g for r in front)
+    best = results[0]
+    assert best.output_tokens_per_s_per_gpu == pytest.approx(
+        best.output_tokens_per_s_per_user * best.slo_max_concurrency / best.tp
+    )
+    chart = tmp_path / "pareto.png"
+    code, _, err = run_cli(
+        "plan",
+        str(CHAT),
+        "--model",
+        "llama-3.1-8b",
+        "--rate",
+        "20",
+        "--gpus",
+        "L4",
+        "--tp",
+        "1",
+        "--pareto",
+        str(chart),
+    )
+    assert code == 0, err
+    assert chart.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
