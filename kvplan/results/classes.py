@@ -12,6 +12,8 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from itertools import chain
 
+from pydantic import Field
+
 from kvplan.results.latency import (
     LatencyStats,
     Slo,
@@ -31,16 +33,16 @@ class ClassSummary(_Summary):
     """One request class of a mixed level: its measured requests' counts, latency statistics (ms),
     SLO attainment (0..1, of its measured requests) and goodput (requests/s meeting its SLO)."""
 
-    name: str
-    num_requests: int
-    num_completed: int
-    ttft_ms: LatencyStats | None
-    tpot_ms: LatencyStats | None
-    itl_ms: LatencyStats | None
-    e2e_ms: LatencyStats | None
-    slo_attainment: float | None
-    goodput_rps: float | None
-    requests_per_s: float | None
+    name: str = Field(description="The class's name (its mix entry).")
+    num_requests: int = Field(description="The class's measured requests.")
+    num_completed: int = Field(description="Of them, completed.")
+    ttft_ms: LatencyStats | None = Field(description="TTFT of its completed requests, ms.")
+    tpot_ms: LatencyStats | None = Field(description="TPOT, ms.")
+    itl_ms: LatencyStats | None = Field(description="ITL, ms.")
+    e2e_ms: LatencyStats | None = Field(description="E2E latency, ms.")
+    slo_attainment: float | None = Field(description="Fraction of its measured requests meeting its SLO.")
+    goodput_rps: float | None = Field(description="Its requests/s meeting its SLO.")
+    requests_per_s: float | None = Field(description="Its completed requests/s.")
 
 
 def class_summaries(

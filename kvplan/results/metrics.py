@@ -13,7 +13,7 @@ from collections.abc import Mapping, Sequence
 from itertools import chain
 
 import numpy as np
-from pydantic import computed_field
+from pydantic import Field, computed_field
 
 from kvplan.results.arrival_stats import ArrivalSettings, level_arrival
 from kvplan.results.classes import ClassSummary, class_summaries
@@ -100,11 +100,11 @@ class LevelSummary(_Summary):
     # An open-loop level's arrivals (kvplan.results.arrival_stats); None for closed loop: the process,
     # the inter-arrival CV it asks for (poisson 1, gamma 1/sqrt(burstiness), constant 0) and the CV of
     # the gaps between its requests' sorted arrival times (numpy std, ddof=0, / mean; None under 3)
-    arrival_process: str | None = None
-    requested_cv: float | None = None
-    achieved_cv: float | None = None
-    classes: list[ClassSummary] = []  # a mixed level's request classes (kvplan.results.classes); [] without a mix
-    turns: list[TurnSummary] | None = None  # a session level's turns (kvplan.results.turns); None without sessions
+    arrival_process: str | None = Field(None, description="Open loop: poisson, gamma or constant; null closed.")
+    requested_cv: float | None = Field(None, description="Open loop: the inter-arrival CV asked for (1/sqrt(B)).")
+    achieved_cv: float | None = Field(None, description="Open loop: the inter-arrival CV sent (std/mean, ddof 0).")
+    classes: list[ClassSummary] = Field([], description="A mixed level's request classes; [] without a mix.")
+    turns: list[TurnSummary] | None = Field(None, description="A session level's turns; null without sessions.")
 
     @computed_field  # type: ignore[prop-decorator]  # pydantic's documented idiom; mypy rejects it
     @property

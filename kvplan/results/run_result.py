@@ -303,8 +303,8 @@ class RunResult(BaseModel):
     cost_model: CostModelInfo | None = None  # a simulation's step timing (kvplan.results.simulated)
     capacity: list[TargetCapacity] = []  # a simulation's knee and SLO capacity answers, per target
     level_plans: dict[str, LevelPlan] = {}  # bucket -> its steady-state levels (plain buckets absent)
-    class_slos: dict[str, dict[str, Slo]] = {}  # bucket -> mix class -> its SLO (classes with their own only)
-    variant_engines: dict[str, EngineFacts] = {}  # engine variant -> the engine it ran on (kvplan.load.variants)
+    class_slos: dict[str, dict[str, Slo]] = Field({}, description="Bucket -> mix class -> its own SLO.")
+    variant_engines: dict[str, EngineFacts] = Field({}, description="Engine variant -> the engine it ran on.")
 
     @property
     def summarized(self) -> bool:

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from pydantic import Field
+
 from kvplan.results.latency import LatencyStats, _Summary, completed, latency_stats, ttft_s
 from kvplan.results.records import RequestRecord
 
@@ -21,12 +23,14 @@ class TurnSummary(_Summary):
     (``prefix_hit_tokens``: prompt tokens served by the prefix cache; None against a remote target,
     whose answers do not say) and of prompt tokens."""
 
-    turn: int
-    num_requests: int
-    num_completed: int
-    ttft_ms: LatencyStats | None
-    prefix_hit_tokens: int | None
-    prompt_tokens: int
+    turn: int = Field(description="The turn index, 1-based.")
+    num_requests: int = Field(description="Requests of that turn.")
+    num_completed: int = Field(description="Of them, completed.")
+    ttft_ms: LatencyStats | None = Field(description="TTFT of the completed ones, ms.")
+    prefix_hit_tokens: int | None = Field(
+        description="Prompt tokens served by the prefix cache; null against a remote target."
+    )
+    prompt_tokens: int = Field(description="Their prompt tokens.")
 
     @property
     def prefix_hit_fraction(self) -> float | None:

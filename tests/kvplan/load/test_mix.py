@@ -17,24 +17,10 @@ from kvplan.load.sim.setups import replay_setup
 from kvplan.load.workload_file import load_workload, parse_workload
 from kvplan.results.run_result import load_run
 from tests.kvplan.cli_runner import run_cli
+from tests.kvplan.load.sim.test_exactness import SAME  # the step fields the simulator must equal
 
 WORKLOAD = Path(__file__).resolve().parents[1] / "data" / "mix_tiny.yaml"
 BAD = Path(__file__).resolve().parent / "bad_workloads"
-SAME = (
-    "num_used_blocks",
-    "num_free_blocks",
-    "num_preemptions",
-    "num_running",
-    "num_prefill_tokens",
-    "num_decode_tokens",
-    "kv_resident_tokens",
-    "kv_resident_request_ids",
-    "num_prefix_queried_tokens",
-    "num_prefix_hit_tokens",
-    "num_prefill_seqs",
-    "num_context_tokens",
-    "num_finished",
-)
 
 
 @pytest.fixture(scope="module")
