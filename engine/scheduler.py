@@ -11,7 +11,9 @@ When a running request needs a block and none is free, the most recently admitte
 is preempted by recompute (Kwon et al., "PagedAttention", SOSP 2023, section 4.5): its blocks are
 freed, its computed tokens forgotten, and it goes back to the front of the waiting queue; no new
 request is admitted in a step that preempted. The scheduler owns the queues; the BlockManager
-owns blocks and block tables.
+owns blocks and block tables. Admission at the entry (queue bound, KV budget, output cap,
+per-tenant limits) is engine.admission's, called at every change of a request's state; None when
+the config sets none of it.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from collections.abc import Iterable, Mapping
 from functools import partial
 from operator import attrgetter
 
+from engine.admission import Admission
 from engine.block_manager import BlockManager
 from engine.config import EngineConfig
 from engine.outputs import ScheduledRequest, SchedulerOutput, StepStats
@@ -63,6 +66,7 @@ class Scheduler:
         self.num_prefix_queried_tokens = 0
         self.num_prefix_hit_tokens = 0
         self._blocks_held = 0  # used blocks once the last schedule() allocated: the step's peak
+        self.admission = Admission.of(config, num_blocks)
 
     # ---- views -------------------------------------------------------------------------
     num_waiting = property(lambda self: len(self.waiting))
@@ -120,11 +124,13 @@ class Scheduler:
             num_context_tokens=output.num_context_tokens,
             num_attended_tokens=output.num_attended_tokens,
             num_decode_context_tokens=output.num_decode_context_tokens,
+            **(self.admission.tenant_columns() if self.admission is not None else {}),
         )
 
     # ---- requests in and out -----------------------------------------------------------
     def add_request(self, request: Request, now: float) -> None:
-        """Queue ``request``, or finish it at once with CANNOT_FIT if it could never run.
+        """Queue ``request``, or finish it at once with CANNOT_FIT if it could never run, or with
+        REJECTED if admission refuses it now (engine.admission; its max_tokens clamped first).
 
         Raises:
             ValueError: a request id already in use, an empty prompt, or num_prompt_logits above
@@ -140,6 +146,9 @@ class Scheduler:
                 f"(got {request.sampling_params.num_prompt_logits})"
             )
         self._requests[request.request_id] = request
+        admission = self.admission
+        if admission is not None:
+            request.sampling_params = admission.clamp(request.sampling_params)
         max_len = request.num_prompt_tokens + request.sampling_params.max_tokens
         # The last output token is never fed back, so its K/V needs no slot.
         num_blocks_needed = self.block_manager.num_blocks_for(max_len - 1)
@@ -150,7 +159,14 @@ class Scheduler:
             )
         elif num_blocks_needed > self.block_manager.num_blocks:
             detail = f"needs {num_blocks_needed} blocks, cache has {self.block_manager.num_blocks}"
+        elif admission is not None and (never := admission.never_fits(num_blocks_needed)):
+            detail = never
+        elif admission is not None and (refusal := admission.refusal(request, num_blocks_needed, len(self.waiting))):
+            self._finish(request, FinishReason.REJECTED, now, refusal)
+            return
         else:
+            if admission is not None:
+                admission.queued(request, num_blocks_needed)
             self.waiting.append(request)
             return
         self._finish(request, FinishReason.CANNOT_FIT, now, detail)
@@ -174,6 +190,8 @@ class Scheduler:
         return finished
 
     def _finish(self, request: Request, reason: str, now: float, detail: str = "") -> None:
+        if self.admission is not None:
+            self.admission.finished(request)
         if request.status is RequestStatus.RUNNING:
             self.running.remove(request)
         self.block_manager.free(request.request_id)
@@ -266,10 +284,15 @@ class Scheduler:
         """Admit waiting requests first come, first served while blocks, ``budget`` and
         max_num_seqs allow, each from its longest cached prefix; appends to ``scheduled``.
         Returns (the budget left, ``num_decode`` plus the decodes admitted: a re-admitted request
-        whose cached prefix leaves one token past its prompt, ``decode_context`` plus theirs)."""
-        bm = self.block_manager
+        whose cached prefix leaves one token past its prompt, ``decode_context`` plus theirs).
+        A request whose tenant is at its tenant_max_concurrency is passed over, keeping its place."""
+        bm, admission = self.block_manager, self.admission
+        held: list[Request] = []  # passed over (tenant at its cap), in queue order
         while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
             request = self.waiting[0]
+            if admission is not None and not admission.may_run(request):
+                held.append(self.waiting.popleft())
+                continue
             # A request that wants prompt logits computes every prompt position itself.
             cached = [] if request.sampling_params.num_prompt_logits else bm.find_cached_prefix(request)
             num_cached = len(cached) * bm.block_size
@@ -278,6 +301,8 @@ class Scheduler:
                 break
             self.waiting.popleft()
             self.running.append(request)
+            if admission is not None:
+                admission.started(request)
             request.status = RequestStatus.RUNNING
             request.num_computed_tokens = num_cached
             if bm.enable_prefix_caching and not request.sampling_params.num_prompt_logits:
@@ -291,6 +316,7 @@ class Scheduler:
                 decode_context += num_cached + 1
             scheduled.append(self._scheduled(request, num_cached, num_new))
             budget -= num_new
+        self.waiting.extendleft(reversed(held))
         return budget, num_decode, decode_context
 
     def _scheduled(self, request: Request, start: int, num_new: int) -> ScheduledRequest:
@@ -310,6 +336,8 @@ class Scheduler:
         )
 
     def _preempt(self, request: Request) -> None:
+        if self.admission is not None:
+            self.admission.preempted(request)
         self.block_manager.free(request.request_id, forget=False)
         request.status = RequestStatus.WAITING
         request.num_computed_tokens = 0

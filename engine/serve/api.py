@@ -7,14 +7,17 @@ id outside the vocabulary, or with ``max_tokens`` exceeds ``max_model_len`` (or 
 pool) are each a ``BadRequest`` (HTTP 400 with a message), never an exception in the loop.
 Unknown fields are ignored, as OpenAI clients send many. Sampling fields as vLLM reads them:
 ``temperature`` (default 1.0; below 1e-5 greedy), ``top_p``, ``seed``, ``ignore_eos``,
-``min_tokens``, ``cache_salt`` (enters the first block's prefix-cache hash).
+``min_tokens``, ``cache_salt`` (enters the first block's prefix-cache hash); ``user`` (a string,
+OpenAI's end-user id) may name the tenant (engine.serve.app). With ``--max-output-tokens`` a
+larger ``max_tokens`` is clamped to it before these checks (engine.admission); with a KV budget a
+request that needs more blocks than the budget alone is a 400, as one over the whole pool is.
 """
 
 from __future__ import annotations
 
 import json
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Annotated, Any, Literal, cast
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
@@ -51,6 +54,7 @@ class _Body(BaseModel):
     cache_salt: Annotated[str, Field(min_length=1)] | None = None
     stop: None = None  # stop strings are not supported: refused rather than ignored
     logprobs: None | Literal[False] = None
+    user: str | None = None  # OpenAI's end-user id: a tenant (engine.serve.app.tenant_of)
 
 
 class CompletionBody(_Body):
@@ -100,17 +104,22 @@ class Job:
     cache_salt: str | None
     stream: bool
     include_usage: bool
+    user: str | None = None
+    tenant: str | None = field(default=None, compare=False)  # set by the app (engine.serve.app.tenant_of)
 
 
 @dataclass(frozen=True)
 class Limits:
-    """What a body is checked against: the served name, vocabulary, max_model_len, KV pool."""
+    """What a body is checked against: the served name, vocabulary, max_model_len, KV pool;
+    admission's output cap and KV budget (blocks), None when off."""
 
     model: str
     vocab_size: int
     max_model_len: int
     block_size: int
     num_blocks: int
+    max_output_tokens: int | None = None
+    budget_blocks: int | None = None
 
 
 def parse_body(raw: bytes, kind: JobKind, limits: Limits, tokenizer) -> Job:
@@ -140,6 +149,10 @@ def parse_body(raw: bytes, kind: JobKind, limits: Limits, tokenizer) -> Job:
     if not all(0 <= t < limits.vocab_size for t in ids):
         raise BadRequest(f"prompt: every token id must be in [0, {limits.vocab_size})")
     max_tokens = body.max_completion_tokens or body.max_tokens or 16
+    min_tokens = body.min_tokens
+    if limits.max_output_tokens is not None and max_tokens > limits.max_output_tokens:  # clamped, as vLLM does
+        max_tokens = limits.max_output_tokens
+        min_tokens = min(min_tokens, max_tokens)
     if len(ids) + max_tokens > limits.max_model_len:
         raise BadRequest(
             f"this model's maximum context length is {limits.max_model_len} tokens; the request has"
@@ -150,6 +163,11 @@ def parse_body(raw: bytes, kind: JobKind, limits: Limits, tokenizer) -> Job:
             f"the request ({len(ids)} + {max_tokens} tokens) needs more than the KV pool's"
             f" {limits.num_blocks} blocks of {limits.block_size} tokens"
         )
+    if limits.budget_blocks is not None and -(-(len(ids) + max_tokens - 1) // limits.block_size) > limits.budget_blocks:
+        raise BadRequest(
+            f"the request ({len(ids)} + {max_tokens} tokens) needs more than the KV admission budget of"
+            f" {limits.budget_blocks} blocks of {limits.block_size} tokens"
+        )
     try:
         params = SamplingParams(
             max_tokens=max_tokens,
@@ -157,12 +175,12 @@ def parse_body(raw: bytes, kind: JobKind, limits: Limits, tokenizer) -> Job:
             top_p=body.top_p,
             seed=body.seed,
             ignore_eos=body.ignore_eos,
-            min_tokens=body.min_tokens,
+            min_tokens=min_tokens,
         )
     except ValueError as err:
         raise BadRequest(str(err)) from None
     usage = bool((body.stream_options or {}).get("include_usage"))
-    return Job(kind, limits.model, tuple(ids), params, body.cache_salt, body.stream, usage)
+    return Job(kind, limits.model, tuple(ids), params, body.cache_salt, body.stream, usage, body.user)
 
 
 def _prompt_ids(body: ChatBody | CompletionBody, tokenizer) -> list[int]:
@@ -183,7 +201,9 @@ def _prompt_ids(body: ChatBody | CompletionBody, tokenizer) -> list[int]:
 
 # ---- answers ----------------------------------------------------------------------------------
 def error_body(message: str, status: int) -> dict[str, Any]:
-    kind = {400: "BadRequestError", 401: "AuthenticationError", 404: "NotFoundError"}.get(status, "ServerError")
+    kind = {400: "BadRequestError", 401: "AuthenticationError", 404: "NotFoundError", 429: "RateLimitError"}.get(
+        status, "ServerError"
+    )
     return {"error": {"message": message, "type": kind, "code": status}}
 
 

@@ -9,6 +9,15 @@ engine.serve.metrics). Flags are vLLM's names (``--model``, ``--dtype``, ``--blo
 ``--api-key``, ``--served-model-name``); the engine's own: ``--device``, ``--kv-cache-memory-bytes``,
 ``--attention-backend``, ``--seed``.
 
+Admission at the entry (engine.admission; off unless given): ``--max-num-waiting`` (queue bound),
+``--kv-admission-reserve`` (turns on the KV budget: the pool less this fraction),
+``--max-output-tokens`` (max_tokens clamped to it), ``--tenant-max-concurrency`` and
+``--tenant-max-waiting`` (per tenant: requests running, and queued). A refused request gets 429
+with ``Retry-After: 1`` and a message that starts with its reason (``queue_full``,
+``tenant_waiting``, ``kv_budget``), counted in ``kvplan_engine_requests_rejected_total{reason}``.
+The tenant is the value of the header ``--tenant-header`` names, else the body's ``user``, else
+the bearer token of ``Authorization``; a request with none is under no per-tenant limit.
+
 One engine loop steps for all streams (engine.serve.loop). A client that disconnects mid-stream
 aborts its request, which frees its blocks before the next step. Bad bodies are 400s with a
 message (engine.serve.api), never an exception in the loop. It binds 127.0.0.1 unless ``--host``
@@ -24,7 +33,22 @@ import socket
 import sys
 import time
 
+from engine.admission import SETTINGS
 from engine.config import DEFAULT_MODEL, EngineConfig
+
+RETRY_AFTER_S = 1  # Retry-After of a 429: the least whole second HTTP can say (RFC 9110, 10.2.3)
+
+
+def tenant_of(headers, user: str | None, tenant_header: str | None) -> str | None:
+    """A request's tenant: the ``tenant_header`` header's value, else the body's ``user``, else
+    the bearer token of ``Authorization``; None when none is given. ``headers``: a mapping with
+    case-insensitive ``get``."""
+    if tenant_header and (value := headers.get(tenant_header)):
+        return value
+    if user:
+        return user
+    token = headers.get("authorization", "").removeprefix("Bearer ").strip()
+    return token or None
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -48,6 +72,20 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--api-key", default=None, help="require Authorization: Bearer <key> on /v1 routes")
+    a = p.add_argument_group("admission at the entry (off unless given; refused requests get 429)")
+    a.add_argument("--max-num-waiting", type=int, default=None, help="the most requests queued")
+    a.add_argument(
+        "--kv-admission-reserve",
+        type=float,
+        default=None,
+        help="KV budget: queued + running requests' prompt + max_tokens must fit the pool less this fraction, [0, 1)",
+    )
+    a.add_argument("--max-output-tokens", type=int, default=None, help="clamp max_tokens to this")
+    a.add_argument("--tenant-max-concurrency", type=int, default=None, help="the most running requests per tenant")
+    a.add_argument("--tenant-max-waiting", type=int, default=None, help="the most queued requests per tenant")
+    a.add_argument(
+        "--tenant-header", default=None, help="the header naming the tenant (else the body's user, else the API key)"
+    )
     return p.parse_args(argv)
 
 
@@ -67,13 +105,17 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
         enable_prefix_caching=args.enable_prefix_caching,
         attention_backend=args.attention_backend,
         seed=args.seed,
+        **{name: getattr(args, name) for name in SETTINGS},
     )
 
 
-def build_app(engine, served_model_name: str | None = None, api_key: str | None = None):
+def build_app(
+    engine, served_model_name: str | None = None, api_key: str | None = None, tenant_header: str | None = None
+):
     """The FastAPI app around ``engine`` (an ``LLMEngine``) and its EngineLoop; the loop starts
-    and stops with the app (``app.state.loop``)."""
+    and stops with the app (``app.state.loop``). ``tenant_header``: see ``tenant_of``."""
     import contextlib
+    from dataclasses import replace
 
     from fastapi import FastAPI, Request
     from fastapi.responses import JSONResponse, Response, StreamingResponse
@@ -100,7 +142,16 @@ def build_app(engine, served_model_name: str | None = None, api_key: str | None 
         enable_prefix_caching=engine.config.enable_prefix_caching,
     )
     loop = EngineLoop(engine, metrics)
-    limits = Limits(name, engine.hf_config.vocab_size, engine.max_model_len, engine.block_size, engine.num_blocks)
+    admission = engine.scheduler.admission
+    limits = Limits(
+        name,
+        engine.hf_config.vocab_size,
+        engine.max_model_len,
+        engine.block_size,
+        engine.num_blocks,
+        engine.config.max_output_tokens,
+        admission.budget_blocks if admission is not None else None,
+    )
     created = int(time.time())
 
     @contextlib.asynccontextmanager
@@ -147,7 +198,21 @@ def build_app(engine, served_model_name: str | None = None, api_key: str | None 
         except BadRequest as err:
             return fail(err.message, err.status)
         updates: asyncio.Queue = asyncio.Queue()
-        request_id = loop.submit(job, updates.put_nowait)
+        if admission is None:
+            request_id = loop.submit(job, updates.put_nowait)
+        else:
+            job = replace(job, tenant=tenant_of(request.headers, job.user, tenant_header))
+            decided: asyncio.Future = asyncio.get_running_loop().create_future()
+            request_id = loop.submit(job, updates.put_nowait, decided.set_result)
+            try:
+                refusal = await decided
+            except asyncio.CancelledError:  # the client went away before the decision
+                loop.abort(request_id)
+                raise
+            if refusal is not None:
+                response = fail(refusal, 429)
+                response.headers["Retry-After"] = str(RETRY_AFTER_S)
+                return response
         if not job.stream:
             text, last = [], None
             while last is None or last.finish_reason is None:
@@ -216,7 +281,7 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, RuntimeError, OSError) as err:
         print(f"error: {str(err).splitlines()[0]}", file=sys.stderr)
         return 2
-    app = build_app(engine, args.served_model_name, args.api_key)
+    app = build_app(engine, args.served_model_name, args.api_key, args.tenant_header)
     host, port = sock.getsockname()[:2]
     print(f"serving {args.served_model_name or engine.model_name} on http://{host}:{port}/v1", flush=True)
     serve(app, sock)

@@ -11,6 +11,11 @@ After each step the loop reads each live request's new output tokens, decodes th
 with new tokens or a finish. ``abort(request_id)`` (a client that went away) finishes the request
 in the engine and frees its blocks before the next step. A model without a tokenizer streams each
 token id as the text ``<id>``. Metrics (kvplan-free, vLLM's names) are updated after every step.
+
+With admission on (engine.admission), ``submit`` takes an ``admitted`` callback too: the loop
+thread calls it (on the caller's loop) right after ``add_request`` with None, or with the
+refusal (``"<reason>: ..."``) of a request admission refused, which then never goes live and
+counts in ``/metrics`` by its reason at once.
 """
 
 from __future__ import annotations
@@ -22,7 +27,8 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from engine.request import Request
+from engine.admission import reason_of
+from engine.request import FinishReason, Request
 from engine.serve.api import Job
 
 
@@ -43,6 +49,7 @@ class _Live:
     job: Job
     deliver: Callable[[Update], None]
     loop: asyncio.AbstractEventLoop
+    admitted: Callable[[str | None], None] | None = None  # told the admission decision, when admission is on
     request: Request | None = None  # read after each step; set when the loop thread adds the job
     num_sent: int = 0
     text_sent: str = ""
@@ -67,10 +74,13 @@ class EngineLoop:
         self._inbox.put(None)
         self._thread.join(timeout=10)
 
-    def submit(self, job: Job, deliver: Callable[[Update], None]) -> str:
-        """Queue ``job``; ``deliver`` is called on the caller's asyncio loop with each Update."""
+    def submit(
+        self, job: Job, deliver: Callable[[Update], None], admitted: Callable[[str | None], None] | None = None
+    ) -> str:
+        """Queue ``job``; ``deliver`` is called on the caller's asyncio loop with each Update, and
+        ``admitted`` once with the admission decision (None: admitted; else the refusal)."""
         request_id = f"cmpl-{next(self._ids)}"
-        self._inbox.put(("add", request_id, _Live(job, deliver, asyncio.get_running_loop())))
+        self._inbox.put(("add", request_id, _Live(job, deliver, asyncio.get_running_loop(), admitted)))
         return request_id
 
     def abort(self, request_id: str) -> None:
@@ -104,9 +114,19 @@ class EngineLoop:
             return
         job = live.job
         self.engine.add_request(
-            list(job.prompt_token_ids), job.params, request_id=request_id, cache_salt=job.cache_salt
+            list(job.prompt_token_ids), job.params, request_id=request_id, cache_salt=job.cache_salt, tenant=job.tenant
         )
-        live.request = self.engine.scheduler.get_request(request_id)
+        live.request = request = self.engine.scheduler.get_request(request_id)
+        refusal = request.finish_detail if request.finish_reason == FinishReason.REJECTED else None
+        if live.admitted is not None:
+            try:
+                live.loop.call_soon_threadsafe(live.admitted, refusal)
+            except RuntimeError:  # the server's loop closed under us (shutdown)
+                pass
+        if refusal is not None:
+            if self.metrics is not None:
+                self.metrics.observe_rejected(reason_of(refusal))
+            return
         self._live[request_id] = live
 
     def _post(self, finished: dict) -> None:

@@ -13,6 +13,9 @@ Metrics"; vllm/v1/metrics/loggers.py), so a scraper written for vLLM reads this 
     vllm:prompt_tokens_total       counter  prefill tokens computed
     vllm:generation_tokens_total   counter  decode tokens computed
     vllm:request_success_total{finished_reason}  counter  finished requests by reason
+    kvplan_engine_requests_rejected_total{reason}  counter  requests admission refused (HTTP 429),
+                                   by reason: queue_full, tenant_waiting, kv_budget (engine.admission);
+                                   the engine's own, so named apart from vLLM's
 
 Every gauge is set after every engine step, from that step's ``StepStats``. One registry per
 server (never the process-global one), so several servers in one test process do not collide.
@@ -21,6 +24,8 @@ server (never the process-global one), so several servers in one test process do
 from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Info, disable_created_metrics, generate_latest
+
+from engine.admission import REASONS
 
 
 class ServeMetrics:
@@ -57,6 +62,14 @@ class ServeMetrics:
             ["model_name", "finished_reason"],
             registry=r,
         )
+        self._rejected = Counter(
+            "kvplan_engine_requests_rejected",
+            "Requests refused at the entry by admission (answered 429), by reason.",
+            ["model_name", "reason"],
+            registry=r,
+        )
+        for reason in REASONS:  # every reason shows, at 0 until one happens
+            self._rejected.labels(model_name, reason)
         self._model = model_name
 
     def observe_step(self, stats, outputs) -> None:
@@ -72,6 +85,10 @@ class ServeMetrics:
         for out in outputs:
             if out.finish_reason in ("stop", "length"):
                 self._success.labels(self._model, out.finish_reason).inc()
+
+    def observe_rejected(self, reason: str) -> None:
+        """One request refused at the entry for ``reason`` (engine.admission.REASONS)."""
+        self._rejected.labels(self._model, reason).inc()
 
     def exposition(self) -> bytes:
         """The Prometheus text format of every metric."""

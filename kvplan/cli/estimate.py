@@ -104,12 +104,75 @@ def estimate(
     plot: Annotated[
         Path | None, typer.Option(help="Write a PNG of KV GiB against context per batch size, with the KV budget.")
     ] = None,
+    engine: Annotated[
+        str,
+        typer.Option(
+            help="Whose KV layout: vllm (paged blocks, the GPU budget) or llama.cpp (llama-server's one KV"
+            " buffer of --ctx-size cells shared by --parallel slots)."
+        ),
+    ] = "vllm",
+    ctx_size: Annotated[
+        int | None, typer.Option(help="llama.cpp: -c, the context in tokens of all slots (default: the model's).")
+    ] = None,
+    parallel: Annotated[
+        int | None, typer.Option(help="llama.cpp: -np, the slots (default: auto, 4 slots with a unified KV).")
+    ] = None,
+    cache_type_k: Annotated[
+        str, typer.Option(help="llama.cpp: -ctk: f32, f16, bf16, q8_0, q5_1, q5_0, q4_1, q4_0, iq4_nl.")
+    ] = "f16",
+    cache_type_v: Annotated[str, typer.Option(help="llama.cpp: -ctv, the same types as --cache-type-k.")] = "f16",
+    kv_unified: Annotated[
+        bool | None,
+        typer.Option(
+            "--kv-unified/--no-kv-unified",
+            help="llama.cpp: one KV stream shared by every slot (default: only when --parallel is auto).",
+        ),
+    ] = None,
+    swa_full: Annotated[bool, typer.Option(help="llama.cpp: full-size cache for sliding-window layers.")] = False,
+    ubatch_size: Annotated[
+        int, typer.Option(help="llama.cpp: -ub, the physical batch, which sizes the sliding-window cache.")
+    ] = 512,
 ) -> None:
-    """KV bytes per token, per request and per batch, and what fits on a GPU (per GPU rank)."""
+    """KV bytes per token, per request and per batch, and what fits on a GPU (per GPU rank); or
+    llama.cpp's KV buffer (--engine llama.cpp)."""
     from kvplan.plan.estimate import estimate as run_estimate
     from kvplan.plan.estimate_plot import check_plot_path
     from kvplan.plan.model_source import load_model_spec
 
+    llamacpp = {
+        "ctx_size": (ctx_size, None),
+        "parallel": (parallel, None),
+        "cache_type_k": (cache_type_k, "f16"),
+        "cache_type_v": (cache_type_v, "f16"),
+        "kv_unified": (kv_unified, None),
+        "swa_full": (swa_full, False),
+        "ubatch_size": (ubatch_size, 512),
+    }
+    if engine.lower() in ("llama.cpp", "llamacpp"):
+        vllm = {
+            "gpu": (gpu, None),
+            "gpu_memory_gib": (gpu_memory_gib, None),
+            "gpu_memory_utilization": (gpu_memory_utilization, None),
+            "kv_memory_gib": (kv_memory_gib, None),
+            "weights_gib": (weights_gib, None),
+            "weight_dtype": (weight_dtype, "auto"),
+            "overhead_gib": (overhead_gib, None),
+            "kv_cache_dtype": (kv_cache_dtype, "auto"),
+            "tp": (tp, 1),
+            "pp": (pp, 1),
+            "block_size": (block_size, DEFAULT_BLOCK_SIZE),
+            "max_model_len": (max_model_len, None),
+            "context": (context, None),
+            "batch": (batch, "1"),
+            "shared_prefix_tokens": (shared_prefix_tokens, 0),
+            "plot": (plot, None),
+        }
+        _refuse_others(vllm, "does not apply to --engine llama.cpp", "use --ctx-size, --parallel, --cache-type-k/-v")
+        _llamacpp_estimate(model, {name: value for name, (value, _) in llamacpp.items()}, json_output)
+        return
+    if engine.lower() != "vllm":
+        raise KvplanError("engine", f"unknown engine {engine!r}", "use vllm or llama.cpp")
+    _refuse_others(llamacpp, "applies to --engine llama.cpp only", "add --engine llama.cpp")
     if plot is not None:
         check_plot_path(plot)  # before the work, so a bad path costs nothing
     spec = load_model_spec(model)
@@ -145,3 +208,30 @@ def estimate(
         render_estimate(result, spec, make_console())
     if plot is not None:  # on stderr with --json, so that stdout stays one JSON object
         typer.echo(f"plot: {plot}", err=json_output)
+
+
+def _refuse_others(options: dict, problem: str, fix: str) -> None:
+    """KvplanError naming the first option of ``options`` (name -> (value, default)) not at its default."""
+    for name, (value, default) in options.items():
+        if value != default:
+            raise KvplanError(name, problem, fix)
+
+
+def _llamacpp_estimate(model: str, settings: dict, json_output: bool) -> None:
+    """``kvplan estimate --engine llama.cpp``: the flags checked first, then llama.cpp's KV buffer."""
+    from kvplan.plan.llamacpp import LlamaCppSettings, check_settings, ggml_type, llamacpp_kv
+    from kvplan.plan.model_source import load_model_spec
+
+    parsed = LlamaCppSettings(**settings)
+    check_settings(parsed)  # bad flags cost no model read
+    ggml_type(parsed.cache_type_k, "cache_type_k")
+    ggml_type(parsed.cache_type_v, "cache_type_v")
+    result = llamacpp_kv(load_model_spec(model), parsed)
+    if json_output:
+        import json
+
+        print(json.dumps(result.to_dict(), indent=2))
+    else:
+        from kvplan.plan.llamacpp_view import render_llamacpp
+
+        render_llamacpp(result, make_console())

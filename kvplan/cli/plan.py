@@ -3,13 +3,20 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import os
+import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from kvplan.cli.app import make_console, warn
+
+if TYPE_CHECKING:
+    from kvplan.load.sim.plan import ConfigResult
 
 
 def _ints(text: str, field: str) -> list[int]:
@@ -51,7 +58,24 @@ def plan(
     prices: Annotated[
         Path | None, typer.Option(help="$/GPU-hour per GPU (YAML or CSV: gpu,usd_per_gpu_hour,source,date).")
     ] = None,
-    jobs: Annotated[int | None, typer.Option(help="Worker processes (default: the machine's cores).")] = None,
+    jobs: Annotated[
+        int | None, typer.Option(help="Worker processes (default: the machine's cores); with --ray local, its CPUs.")
+    ] = None,
+    ray: Annotated[
+        str | None,
+        typer.Option(
+            "--ray",
+            metavar="ADDRESS",
+            help="Run the configurations as Ray tasks (pip install 'kvplan[cluster]'): auto (the running cluster,"
+            " or RAY_ADDRESS), local (a private instance for this search), or an address such as ray://head:10001.",
+        ),
+    ] = None,
+    out: Annotated[
+        Path | None, typer.Option(help="Run folder (default: reports/plan-<name>-<timestamp>/); kvplan report DIR.")
+    ] = None,
+    attainment: Annotated[
+        float, typer.Option(help="SLO attainment target: the fraction of requests that must meet every SLO.")
+    ] = 0.95,
     pareto: Annotated[
         Path | None,
         typer.Option(help="Write the Pareto chart here (PNG): output tok/s per GPU against per user, the frontier."),
@@ -63,11 +87,14 @@ def plan(
     from kvplan.errors import KvplanError
     from kvplan.load.sim import plan as planning
     from kvplan.load.sim.facts import model_config
+    from kvplan.load.sim.plan_pool import search
+    from kvplan.load.sim.plan_run import PlanRun, write_plan
     from kvplan.load.sim.samples import cached_sample
     from kvplan.load.sim.tokenizer import tokenize_function, tokenizer_identity
     from kvplan.load.workload_file import load_workload
     from kvplan.plan.gpus import canonical_gpu
     from kvplan.plan.prices import load_prices
+    from kvplan.results.store import check_out, create_run_dir
 
     spec = load_workload(workload)
     warn(spec.warnings, spec.source)
@@ -77,6 +104,8 @@ def plan(
         raise KvplanError("rate", f"must be > 0 requests/s (got {rate:g})")
     if users is not None and users < 1:
         raise KvplanError("users", f"must be >= 1 (got {users})")
+    if not 0 < attainment <= 1:
+        raise KvplanError("attainment", f"must be in (0, 1] (got {attainment:g})", "e.g. --attainment 0.95")
     if max_gpus < 1:
         raise KvplanError("max_gpus", f"must be >= 1 (got {max_gpus})")
     if model is None:
@@ -112,39 +141,74 @@ def plan(
         tokenizer_identity(engine_model),
     ).requests
     price_of = {g: (p.usd_per_gpu_hour, p.source) for g, p in priced.items()}
-    work = [planning.Job(spec, model, index, c, sampled, rate, users, 0.95, price_of.get(c.gpu)) for c in configs]
+    work = [planning.Job(spec, model, index, c, sampled, rate, users, attainment, price_of.get(c.gpu)) for c in configs]
+    check_out(out)
     console = make_console()
-    say = (
-        (lambda r: None)
-        if json_output
-        else (lambda r: console.print(planning.progress_line(r), markup=False, highlight=False))
-    )
-    results = planning.search(work, jobs or os.cpu_count() or 1, say)
-    if not any(r.feasible for r in results):
-        raise KvplanError(
-            "model", f"no configuration fits: {results[0].reason}", "allow more GPUs (--max-gpus, --tp) or fp8"
-        )
+    with _progress(console, len(work), quiet=json_output) as say:
+        results, interrupted = search(work, jobs or os.cpu_count() or 1, say, ray)
     load = {"rate": rate} if rate is not None else {"users": users}
+    best = results[0] if results and results[0].meets_slo else None
+    run = PlanRun(
+        load=load,
+        slo=spec.slo.model_dump(),
+        configs=results,
+        best=best,
+        model=model,
+        workload=str(workload),
+        bucket=names[index],
+        attainment=attainment,
+        num_configs=len(work),
+        interrupted=interrupted,
+        created=dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC"),
+    )
+    run_dir = create_run_dir(f"plan-{spec.name}", out)
+    write_plan(run_dir, run)
     if pareto is not None:
         from kvplan.load.sim.plan_view import plot_pareto
 
         plot_pareto(results, spec.slo.tpot_ms, pareto)
-    if json_output:
-        import json
+    if interrupted:
+        print(f"interrupted: {len(results)} of {len(work)} configurations finished, kept in {run_dir}", file=sys.stderr)
+    elif not any(r.feasible for r in results):
+        from kvplan.plan.gpus import lookup_gpu
 
-        best = results[0] if results[0].meets_slo else None
-        print(
-            json.dumps(
-                {
-                    "load": load,
-                    "slo": spec.slo.model_dump(),
-                    "configs": [r.model_dump() for r in results],
-                    "best": None if best is None else best.model_dump(),
-                },
-                indent=2,
-            )
+        largest = max(results, key=lambda r: r.tp * lookup_gpu(r.gpu)[1])
+        raise KvplanError(
+            "model",
+            f"no configuration fits {model}; the largest candidate, {largest.gpu} x{largest.tp}: {largest.reason}",
+            "allow more GPUs (--max-gpus, --tp), fp8 weights or KV, or a larger GPU",
         )
-        return
-    from kvplan.load.sim.plan_view import print_plan
+    if json_output:
+        print(run.model_dump_json(indent=2))
+    else:
+        from kvplan.load.sim.plan_view import print_plan
 
-    print_plan(results, model, load, console)
+        print_plan(results, model, load, console)
+        console.print(f"report: {run_dir}", markup=False, highlight=False)
+    if interrupted:
+        raise typer.Exit(130)
+
+
+@contextmanager
+def _progress(console, total: int, quiet: bool) -> Iterator[Callable[[ConfigResult], None]]:
+    """A callback printing one line per finished configuration, under a rich bar on a terminal."""
+    from kvplan.load.sim.plan import progress_line
+
+    if quiet:
+        yield lambda r: None
+        return
+    if not console.is_terminal:
+        yield lambda r: console.print(progress_line(r), markup=False, highlight=False)
+        return
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    with Progress(
+        TextColumn("configurations"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), console=console
+    ) as bar:
+        task = bar.add_task("plan", total=total)
+
+        def say(r: ConfigResult) -> None:
+            bar.console.print(progress_line(r), markup=False, highlight=False)
+            bar.advance(task)
+
+        yield say

@@ -12,7 +12,7 @@ from kvplan.cli.compare import compare_views
 
 
 def report(
-    run_dir: Annotated[Path, typer.Argument(help="A run folder written by kvplan loadtest.")],
+    run_dir: Annotated[Path, typer.Argument(help="A run folder written by kvplan loadtest, simulate or plan.")],
     json_output: Annotated[
         bool,
         typer.Option(
@@ -28,6 +28,11 @@ def report(
     ] = None,
 ) -> None:
     """Re-render summary.md, the CSV tables and the charts of a saved run, without re-running it."""
+    from kvplan.load.sim.plan_run import is_plan_dir
+
+    if is_plan_dir(run_dir):
+        _plan_report(run_dir, json_output, compare)
+        return
     if compare is not None:
         from kvplan.results.run_result import read_result
 
@@ -55,4 +60,22 @@ def report(
         compare_views(run_dir, compare)
     console = make_console()
     print_summary(data.result, console)
+    console.print(f"report: {run_dir}", markup=False, highlight=False)
+
+
+def _plan_report(run_dir: Path, json_output: bool, compare: Path | None) -> None:
+    """A ``kvplan plan`` folder: its summary.md, configs.csv and pareto.png rebuilt from plan.json
+    (or plan.json printed, with --json)."""
+    from kvplan.errors import KvplanError
+    from kvplan.load.sim.plan_run import read_plan, render_plan
+    from kvplan.load.sim.plan_view import print_plan
+
+    if compare is not None:
+        raise KvplanError("compare", f"{run_dir} is a kvplan plan folder", "compare load test or simulate folders")
+    if json_output:
+        print(read_plan(run_dir).model_dump_json(indent=2))
+        return
+    run = render_plan(run_dir)
+    console = make_console()
+    print_plan(run.configs, run.model, run.load, console)
     console.print(f"report: {run_dir}", markup=False, highlight=False)

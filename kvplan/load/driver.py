@@ -146,7 +146,8 @@ class Submission:
     (ignore_eos), sampling seeded by ``seed``, under ``cache_salt``. ``arrival_time``: its
     scheduled arrival on the backend's clock (open loop), None for now (closed loop).
     ``output_token_ids``: the output to emit instead of sampled tokens (a session turn's recorded
-    reply, engine.request.SamplingParams.forced_token_ids), where the backend can; None: sampled."""
+    reply, engine.request.SamplingParams.forced_token_ids), where the backend can; None: sampled.
+    ``tenant``: who sends it (SampledRequest.admission_tenant), for admission's per-tenant limits."""
 
     request_id: str
     prompt_token_ids: tuple[int, ...]
@@ -155,6 +156,7 @@ class Submission:
     cache_salt: str
     arrival_time: float | None = None
     output_token_ids: tuple[int, ...] | None = None
+    tenant: str | None = None
 
 
 @dataclass(frozen=True)
@@ -175,6 +177,7 @@ class Finished:
     num_cached_tokens: int = 0
     sent_time: float | None = None  # an HTTP target: when the request went out
     output_tokens_source: str = ""  # an HTTP target: usage | tokenizer | chunks
+    first_output_time: float | None = None  # an HTTP target: its first answer (non-reasoning) chunk
 
 
 class RunStopped(Exception):
@@ -246,6 +249,7 @@ class Recorder:
                     request_class=req.request_class or "",
                     session=req.session,
                     turn=req.turn,
+                    tenant_name=req.admission_tenant,
                 )
             )
             self.advance(out, len(self.submitted))
@@ -275,7 +279,7 @@ def run_level(backend: Backend, level: Level, recorder: Recorder, seed: int) -> 
             rid, salt = f"{key.id}/{index}", cache_salt(key, index, req)  # the level's salt for every turn
             recorder.submitted[rid] = (req, salt)
             submission = Submission(rid, req.prompt_token_ids, req.max_tokens, seed + index, salt, arrival)
-            backend.submit(replace(submission, output_token_ids=req.reply_token_ids))
+            backend.submit(replace(submission, output_token_ids=req.reply_token_ids, tenant=req.admission_tenant))
             return rid
 
         users, offsets = (int(level.value), None) if key.mode == "closed" else (None, lambda i: arrivals[i])
@@ -299,7 +303,8 @@ def run_level(backend: Backend, level: Level, recorder: Recorder, seed: int) -> 
         req = requests[sent % num]
         rid, salt = f"{key.id}/{sent}", round_salt(cache_salt(key, sent, req), sent, num)
         recorder.submitted[rid] = (req, salt)
-        backend.submit(Submission(rid, req.prompt_token_ids, req.max_tokens, seed + sent, salt, arrival))
+        tenant = req.admission_tenant
+        backend.submit(Submission(rid, req.prompt_token_ids, req.max_tokens, seed + sent, salt, arrival, tenant=tenant))
         sent += 1
         in_flight += 1
 

@@ -55,7 +55,9 @@ def class_buckets(bucket: Bucket, draws: np.ndarray) -> list[Bucket]:
 
 def stitch(bucket: Bucket, draws: np.ndarray, per_class: Sequence[Sequence[SampledRequest]]) -> list[SampledRequest]:
     """The bucket's stream: position i takes the next request of class ``draws[i]``, tagged with
-    the class's name (``request_class``)."""
+    the class's name (``request_class``) and tenant (``tenant_name``)."""
     taken = [iter(requests) for requests in per_class]
-    names = [c.name for c in bucket.classes]
-    return [replace(next(taken[c]), request_class=names[c]) for c in map(int, draws)]
+    classes = bucket.classes
+    return [
+        replace(next(taken[c]), request_class=classes[c].name, tenant_name=classes[c].tenant) for c in map(int, draws)
+    ]

@@ -39,14 +39,15 @@ def level_progress(console, level: Level, every_s: float = PLAIN_EVERY_S) -> Ite
 @contextlib.contextmanager
 def _plain(console, level: Level, every_s: float) -> Iterator[Callable[..., None]]:
     start = time.perf_counter()
-    state = {"done": 0, "failed": 0, "tokens": 0, "in_flight": 0, "last": start}
+    state = {"done": 0, "failed": 0, "rejected": 0, "tokens": 0, "in_flight": 0, "last": start}
 
     def line() -> None:
         elapsed = time.perf_counter() - start
         rate = state["tokens"] / elapsed if elapsed > 0 else 0.0
+        shed = f" {state['rejected']} rejected," if state["rejected"] else ""  # admission's refusals
         console.print(
             f"{level.key.name}: {state['done']}/{len(level.requests)} done, {state['in_flight']} in flight,"
-            f" {state['failed']} failed, {rate:,.1f} tok/s, {elapsed:.1f} s",
+            f" {state['failed']} failed,{shed} {rate:,.1f} tok/s, {elapsed:.1f} s",
             markup=False,
             highlight=False,
         )
@@ -55,7 +56,9 @@ def _plain(console, level: Level, every_s: float) -> Iterator[Callable[..., None
         state["done"] += 1
         state["in_flight"] = in_flight
         if finished is not None:
-            if finished.finish_reason not in ("stop", "length"):
+            if finished.finish_reason == "rejected":
+                state["rejected"] += 1
+            elif finished.finish_reason not in ("stop", "length"):
                 state["failed"] += 1
             else:
                 state["tokens"] += finished.num_output_tokens

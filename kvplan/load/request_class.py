@@ -38,6 +38,12 @@ class RequestClass(StrictModel):
         description="The class's own latency limits, ms; each limit given replaces the workload's ``slo``"
         " one for this class's requests (the others stay the workload's); null = the workload's.",
     )
+    tenant: Name | None = Field(
+        None,
+        description="The tenant the class's requests come from (several classes may name one): what"
+        " ``engine.admission``'s per-tenant limits count and the report's shed fraction per tenant groups"
+        " by; sent to a ``--target`` as the body's ``user``; null = none.",
+    )
 
 
 class Variant(StrictModel):

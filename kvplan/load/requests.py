@@ -25,6 +25,13 @@ class SampledRequest:
     session: int | None = None
     turn: int | None = None
     think_time_s: float = 0.0
+    tenant_name: str | None = None  # its mix class's ``tenant``
+
+    @property
+    def admission_tenant(self) -> str | None:
+        """The tenant admission counts it under (kvplan.load.admission): its mix class's tenant,
+        else its shared_prefix tenant's number, else None."""
+        return self.tenant_name if self.tenant_name is not None else None if self.tenant is None else str(self.tenant)
 
     @property
     def num_prompt_tokens(self) -> int:

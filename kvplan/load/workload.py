@@ -45,6 +45,7 @@ from pydantic import ByteSize, ConfigDict, Field, PrivateAttr, field_validator, 
 
 from engine.config import KV_CACHE_DTYPES, AttentionBackendName, DeviceName, DtypeName, EngineConfig
 from kvplan.errors import KvplanError
+from kvplan.load.admission import ADMISSION_FIELD, AdmissionSettings
 from kvplan.load.buckets import Bucket, Count, Dataset, Name, StrictModel, Variant
 from kvplan.load.target.settings import TargetSettings
 from kvplan.plan import dtypes
@@ -139,6 +140,7 @@ class EngineSettings(StrictModel):
         description="The attention kernels: ``auto`` = triton on CUDA and torch on the CPU (``triton`` on the CPU"
         " needs TRITON_INTERPRET=1 and is for tests only).",
     )
+    admission: AdmissionSettings = ADMISSION_FIELD
 
     @field_validator("kv_cache_dtype", mode="before")
     @classmethod
@@ -176,7 +178,7 @@ class EngineSettings(StrictModel):
         return self
 
     def to_engine_config(self, seed: int) -> EngineConfig:
-        settings = self.model_dump(exclude={"kv_cache_memory"})
+        settings = self.model_dump(exclude={"kv_cache_memory", "admission"}) | self.admission.model_dump()
         return EngineConfig(**settings, kv_cache_memory_bytes=self.kv_cache_memory, seed=seed)
 
 

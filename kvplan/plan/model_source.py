@@ -17,12 +17,16 @@ from typing import Any, NamedTuple
 
 from kvplan.errors import KvplanError
 from kvplan.plan.gguf_spec import is_gguf, read_gguf_config
+from kvplan.plan.kv_keys import READ_KEYS, check_kv_keys
 from kvplan.plan.meta_params import is_meta_params, meta_params_config
 from kvplan.plan.model_spec import ModelSpec
 
 PRESETS_DIR = Path(__file__).parent / "data" / "models"
 # A Hugging Face model id: ``name`` or ``org/name`` of letters, digits, ``-``, ``_`` and ``.``.
 _HF_ID = re.compile(r"[A-Za-z0-9][\w.-]*(/[A-Za-z0-9][\w.-]*)?")
+# A Hugging Face config.json has one of these (transformers writes model_type and architectures;
+# older GPT-2, Falcon and ChatGLM style configs name their layers so); else it is not one.
+_HF_MARKS = ("num_hidden_layers", "model_type", "architectures", "text_config", "n_layer", "num_layers")
 
 
 @lru_cache(maxsize=1)
@@ -75,8 +79,10 @@ def load_model_spec(model: str) -> ModelSpec:
     :func:`_config_name`'s.
 
     Raises:
-        KvplanError: an empty or unknown name, a missing or unreadable file, or a config with a
-            missing or bad field (named by the file's own key).
+        KvplanError: an empty or unknown name, a missing or unreadable file, a JSON that is
+            neither a Hugging Face config nor a params.json (naming the keys it lacks), a key that
+            speaks of KV heads and that kvplan does not read (:mod:`kvplan.plan.kv_keys`), or a
+            config with a missing or bad field (named by the file's own key).
     """
     found = load_model_config(model)
     if found.path is None:
@@ -145,6 +151,16 @@ def _read_json(path: Path) -> ModelConfig:
     if not isinstance(config, dict):
         raise KvplanError("", "not a config.json object", source=str(path))
     if is_meta_params(config):
+        check_kv_keys(config, str(path), READ_KEYS | {"n_kv_heads"}, "n_kv_heads")  # read as Meta's keys
         hf_config, key_names = meta_params_config(config)
         return ModelConfig(hf_config, _config_name(path, {}), path, key_names)
+    if not any(key in config for key in _HF_MARKS):
+        meta_lacks = ", ".join(key for key in ("n_layers", "dim") if key not in config)
+        raise KvplanError(
+            "",
+            f"a JSON in neither convention kvplan reads: it lacks {', '.join(_HF_MARKS[:3])} (a Hugging"
+            f" Face config.json) and {meta_lacks} (Meta's params.json)",
+            "give the model's config.json, its params.json or its .gguf file",
+            source=str(path),
+        )
     return ModelConfig(config, _config_name(path, config), path)

@@ -16,6 +16,7 @@ from typing import Any
 
 from kvplan.plan.config_reader import MAX_LAYERS, MAX_SIZE, ConfigReader
 from kvplan.plan.dtypes import CHECKPOINT_DTYPES, FP4_WEIGHT_DTYPES
+from kvplan.plan.kv_keys import KV_HEAD_KEYS, check_kv_keys
 from kvplan.plan.layer_spec import LayerSpec, layer_kinds, recurrent_state
 
 # Model types whose config class defaults tie_word_embeddings to False when the key is absent
@@ -45,7 +46,7 @@ _CLASS_DEFAULTS = {
     "falcon": {"vocab_size": 65_024, "max_position_embeddings": 2048},
 }
 _HEADS_KEYS = ("num_attention_heads", "n_head", "num_heads", "n_heads", "num_query_heads")
-_KV_KEYS = ("num_key_value_heads", "num_kv_heads", "n_head_kv", "multi_query_group_num")
+_KV_KEYS = KV_HEAD_KEYS
 
 
 @dataclass(frozen=True)
@@ -126,13 +127,15 @@ class ModelSpec:
         file read, e.g. GGUF's ``llama.attention.value_length``).
 
         Raises:
-            KvplanError: ``<name>: missing field <key>`` when a needed number is absent;
+            KvplanError: ``<name>: missing field <key>`` when a needed number is absent; a key
+                that speaks of KV heads and that kvplan does not read (:mod:`kvplan.plan.kv_keys`);
                 ``<name>: field <key> must ...`` when a value is not a whole number in range (NaN,
                 1e308, 8.5), a mapping is not one, layer_types does not list every layer or names
                 an unknown type, the KV heads do not divide the attention heads, or the dtype is
                 unknown.
         """
         top = ConfigReader(config, name, key_names or {})
+        check_kv_keys(config, name)
         text = dict(top.mapping("text_config") or config)
         for key in ("torch_dtype", "dtype", "quantization_config"):
             if text.get(key) is None and config.get(key) is not None:

@@ -115,13 +115,26 @@ def database_versions(system: str, backend: str) -> list[str]:
 
 @cache
 def _database_versions(system: str, backend: str) -> tuple[str, ...]:
-    # aiconfigurator reads some 500 YAML files to list its databases (2.4 s): once per process
     if not available():
         return ()
-    from aiconfigurator_core.sdk.perf_database import get_supported_databases
+    return tuple(sorted(_supported_databases().get(system, {}).get(backend, []), key=_version_key))
 
+
+@cache
+def _supported_databases() -> dict[str, dict[str, list[str]]]:
+    """aiconfigurator-core's listing of its databases (system -> backend -> versions), read once
+    per process. It reads some 500 YAML files per call (1.2-2.4 s here) and is called again inside
+    ``get_latest_database_version``; the files do not change while kvplan runs, so the module's
+    function is replaced by this memoised one on first use."""
+    from aiconfigurator_core.sdk import perf_database
+
+    read = perf_database.get_supported_databases
     with _quiet():
-        return tuple(sorted(get_supported_databases().get(system, {}).get(backend, []), key=_version_key))
+        listing = read()
+    perf_database.get_supported_databases = lambda systems_paths=None: (
+        listing if systems_paths is None else read(systems_paths)
+    )
+    return listing
 
 
 @cache

@@ -36,6 +36,9 @@ TARGET_DEFINITIONS = """\
   at the first chunk carrying text or reasoning text (never a role-only or empty chunk). Failed
   requests (HTTP errors, timeouts, dropped connections, empty outputs) are counted by reason and
   kept out of every latency. Server preemptions and KV usage are read from its /metrics.
+- TTFO (time to first output) = arrival of the first chunk carrying answer text (content, not
+  reasoning) - arrival time, for a stream that carried reasoning text (reasoning_content or
+  reasoning deltas); null for one that did not. TTFT keeps its definition (any text).
 """
 
 
@@ -45,6 +48,11 @@ def completed(r: RequestRecord) -> bool:
 
 def ttft_s(r: RequestRecord) -> float | None:
     return r.token_times[0] - r.arrival_time if r.token_times else None
+
+
+def ttfo_s(r: RequestRecord) -> float | None:
+    """Time to first output (see TARGET_DEFINITIONS): None unless the stream carried reasoning."""
+    return None if r.first_output_time is None else r.first_output_time - r.arrival_time
 
 
 def e2e_s(r: RequestRecord) -> float:

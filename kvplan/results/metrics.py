@@ -32,9 +32,11 @@ from kvplan.results.latency import (  # noqa: F401  (re-exported: kvplan.results
     latency_stats,
     meets_slo,
     tpot_s,
+    ttfo_s,
     ttft_s,
 )
 from kvplan.results.records import LevelKey, RequestRecord, StepRecord
+from kvplan.results.shed import TenantShed, is_rejected, shed_fields
 from kvplan.results.steady import LevelPlan, window_steps
 from kvplan.results.turns import TurnSummary, turn_summaries
 from kvplan.results.variants import is_alone
@@ -92,6 +94,10 @@ class LevelSummary(_Summary):
     requested_rate: float | None = None  # open loop: the level's requests/s
     achieved_rate: float | None = None  # open loop: requests/s as actually sent
     max_send_delay_ms: float | None = None  # open loop, target: latest send after its scheduled arrival
+    server_output_tokens: int | None = None  # the server's generated-token counter across the level
+    ttfo_ms: LatencyStats | None = Field(
+        None, description="Time to first output (first answer, not reasoning, chunk), ms; null without reasoning."
+    )
     # A steady-state level (kvplan.results.steady): requests kept out of every statistic (warm-up,
     # cool-down) and the measured window, seconds from the level's first arrival
     num_excluded: int = 0
@@ -105,6 +111,11 @@ class LevelSummary(_Summary):
     achieved_cv: float | None = Field(None, description="Open loop: the inter-arrival CV sent (std/mean, ddof 0).")
     classes: list[ClassSummary] = Field([], description="A mixed level's request classes; [] without a mix.")
     turns: list[TurnSummary] | None = Field(None, description="A session level's turns; null without sessions.")
+    # admission (kvplan.results.shed): requests refused at the entry, none unless admission is on
+    num_rejected: int = Field(0, description="Requests refused at the entry (admission; a target's HTTP 429).")
+    shed_fraction: float | None = Field(None, description="num_rejected / num_requests, 0..1; null without requests.")
+    rejected_reasons: dict[str, int] = Field({}, description="Refusal reason (kv_budget, queue_full, ...) -> count.")
+    tenants: list[TenantShed] = Field([], description="Per tenant: requests, refused, shed fraction; [] without.")
 
     @computed_field  # type: ignore[prop-decorator]  # pydantic's documented idiom; mypy rejects it
     @property
@@ -176,12 +187,13 @@ def summarize_level(
         level=key.value,
         num_requests=len(requests),
         num_completed=len(done),
-        num_failed=sum(r.num_output_tokens == 0 for r in requests),
+        num_failed=sum(r.num_output_tokens == 0 and not is_rejected(r) for r in requests),
         num_cannot_fit=sum(r.finish_reason == "cannot_fit" for r in requests),
         num_oom=sum(r.finish_reason == "oom" for r in requests),
         num_aborted=sum(r.finish_reason == "abort" for r in requests),
         duration_s=span,
         ttft_ms=latency_stats([t for r in done if (t := ttft_s(r)) is not None]),  # all: done are completed
+        ttfo_ms=latency_stats([t for r in done if (t := ttfo_s(r)) is not None]),
         tpot_ms=latency_stats([t for r in done if (t := tpot_s(r)) is not None]),
         itl_ms=latency_stats(list(chain.from_iterable(map(itl_s, done)))),
         e2e_ms=latency_stats([e2e_s(r) for r in done]),
@@ -224,6 +236,7 @@ def summarize_level(
         **arrivals,
         classes=class_summaries(requests, served, rate, slo_of),
         turns=turn_summaries(requests),
+        **shed_fields(requests),
     )
 
 

@@ -91,6 +91,10 @@ class RequestRecord:
     request_class: str = ""  # the bucket's mix class it was drawn from; "" without a mix
     session: int | None = None  # a multi-turn session's index in its bucket; None: a single request
     turn: int | None = None  # its turn in that session, 1-based
+    # an HTTP target whose stream carried reasoning: when its first answer chunk (content, not
+    # reasoning text) arrived, the end of TTFO; None when the stream carried no reasoning
+    first_output_time: float | None = None
+    tenant_name: str | None = None  # the tenant admission counted it under (kvplan.load.admission); None: none
 
     @property
     def key(self) -> LevelKey:
@@ -142,6 +146,11 @@ class StepRecord:
     num_context_tokens: int = 0
     num_attended_tokens: int = 0
     num_decode_context_tokens: int = 0
+    # admission on: the tenants with requests queued or running after the step, and each one's
+    # running and waiting requests (engine.outputs.StepStats); () otherwise
+    tenant_ids: tuple[str, ...] = ()
+    tenant_num_running: tuple[int, ...] = ()
+    tenant_num_waiting: tuple[int, ...] = ()
 
     @property
     def key(self) -> LevelKey:

@@ -35,6 +35,7 @@ from kvplan.results.server_samples import ServerSample
 from kvplan.results.simulated import CostModelInfo, TargetCapacity
 from kvplan.results.steady import LevelPlan
 from kvplan.results.store import REQUESTS_FILE, STEPS_FILE, read_jsonl, write_atomic
+from kvplan.results.target_facts import ClientLevel, ServerInfo  # noqa: F401  (re-exported: their old home)
 
 SCHEMA_VERSION: Final = 2
 RESULTS_FILE = "results.json"
@@ -232,47 +233,6 @@ class RecordFiles(_Part):
     requests: str = REQUESTS_FILE
     steps: str = STEPS_FILE
     server_metrics: str | None = None
-
-
-class ServerInfo(_Part):
-    """A remote target as the pre-flight found it. ``kind``: whose server it says it is (the
-    ``owned_by`` of /v1/models: vllm, sglang, kvplan-engine, ...). The KV pool
-    (``num_gpu_blocks`` x ``block_size``, vLLM's ``cache_config_info``; SGLang gives its pool in
-    tokens, ``pool_tokens``) is None where the server does not expose it, never 0.
-    ``pool_note``: the pool beside kvplan's estimate for the served model, mismatch stated."""
-
-    url: str
-    model: str
-    api: str
-    kind: str | None = None
-    metrics_available: bool = False
-    metrics_seen: list[str] = []
-    num_gpu_blocks: int | None = None
-    block_size: int | None = None
-    pool_tokens: int | None = None
-    cache_dtype: str | None = None
-    exact_lengths: bool = False
-    prompt_format: str = "text"
-    scrape_interval_ms: int | None = None
-    pool_note: str | None = None
-
-
-class ClientLevel(_Part):
-    """The load client's own overhead during one level of a target run: its event loops' lag
-    (how late a 5 ms timer fired: an upper bound on how late a chunk's timestamp can be) and the
-    CPU its workers used. ``behind``: lag P99 over 1 ms or, open loop, a send more than 10 ms
-    after its scheduled arrival."""
-
-    bucket: str
-    mode: str
-    level: int | float
-    variant: str = ""
-    workers: int
-    lag_p99_ms: float | None
-    lag_max_ms: float | None
-    cpu_s: float
-    wall_s: float
-    behind: bool = False
 
 
 class RunResult(BaseModel):

@@ -41,6 +41,9 @@ class ServerSample:
     prefix_queries_total: float | None = None
     prefix_hits_total: float | None = None
     error: str = ""  # why this read failed ("" when it did not); its values are all None then
+    kv_tokens: float | None = None  # tokens held in the KV cache (llama.cpp's, where it says)
+    prompt_tokens_total: float | None = None  # prompt tokens the server processed (counter)
+    generation_tokens_total: float | None = None  # tokens it generated (counter)
 
     @property
     def key(self) -> LevelKey:
@@ -56,6 +59,7 @@ class ServerLevelStats:
     mean_kv_usage: float | None
     prefix_hit_rate: float | None
     num_samples: int
+    generation_tokens: int | None = None  # the server's generated-token counter across the level
 
 
 def _delta(samples: Sequence[ServerSample], field: str) -> float | None:
@@ -74,11 +78,13 @@ def level_server_stats(samples: Sequence[ServerSample]) -> dict[LevelKey, Server
         usage = [s.kv_usage for s in own if s.kv_usage is not None]
         preempted = _delta(own, "preemptions_total")
         queries, hits = _delta(own, "prefix_queries_total"), _delta(own, "prefix_hits_total")
+        generated = _delta(own, "generation_tokens_total")
         out[key] = ServerLevelStats(
             preemptions=None if preempted is None else int(round(preempted)),
             peak_kv_usage=max(usage) if usage else None,
             mean_kv_usage=sum(usage) / len(usage) if usage else None,
             prefix_hit_rate=hits / queries if queries and hits is not None else None,
             num_samples=sum(not s.error for s in own),
+            generation_tokens=None if generated is None else int(round(generated)),
         )
     return out

@@ -51,6 +51,7 @@ def with_server_stats(
                     "server_preemptions": s.preemptions,
                     "server_peak_kv_usage": s.peak_kv_usage,
                     "server_mean_kv_usage": s.mean_kv_usage,
+                    "server_output_tokens": s.generation_tokens,
                 }
             )
         )

@@ -28,7 +28,16 @@ each ``plan:`` entry it could time), each naming what timed its steps in ``step_
 A run against a remote server (``source: target``) fills ``server`` (``url``, ``model``,
 ``metrics_available``, ``num_gpu_blocks``, ``block_size``) and per level ``server_preemptions``
 and ``server_peak_kv_usage`` (0..1), each null where the server does not expose it, never 0;
-its ``preemptions`` are the server's and its ``peak_used_blocks`` null (no engine steps). Every
+its ``preemptions`` are the server's and its ``peak_used_blocks`` null (no engine steps). Added
+since: ``server`` also gives ``pool_tokens``, ``pool_source`` (the /metrics name or llama.cpp's
+``/props``), ``num_slots`` and ``slot_ctx_tokens`` (llama.cpp), ``kv_usage_metric`` (the name the
+KV usage was read from) and ``kv_usage_note`` (null, or what that gauge measures when it is not
+KV usage: SGLang's ``token_usage`` on a hybrid model); per level ``server_mean_kv_usage``,
+``server_output_tokens`` (the server's generated-token counter across the level), ``ttfo_ms``
+(time to first output, the first answer chunk, for streams that carried reasoning; null
+otherwise) and ``client`` (a target level's client cost: ``lag_p99_ms``, ``stamp_delay_p99_ms``,
+``ttft_p50_ms``, ``send_delay_p99_ms``, ``mean_interarrival_ms``, ``cpu_s``, ``wall_s``,
+``behind``, ``behind_reason``, ``workers``; null in-process). Every
 run also gives per level ``num_errors``, ``error_reasons``, ``requested_rate`` and
 ``achieved_rate`` (open loop, requests/s). ``server`` is null for an in-process run. A
 steady-state level (warm-up, cool-down, ``duration_s``) gives ``num_measured`` (the requests
@@ -87,6 +96,9 @@ def level_json(level: LevelSummary) -> dict[str, Any]:
         "e2e_ms": _stats(level.e2e_ms),
         "server_preemptions": level.server_preemptions,
         "server_peak_kv_usage": level.server_peak_kv_usage,
+        "server_mean_kv_usage": level.server_mean_kv_usage,
+        "server_output_tokens": level.server_output_tokens,
+        "ttfo_ms": _stats(level.ttfo_ms) if level.ttfo_ms is not None else None,
         "num_errors": level.num_errors,
         "error_reasons": dict(level.error_reasons),
         "requested_rate": level.requested_rate,
@@ -132,6 +144,28 @@ def _interference(level: LevelSummary, rows: list[ClassInterference]) -> list[di
         for r in rows
         if (r.bucket, r.mode, r.level, r.variant) == (level.bucket, level.mode, level.level, level.variant)
     ]
+
+
+_CLIENT = (
+    "workers",
+    "lag_p99_ms",
+    "lag_max_ms",
+    "stamp_delay_p99_ms",
+    "ttft_p50_ms",
+    "send_delay_p99_ms",
+    "mean_interarrival_ms",
+    "cpu_s",
+    "wall_s",
+    "behind",
+    "behind_reason",
+)
+
+
+def _client(result: RunResult, level: LevelSummary) -> dict[str, Any] | None:
+    """A target level's client cost (kvplan.results.target_facts.ClientLevel); None in-process."""
+    key = (level.bucket, level.mode, level.level, level.variant)
+    own = next((c for c in result.client if (c.bucket, c.mode, c.level, c.variant) == key), None)
+    return None if own is None else {k: getattr(own, k) for k in _CLIENT}
 
 
 def _point(point: SloPoint | None) -> dict[str, Any] | None:
@@ -187,7 +221,7 @@ def summary_json(result: RunResult) -> dict[str, Any]:
                 "slo_max_concurrency": top(searched.max_concurrency) if searched else None,
                 "slo_max_request_rate": top(searched.max_request_rate) if searched else None,
                 "levels": [
-                    {**level_json(lv), "interference": _interference(lv, mixed)}
+                    {**level_json(lv), "interference": _interference(lv, mixed), "client": _client(result, lv)}
                     for lv in result.levels
                     if lv.bucket == bucket.name
                 ],
@@ -205,7 +239,19 @@ def summary_json(result: RunResult) -> dict[str, Any]:
         if result.server is None
         else {
             key: getattr(result.server, key)
-            for key in ("url", "model", "metrics_available", "num_gpu_blocks", "block_size")
+            for key in (
+                "url",
+                "model",
+                "metrics_available",
+                "num_gpu_blocks",
+                "block_size",
+                "pool_tokens",
+                "pool_source",
+                "num_slots",
+                "slot_ctx_tokens",
+                "kv_usage_metric",
+                "kv_usage_note",
+            )
         },
         "buckets": buckets,
         "targets": [

@@ -138,6 +138,7 @@ class EngineBackend:
             request_id=submission.request_id,
             arrival_time=submission.arrival_time,
             cache_salt=submission.cache_salt,
+            tenant=submission.tenant,
         )
 
     def advance(self, until: float | None) -> tuple[list[Finished], list[Any]]:

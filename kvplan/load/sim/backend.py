@@ -18,6 +18,7 @@ engine. Requests run with ignore_eos, so each produces exactly max_tokens tokens
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from operator import attrgetter
 from typing import Any
 
@@ -32,8 +33,10 @@ from kvplan.results.run_result import EngineFacts
 _REQUEST_ID = attrgetter("request_id")
 
 
-def scheduler_for(facts: EngineFacts) -> Scheduler:
-    """A fresh engine scheduler with the KV pool and limits of ``facts``."""
+def scheduler_for(facts: EngineFacts, admission: Mapping[str, Any] | None = None) -> Scheduler:
+    """A fresh engine scheduler with the KV pool and limits of ``facts``, and ``admission``'s
+    settings (EngineConfig's admission fields, engine.admission; None: off), so a simulation
+    admits and refuses exactly the requests the engine would."""
     config = EngineConfig(
         model="simulated",
         block_size=facts.block_size,
@@ -42,6 +45,7 @@ def scheduler_for(facts: EngineFacts) -> Scheduler:
         max_num_batched_tokens=facts.max_num_batched_tokens,
         max_model_len=facts.max_model_len,
         enable_prefix_caching=facts.enable_prefix_caching,
+        **(admission or {}),
     )
     return Scheduler(config, facts.num_blocks, facts.max_model_len)
 
@@ -54,8 +58,10 @@ class SimBackend:
             never run them; the load test's request checks rule this out beforehand).
     """
 
-    def __init__(self, facts: EngineFacts, clock: StepClock, decode_runs: bool = True):
-        self.scheduler = scheduler_for(facts)
+    def __init__(
+        self, facts: EngineFacts, clock: StepClock, decode_runs: bool = True, admission: Mapping[str, Any] | None = None
+    ):
+        self.scheduler = scheduler_for(facts, admission)
         self.decode_runs = decode_runs  # take runs of pure decode steps together (kvplan.load.sim.decode_run)
         self.clock = clock
         self.now_s = 0.0
@@ -77,7 +83,14 @@ class SimBackend:
             forced_token_ids=submission.output_token_ids,
         )
         arrival = self.now_s if submission.arrival_time is None else submission.arrival_time
-        request = Request(submission.request_id, submission.prompt_token_ids, params, arrival, submission.cache_salt)
+        request = Request(
+            submission.request_id,
+            submission.prompt_token_ids,
+            params,
+            arrival,
+            submission.cache_salt,
+            submission.tenant,
+        )
         self.scheduler.add_request(request, self.now_s)
 
     def advance(self, until: float | None) -> tuple[list[Finished], list[Any]]:

@@ -14,16 +14,16 @@ requests for all::
                   tokens = $/hour / (rate x mean output tokens x 3,600 / 1e6); $ per 1,000 good
                   requests = $/hour / (rate x the attainment at the capacity point x 3,600 / 1,000)
 
-Configurations are independent: they run on a process pool (``jobs``), each simulated whole in one
-worker, so the answers do not depend on the pool. Ranked: meeting the SLO first, then priced ones
+Configurations are independent: they run here, on a process pool (``jobs``) or as Ray tasks
+(kvplan.load.sim.plan_pool), each simulated whole in one worker, so the answers do not depend on
+where they ran. Ranked: meeting the SLO first, then priced ones
 by $/hour, then by GPU count (an unpriced GPU ranks by GPU count, and says so).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
-from concurrent.futures import ProcessPoolExecutor
+from collections.abc import Sequence
 from dataclasses import dataclass
 from itertools import product
 
@@ -36,6 +36,7 @@ from kvplan.load.workload import Workload
 
 DEFAULT_GPUS = ("H100-SXM", "H200", "B200", "A100-80GB", "L40S", "L4")  # data-centre GPUs with speed figures
 DEFAULT_TP = (1, 2, 4, 8)
+RATE_MODE_CONCURRENCY_PRECISION = 1.1  # with --rate, slo_max_concurrency is a lower bound within 10 %
 
 
 @dataclass(frozen=True)
@@ -115,7 +116,7 @@ def judge(job: Job) -> ConfigResult:
     """One configuration's answer (see the module docstring); never raises for a configuration that
     cannot run: it comes back infeasible, with the reason."""
     from kvplan.load.sim.gpu_target import gpu_setup
-    from kvplan.load.sim.search import search_capacity
+    from kvplan.load.sim.search import CONCURRENCY_PRECISION, search_capacity
 
     c = job.config
     engine = job.workload.engine.model_copy(
@@ -149,7 +150,10 @@ def judge(job: Job) -> ConfigResult:
         check_requests_fit(workload, setup.facts, sampled)
     except KvplanError as err:
         return ConfigResult(**base, **empty, feasible=False, reason=f"{err.field}: {err.problem}", step_times="")
-    cap = search_capacity(workload, setup.facts, sampled, setup.clock, job.attainment, {})[0]  # no knee needed
+    # --rate: replicas come from the rate (to within 2 %); the concurrency, only the Pareto point's,
+    # to within RATE_MODE_CONCURRENCY_PRECISION. --users: replicas come from it, to within 2 %.
+    precision = RATE_MODE_CONCURRENCY_PRECISION if job.rate is not None else CONCURRENCY_PRECISION
+    cap = search_capacity(workload, setup.facts, sampled, setup.clock, job.attainment, {}, precision)[0]
     rate = None if cap.max_request_rate is None else float(cap.max_request_rate.level)
     users = None if cap.max_concurrency is None else int(cap.max_concurrency.level)
     per_replica = rate if job.rate is not None else users
@@ -205,28 +209,6 @@ def rank_key(r: ConfigResult) -> tuple:
         r.num_gpus if r.num_gpus is not None else math.inf,
         r.tp,
     )
-
-
-def search(
-    jobs: Sequence[Job], workers: int = 1, done: Callable[[ConfigResult], None] | None = None
-) -> list[ConfigResult]:
-    """Every job judged (on ``workers`` processes; 1: here), ranked (``rank_key``). ``done`` is called
-    with each result as it finishes (progress)."""
-    results: list[ConfigResult] = []
-    if workers <= 1:
-        for job in jobs:
-            results.append(judge(job))
-            if done:
-                done(results[-1])
-    else:
-        with ProcessPoolExecutor(max_workers=workers) as pool:
-            # contiguous chunks: a worker judges one GPU's configurations together, loading its
-            # measured-silicon database once (the grid is GPU-major)
-            for result in pool.map(judge, jobs, chunksize=max(1, math.ceil(len(jobs) / (workers * 4)))):
-                results.append(result)
-                if done:
-                    done(result)
-    return sorted(results, key=rank_key)
 
 
 def progress_line(r: ConfigResult) -> str:

@@ -3,64 +3,73 @@ configuration's ``vllm serve`` command."""
 
 from __future__ import annotations
 
+import pandas as pd
+
 from kvplan.load.sim.plan import ConfigResult
 
 
+def served_name(model: str) -> str:
+    """The name ``vllm serve`` takes for ``model``: a preset's Hugging Face id, else as given."""
+    from kvplan.errors import KvplanError
+    from kvplan.plan.model_source import load_preset
+
+    try:
+        return str(load_preset(model)[1]["hf_id"])
+    except KvplanError:
+        return model
+
+
 def serve_command(model: str, r: ConfigResult) -> str:
-    """The ``vllm serve`` line of configuration ``r`` (vLLM's flag names; 0.9 GPU memory, its default)."""
-    parts = [f"vllm serve {model}", f"--tensor-parallel-size {r.tp}", f"--max-num-seqs {r.max_num_seqs}"]
+    """The ``vllm serve`` line of configuration ``r`` (vLLM's flag names; 0.9 GPU memory, its
+    default). fp8 weights are vLLM's online ``--quantization fp8``; another weight dtype needs a
+    checkpoint quantised so, which the line says in a comment."""
+    parts = [f"vllm serve {served_name(model)}", f"--tensor-parallel-size {r.tp}", f"--max-num-seqs {r.max_num_seqs}"]
     parts.append(f"--max-num-batched-tokens {r.max_num_batched_tokens}")
     if r.kv_cache_dtype not in ("auto", ""):
         parts.append(f"--kv-cache-dtype {r.kv_cache_dtype}")
+    if r.weight_dtype == "fp8":
+        parts.append("--quantization fp8")
     parts.append("--gpu-memory-utilization 0.9")
+    if r.weight_dtype not in ("auto", "", "fp8"):
+        parts.append(f"  # a {r.weight_dtype} checkpoint of the model")
     return " ".join(parts)
 
 
-def _cell(value, digits: str = ".3g") -> str:
-    return "" if value is None else f"{value:,}" if isinstance(value, int) else f"{value:{digits}}"
+def plan_frame(results: list[ConfigResult], load: dict, top: int = 15) -> pd.DataFrame:
+    """The ``top`` best feasible configurations, ranked, as the console and summary.md show them."""
+    per = "req/s / replica" if "rate" in load else "users / replica"
+    rows = [
+        {
+            "#": i,
+            "GPU": r.gpu,
+            "tp": r.tp,
+            "kv": r.kv_cache_dtype,
+            "weights": r.weight_dtype,
+            "seqs": r.max_num_seqs,
+            "tokens": r.max_num_batched_tokens,
+            per: r.slo_max_request_rate if "rate" in load else r.slo_max_concurrency,
+            "replicas": r.replicas,
+            "GPUs": r.num_gpus,
+            "$/h": "unpriced" if r.usd_per_hour is None else f"{r.usd_per_hour:,.2f}",
+            "$/1M out": None if r.usd_per_m_output_tokens is None else round(r.usd_per_m_output_tokens, 3),
+            "$/1k good": None if r.usd_per_k_good_requests is None else round(r.usd_per_k_good_requests, 3),
+            "step times": r.step_times,
+            "meets SLO": "yes" if r.meets_slo else "no",
+        }
+        for i, r in enumerate([r for r in results if r.feasible][:top], 1)
+    ]
+    frame = pd.DataFrame(rows)
+    if "weights" in frame and set(frame["weights"]) == {"auto"}:
+        frame = frame.drop(columns="weights")  # one weight dtype asked: the checkpoint's
+    return frame
 
 
 def print_plan(results: list[ConfigResult], model: str, load: dict, console, top: int = 15) -> None:
     """The ``top`` best configurations, the count of the rest, and the best one's serve command."""
-    from rich.table import Table
+    from kvplan.results.report.tables import to_rich
 
     what = f"{load['rate']:g} req/s" if "rate" in load else f"{load['users']} users"
-    table = Table(title=f"kvplan plan: {model} for {what}, cheapest first", title_justify="left")
-    for column in (
-        "#",
-        "GPU",
-        "tp",
-        "kv",
-        "seqs",
-        "tokens",
-        "req/s / replica" if "rate" in load else "users / replica",
-        "replicas",
-        "GPUs",
-        "$/h",
-        "$/1M out",
-        "$/1k good",
-        "step times",
-        "meets SLO",
-    ):
-        table.add_column(column, justify="left" if column in ("GPU", "kv", "step times", "meets SLO") else "right")
-    shown = [r for r in results if r.feasible][:top]
-    for i, r in enumerate(shown, 1):
-        table.add_row(
-            str(i),
-            r.gpu,
-            str(r.tp),
-            r.kv_cache_dtype,
-            str(r.max_num_seqs),
-            str(r.max_num_batched_tokens),
-            _cell(r.slo_max_request_rate if "rate" in load else r.slo_max_concurrency),
-            _cell(r.replicas),
-            _cell(r.num_gpus),
-            _cell(r.usd_per_hour, ",.2f") or "unpriced",
-            _cell(r.usd_per_m_output_tokens, ",.3f"),
-            _cell(r.usd_per_k_good_requests, ",.3f"),
-            r.step_times,
-            "yes" if r.meets_slo else "no",
-        )
+    table = to_rich(plan_frame(results, load, top), f"kvplan plan: {model} for {what}, cheapest first")
     console.print(table)
     infeasible = [r for r in results if not r.feasible]
     if infeasible:
@@ -71,8 +80,8 @@ def print_plan(results: list[ConfigResult], model: str, load: dict, console, top
             highlight=False,
             soft_wrap=True,
         )
-    best = results[0]
-    if best.meets_slo:
+    best = results[0] if results else None
+    if best is not None and best.meets_slo:
         note = "" if best.usd_per_hour is not None else " (unpriced: ranked by GPU count)"
         console.print(
             f"best{note}: {serve_command(model, best)}  # x{best.replicas} replica(s)",

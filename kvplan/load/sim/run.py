@@ -155,11 +155,12 @@ def simulate(
         if name not in backends:
             own = setup.sized(variant_workload(workload, name)).model_copy(update={"plan": []})
             pricing = compute_estimate(own, variants[name], sampled.requests)[1]
-            backends[name] = (SimBackend(variants[name], setup.clock()), pricing.step_bytes)
+            admission = own.engine.admission.model_dump()  # the variant's admission, as the engine's
+            backends[name] = (SimBackend(variants[name], setup.clock(), admission=admission), pricing.step_bytes)
         return backends[name]
 
     status = run_levels(
-        SimBackend(setup.facts, setup.clock()),
+        SimBackend(setup.facts, setup.clock(), admission=workload.engine.admission.model_dump()),
         plan_levels(workload, sampled.requests, interference=True),
         run_dir,
         pricing.step_bytes,

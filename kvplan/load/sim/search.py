@@ -167,7 +167,8 @@ class Prober:
         slos = self.workload.class_slos.get(bucket.name)
         records = _Records(level, stop_on_preemption, self.workload.slo, decide, slos)
         try:
-            run_level(SimBackend(self.facts, self.clock()), level, records, self.workload.seed)
+            backend = SimBackend(self.facts, self.clock(), admission=self.workload.engine.admission.model_dump())
+            run_level(backend, level, records, self.workload.seed)
         except _Preempted:
             return None
         except _Decided:  # summarised from the requests finished so far: its attainment is below target
@@ -211,9 +212,11 @@ class Prober:
             measured = max(measured, min(math.ceil(rate * STEADY_ROUNDS * horizon_s), 2 * measured))
         return LevelPlan(num_requests=measured, warmup_requests=users, cooldown_requests=users)
 
-    def capacity(self, bucket_index: int, attainment: float, knee: int | None) -> BucketCapacity:
+    def capacity(
+        self, bucket_index: int, attainment: float, knee: int | None, precision: float = CONCURRENCY_PRECISION
+    ) -> BucketCapacity:
         """The bucket's SLO answers at ``attainment`` (0-1), with its ``knee`` (found apart: it needs
-        no timing)."""
+        no timing); the concurrency to within ``precision`` (a ratio, or one user)."""
         name = self.workload.buckets[bucket_index].name
         if not _has_slo(self.workload.slo):
             return BucketCapacity(name=name, knee=knee)
@@ -236,12 +239,12 @@ class Prober:
 
         e2e_s = 0.0
         slo = self.workload.slo
-        concurrency, above_c = highest_int(lambda c: meets("closed", c), top, CONCURRENCY_PRECISION)
+        concurrency, above_c = highest_int(lambda c: meets("closed", c), top, precision)
         queue_bound = slo.ttft_ms is not None or slo.e2e_ms is not None
         if concurrency == top and queue_bound:
             # users past max_num_seqs wait in the queue: search on, doubling, to where the wait
             # breaks the SLO (at most MAX_USERS x max_num_seqs users)
-            concurrency, above_c = beyond(lambda c: meets("closed", c), top, MAX_USERS * top, CONCURRENCY_PRECISION)
+            concurrency, above_c = beyond(lambda c: meets("closed", c), top, MAX_USERS * top, precision)
         if concurrency is None:  # one at a time misses it: so does a rate low enough to never queue
             return BucketCapacity(name=name, knee=knee, above_concurrency=_point(probe("closed", 1)))
         best = probe("closed", concurrency)
@@ -327,10 +330,12 @@ def search_capacity(
     clock: Callable[[], StepClock],
     attainment: float,
     knees: dict[str, int | None],
+    precision: float = CONCURRENCY_PRECISION,
 ) -> list[BucketCapacity]:
-    """Every bucket's SLO answers on ``facts`` timed by ``clock``, with its knee from ``knees``."""
+    """Every bucket's SLO answers on ``facts`` timed by ``clock``, with its knee from ``knees``
+    (the concurrency to within ``precision``)."""
     prober = Prober(workload, facts, clock, sampled)
-    return [prober.capacity(i, attainment, knees.get(b.name)) for i, b in enumerate(workload.buckets)]
+    return [prober.capacity(i, attainment, knees.get(b.name), precision) for i, b in enumerate(workload.buckets)]
 
 
 def levels_around(knee: int | None, num_requests: int) -> list[int]:

@@ -74,6 +74,8 @@ class BodySpec:
             body.update(ignore_eos=True, min_tokens=sub.max_tokens)
         if self.salt:
             body["cache_salt"] = sub.cache_salt
+        if sub.tenant is not None:  # OpenAI's end-user id: engine.serve's tenant (kvplan.load.admission)
+            body["user"] = sub.tenant
         body.update(self.extra_body)
         return json.dumps(body, separators=(",", ":")).encode()
 
@@ -86,7 +88,10 @@ class HttpBackend:
     ):
         self.spec, self.count_tokens, self.headers = spec, count_tokens, headers
         self.stopped_because: str | None = None
-        self.max_send_delay_s = 0.0  # open loop: the latest send after its scheduled arrival
+        # since the level started (kvplan.load.target.client_lag): each finished request's TTFT, s,
+        # and, open loop, each send's delay after its scheduled arrival, s
+        self.level_ttfts_s: list[float] = []
+        self.level_send_delays_s: list[float] = []
         self.raw: list | None = None  # set to a list to keep every raw HttpResult (benches)
         self._meta: dict[str, tuple[float | None, int]] = {}  # request id -> (arrival time, prompt tokens)
         self._load: list[int] = [0] * workers
@@ -135,13 +140,15 @@ class HttpBackend:
         arrival, num_prompt = self._meta.pop(result.request_id)
         self._load[self._where.pop(result.request_id)] -= 1
         if arrival is not None:
-            self.max_send_delay_s = max(self.max_send_delay_s, result.sent_time - arrival)
+            self.level_send_delays_s.append(max(0.0, result.sent_time - arrival))
         out = to_finished(
             result,
             arrival_time=result.sent_time if arrival is None else arrival,
             num_prompt_tokens=num_prompt,
             count_tokens=self.count_tokens,
         )
+        if out.token_times and out.finish_reason != "error":
+            self.level_ttfts_s.append(out.token_times[0] - out.arrival_time)
         if result.error in ("connection refused", "connection dropped") and not self._alive():
             self.stopped_because = f"the server stopped answering ({result.error}: {result.detail[:120]})"
         return out

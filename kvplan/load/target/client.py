@@ -11,12 +11,19 @@ workers. Messages in and out are plain picklable tuples::
 On the hot path a worker only reads bytes, splits server-sent events and stamps each event with
 ``time.perf_counter()`` (one clock for every process of the machine); JSON is parsed later, off
 the loop (kvplan.load.target.sse). A 5 ms timer measures the loop's lag: how late it
-fires is how late a chunk that arrived meanwhile can be stamped, the client's own error.
+fires is how late a chunk that arrived meanwhile can be stamped, the client's own error
+(kvplan.load.target.client_lag judges it).
+
+Test only: ``KVPLAN_TEST_LOOP_BLOCK=B/P`` (milliseconds) makes every worker's loop block itself
+for B ms once every P ms (``time.sleep`` on the loop thread), the stalled client that the
+"client behind" rule must catch. Nothing else reads it; never set it in a real run.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
+import os
 import queue
 import threading
 import time
@@ -28,6 +35,7 @@ if TYPE_CHECKING:
     import aiohttp
 
 LAG_TICK_S = 0.005
+BLOCK_ENV = "KVPLAN_TEST_LOOP_BLOCK"  # test only (see the module docstring)
 
 
 def new_event_loop() -> asyncio.AbstractEventLoop:
@@ -104,9 +112,12 @@ class Worker:
         ) as session:
             self._session = session
             lag = asyncio.ensure_future(self._watch_lag())
+            blocker = _test_blocker()
             self._ready.set()
             await self._stopped.wait()
             lag.cancel()
+            if blocker is not None:
+                blocker.cancel()
             for task in list(self._tasks):
                 task.cancel()
             await asyncio.gather(*self._tasks, return_exceptions=True)
@@ -171,6 +182,35 @@ class Worker:
         except asyncio.CancelledError:
             error = "cancelled"
         self.emit(("done", HttpResult(req.request_id, sent, clock(), status, tuple(events), error, detail)))
+
+
+def _test_blocker() -> asyncio.Future | None:
+    """The test hook of the module docstring: a task blocking the running loop, or None."""
+    setting = os.environ.get(BLOCK_ENV)
+    if not setting:
+        return None
+    block_ms, period_ms = (float(v) for v in setting.split("/"))
+
+    async def block() -> None:
+        while True:
+            await asyncio.sleep(max(0.0, period_ms - block_ms) / 1e3)
+            time.sleep(block_ms / 1e3)  # blocks the loop on purpose
+
+    return asyncio.ensure_future(block())
+
+
+def rejection(result: HttpResult) -> str | None:
+    """Why the server refused a request it answered HTTP 429 (its admission, a rate limit): the
+    message of its OpenAI-style error body (engine.serve's starts with its reason code:
+    ``kv_budget: ...``), else ``http 429``; None for any other answer. Such a request is shed,
+    not failed (finish_reason ``rejected``, kvplan.results.shed); the client does not retry it."""
+    if result.status != 429:
+        return None
+    try:
+        message = json.loads(result.detail)["error"]["message"]
+    except (ValueError, TypeError, KeyError):
+        return "http 429"
+    return str(message)[:200] if message else "http 429"
 
 
 # ---- a worker in a process of its own ---------------------------------------------------------

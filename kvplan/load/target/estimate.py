@@ -1,20 +1,23 @@
 """kvplan's estimate for a target run, set beside the KV pool the server reports.
 
 The server gives its pool (vLLM: ``num_gpu_blocks`` x ``block_size`` from ``cache_config_info``;
-SGLang: ``max_total_num_tokens``). ``target.estimate_model`` (``--model``: a preset, config.json or
-GGUF) gives kvplan's bytes per token for the served model at ``target.kv_cache_dtype`` (``auto``:
-the server's ``cache_dtype`` where it names one) and tensor parallelism ``target.tp`` (per GPU
-rank). With those the run gets the same estimate an in-process run has: per bucket, how many
-P95-length requests fit the pool at once in whole blocks, set against the measured knee. With
-``target.gpu`` kvplan also sizes the pool itself (its capacity estimate: vLLM's 0.9 memory
-utilisation, weights and overhead subtracted) and the note states how far the server's pool is
-from it.
+SGLang: pages x page size from its ``cache_config_info``, else ``max_total_num_tokens``;
+llama.cpp: slots x each slot's context from ``/props``). ``target.estimate_model``
+(``--model``: a preset, config.json or GGUF) gives kvplan's bytes per token for the served model
+at ``target.kv_cache_dtype`` (``auto``: the server's ``cache_dtype`` where it names one) and
+tensor parallelism ``target.tp`` (per GPU rank). With those the run gets the same estimate an
+in-process run has: per bucket, how many P95-length requests fit the pool at once in whole
+blocks (llama.cpp: cells, at most one request per slot, within a slot's context), set against
+the measured knee. With ``target.gpu`` kvplan also sizes the pool itself (its capacity
+estimate: vLLM's 0.9 memory utilisation, weights and overhead subtracted) and the note states
+how far the server's pool is from it.
 """
 
 from __future__ import annotations
 
 from kvplan.errors import KvplanError
 from kvplan.load.requests import SampledRequest
+from kvplan.load.target.server_metrics import SGLANG_HYBRID_NAMES
 from kvplan.load.workload import Workload
 from kvplan.plan import dtypes
 from kvplan.plan.capacity import DEFAULT_BLOCK_SIZE, estimate_capacity
@@ -39,10 +42,11 @@ def target_estimate(
     workload: Workload,
     pool: tuple[int | None, int | None, int | None, str | None],
     sampled: dict[str, list[SampledRequest]],
+    slots: tuple[int, int] | None = None,
 ) -> tuple[RunEstimate | None, str]:
     """(kvplan's estimate for the run or None, one line setting the server's pool beside it).
     ``pool``: the server's (num_gpu_blocks, block_size, pool tokens, cache dtype), None where not
-    exposed.
+    exposed; ``slots``: llama.cpp's (slots, tokens of context each), whose product is the pool.
 
     Raises:
         KvplanError: ``target.estimate_model`` or ``target.gpu`` kvplan does not know, named so.
@@ -51,8 +55,11 @@ def target_estimate(
     assert target is not None  # a target run's workload
     blocks, block_size, tokens, cache_dtype = pool
     shown = (
-        f"{blocks:,} blocks x {block_size} tokens = {tokens:,} tokens"
-        if blocks and block_size
+        f"{slots[0]} slots x {slots[1]:,} tokens of context = {tokens:,} tokens (llama.cpp, per-slot"
+        f" contexts; with a unified KV, its default without --parallel, the slots share {slots[1]:,})"
+        if slots and tokens
+        else f"{blocks:,} blocks x {block_size} tokens = {tokens:,} tokens"
+        if blocks and block_size and tokens
         else f"{tokens:,} tokens"
         if tokens
         else None
@@ -67,7 +74,7 @@ def target_estimate(
         spec = load_model_spec(workload.resolve_model(target.estimate_model))
         kv_dtype = _kv_dtype(target.kv_cache_dtype, cache_dtype)
         layers = rank_layer_specs(spec, kv_dtype, target.tp)
-        size = block_size or DEFAULT_BLOCK_SIZE
+        size = block_size or (1 if slots else DEFAULT_BLOCK_SIZE)  # llama.cpp allocates cells, not blocks
         ours = (
             estimate_capacity(spec, kv_cache_dtype=kv_dtype, tp=target.tp, gpu=target.gpu, block_size=size)
             if target.gpu
@@ -88,6 +95,8 @@ def target_estimate(
             f"{tokens * bpt / GIB:,.2f} GiB per GPU at kvplan's {bpt:,} bytes/token for {spec.name}"
             f" ({kv_dtype} KV, tp {target.tp})"
         )
+    else:
+        note.append(f"kvplan's {bpt:,} bytes/token for {spec.name} ({kv_dtype} KV, tp {target.tp})")
     if ours is not None and ours.num_blocks:
         if blocks:
             diff = blocks / ours.num_blocks - 1
@@ -103,13 +112,16 @@ def target_estimate(
     buckets = []
     for name, reqs in sampled.items():
         p95 = p95_request_tokens([r.num_tokens for r in reqs])
+        fit = num_blocks * bpb // request_kv_bytes(layers, max(p95, 1), size)
+        if slots:  # llama.cpp: one request per slot, within its slot's context
+            fit = min(fit, slots[0]) if p95 <= slots[1] else 0
         buckets.append(
             BucketEstimate(
                 name=name,
                 num_requests=len(reqs),
                 p95_request_tokens=p95,
                 blocks_per_request=-(-p95 // size),
-                max_concurrency=num_blocks * bpb // request_kv_bytes(layers, max(p95, 1), size),
+                max_concurrency=fit,
             )
         )
     estimate = RunEstimate(
@@ -124,3 +136,35 @@ def target_estimate(
         buckets=buckets,
     )
     return estimate, "; ".join(note)
+
+
+def _is_hybrid(workload: Workload) -> bool:
+    """Whether the served model, as kvplan knows it (``target.estimate_model``, else the model an
+    ``engine:`` section names), has layers beside full attention: sliding-window, Mamba, linear
+    attention or convolution state. False when kvplan knows no such model."""
+    target = workload.target
+    assert target is not None  # a target run's workload
+    model = target.estimate_model or (workload.engine.model if "model" in workload.engine.model_fields_set else None)
+    if model is None:
+        return False
+    try:
+        spec = load_model_spec(workload.resolve_model(model))
+    except KvplanError:
+        return False
+    return any(layer.kind in ("sliding", "linear", "mamba", "conv") or layer.state for layer in spec.layers)
+
+
+def kv_usage_note(workload: Workload, name: str | None, seen: tuple[str, ...]) -> str | None:
+    """None when the server's usage gauge ``name`` is KV cache usage; else what it measures.
+    SGLang's ``sglang:token_usage`` is the highest usage over its full-attention KV pool and, on a
+    hybrid model, its sliding-window and Mamba state pools (sglang/srt/observability/
+    metrics_collector.py SchedulerStats; sgl-project/sglang#5979), so on a hybrid model (the
+    server exposes those pools' gauges, or kvplan knows the model's layers) it is not KV usage."""
+    if name != "sglang:token_usage":
+        return None
+    if any(n in seen for n in SGLANG_HYBRID_NAMES) or _is_hybrid(workload):
+        return (
+            "sglang:token_usage of a hybrid model: the highest usage over its KV, sliding-window and Mamba"
+            " state pools, not KV cache usage (sgl-project/sglang#5979)"
+        )
+    return None

@@ -6,7 +6,11 @@ serves the model, with this key, and what does its /metrics expose?
     GET {url}/models   unreachable -> error; 401/403 -> the key; not a model list -> not OpenAI;
                        target.model not listed -> the ids it lists; else model = the first id
     GET {metrics_url}  Prometheus text with known names -> metrics available, KV pool read
-                       (vLLM's cache_config_info, SGLang's max_total_num_tokens); else unavailable
+                       (vLLM's or SGLang's cache_config_info, else SGLang's max_total_num_tokens);
+                       else unavailable
+    GET {root}/props   llama.cpp (owned_by llamacpp, or llamacpp: metrics): its slots and each
+                       one's context (total_slots, default_generation_settings.n_ctx), else
+                       GET {root}/slots (one entry per slot, each with n_ctx)
 
 Each failure is one ``KvplanError`` naming the setting at fault (``target.url``, or ``target``
 when the URL came from ``--target``) and exits 2 before a level starts.
@@ -25,8 +29,27 @@ from kvplan.load.target.server_metrics import MetricsRead, parse_metrics
 from kvplan.load.target.settings import TargetSettings
 
 TIMEOUT_S = 10.0
-# servers known to honour vLLM's ignore_eos + min_tokens (exact output lengths)
-EXACT_LENGTH_KINDS = ("vllm", "sglang", "kvplan-engine")
+# servers known to honour vLLM's ignore_eos + min_tokens (exact output lengths); llama.cpp takes
+# ignore_eos (tools/server/server-task.cpp params_from_json_cmpl), which with max_tokens fixes the length
+EXACT_LENGTH_KINDS = ("vllm", "sglang", "kvplan-engine", "llamacpp")
+LLAMACPP_KIND = "llamacpp"  # the owned_by of llama-server's /v1/models
+
+
+@dataclass(frozen=True)
+class LlamaSlots:
+    """llama-server's pool: ``num_slots`` (``--parallel``) of ``slot_ctx_tokens`` each, from
+    ``source`` (``/props`` or ``/slots``). ``pool_tokens`` = their product: the cells of its KV
+    buffer with per-slot contexts (the default when --parallel is given); with a unified KV
+    (--kv-unified, or --parallel left at auto) every slot sees the one shared context, which is
+    then ``slot_ctx_tokens`` (kvplan.plan.llamacpp). /props does not say which."""
+
+    num_slots: int
+    slot_ctx_tokens: int
+    source: str
+
+    @property
+    def pool_tokens(self) -> int:
+        return self.num_slots * self.slot_ctx_tokens
 
 
 @dataclass(frozen=True)
@@ -39,6 +62,7 @@ class Preflight:
     max_model_len: int | None
     metrics: MetricsRead | None
     api_key: str | None
+    llama: LlamaSlots | None = None  # llama.cpp's slots (read_llama_slots); None for other servers
 
 
 def api_key(target: TargetSettings, source: str | None) -> str | None:
@@ -123,13 +147,42 @@ def run_preflight(target: TargetSettings, field: str, source: str | None) -> Pre
     model = target.model or ids[0]
     card = cards[ids.index(model)]
     max_len = card.get("max_model_len")
+    kind, metrics = card.get("owned_by"), read_metrics(target.scrape_url, key)
+    llama_names = metrics is not None and any(n.startswith("llamacpp:") for n in metrics.seen)
     return Preflight(
         model,
-        card.get("owned_by"),
+        kind,
         max_len if isinstance(max_len, int) and max_len > 0 else None,
-        read_metrics(target.scrape_url, key),
+        metrics,
         key,
+        read_llama_slots(target.server_root, key) if kind == LLAMACPP_KIND or llama_names else None,
     )
+
+
+def _positive(value) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
+
+
+def read_llama_slots(root: str, key: str | None) -> LlamaSlots | None:
+    """llama-server's slots from ``{root}/props`` (``total_slots``, and each slot's context
+    ``default_generation_settings.n_ctx``; ggml-org/llama.cpp tools/server/server-context.cpp
+    get_props), else ``{root}/slots`` (a list with each slot's ``n_ctx``; off with --no-slots);
+    None when neither answers so."""
+    try:
+        status, body = get(f"{root}/props", key, 5.0)
+        props = json.loads(body) if status == 200 else {}
+        settings = props.get("default_generation_settings") or {} if isinstance(props, dict) else {}
+        slots, ctx = _positive(props.get("total_slots")), _positive(settings.get("n_ctx"))
+        if slots and ctx:
+            return LlamaSlots(slots, ctx, "/props")
+        status, body = get(f"{root}/slots", key, 5.0)
+        listed = json.loads(body) if status == 200 else []
+        ctxs = [_positive(s.get("n_ctx")) for s in listed if isinstance(s, dict)] if isinstance(listed, list) else []
+        if ctxs and all(ctxs):
+            return LlamaSlots(len(ctxs), max(c for c in ctxs if c), "/slots")
+    except (OSError, ValueError, AttributeError):
+        pass
+    return None
 
 
 def read_metrics(url: str, key: str | None, timeout_s: float = 5.0) -> MetricsRead | None:

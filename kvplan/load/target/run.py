@@ -26,18 +26,19 @@ from kvplan.load.lifecycle import finish_run, now_iso, run_levels, start_run
 from kvplan.load.prompts import sample_buckets
 from kvplan.load.run_estimate import plan_target
 from kvplan.load.target.backend import SALT_KINDS, BodySpec, HttpBackend
-from kvplan.load.target.estimate import target_estimate
+from kvplan.load.target.client import LAG_TICK_S
+from kvplan.load.target.client_lag import judge, p99_ms, stamp_delay_quantile
+from kvplan.load.target.estimate import kv_usage_note, target_estimate
 from kvplan.load.target.preflight import EXACT_LENGTH_KINDS, run_preflight
 from kvplan.load.target.scraper import Scraper
 from kvplan.load.target.server_metrics import pool_numbers
-from kvplan.load.target.tokenizer import load_target_tokenizer
+from kvplan.load.target.tokenizer import load_target_tokenizer, random_vocab
 from kvplan.load.workload import Workload
 from kvplan.results.run_result import ClientLevel, RecordFiles, RunInfo, RunResult, ServerInfo, WorkloadRef
 from kvplan.results.server_samples import SERVER_METRICS_FILE
 from kvplan.results.store import check_out
 
 STREAMS_PER_WORKER = 250
-BEHIND_LAG_MS, BEHIND_SEND_MS = 1.0, 10.0
 
 
 def num_workers(workload: Workload) -> int:
@@ -61,6 +62,7 @@ class _Hooks:
 
     def level_started(self, level: Level) -> None:
         self.backend.client_stats()  # reset the counters
+        self.backend.level_ttfts_s, self.backend.level_send_delays_s = [], []
         if self.scraper is not None:
             self.scraper.start_level(level.key)
         self._start = self.backend.now()
@@ -71,23 +73,34 @@ class _Hooks:
             self.scraper.end_level()
         lags, cpu = self.backend.client_stats()
         lag = np.asarray(lags) * 1e3
-        p99 = float(np.percentile(lag, 99)) if lag.size else None
-        key = level.key
+        key, backend = level.key, self.backend
+        ttfts = backend.level_ttfts_s
+        stamp = stamp_delay_quantile(lags, LAG_TICK_S)
+        ttft_p50 = float(np.percentile(np.asarray(ttfts) * 1e3, 50)) if ttfts else None
+        is_open = key.mode == "open"
+        sends = p99_ms(backend.level_send_delays_s) if is_open else None
+        gap = 1e3 / level.value if is_open and level.value > 0 else None
+        reason = judge(None if stamp is None else stamp * 1e3, ttft_p50, sends, gap)
         self.client.append(
             ClientLevel(
                 bucket=key.bucket,
                 mode=key.mode,
                 level=key.value,
                 variant=key.variant,
-                workers=self.backend.num_workers,
-                lag_p99_ms=p99,
+                workers=backend.num_workers,
+                lag_p99_ms=float(np.percentile(lag, 99)) if lag.size else None,
                 lag_max_ms=float(lag.max()) if lag.size else None,
                 cpu_s=cpu,
                 wall_s=wall,
-                behind=(p99 or 0) > BEHIND_LAG_MS or self.backend.max_send_delay_s * 1e3 > BEHIND_SEND_MS,
+                behind=bool(reason),
+                stamp_delay_p99_ms=None if stamp is None else stamp * 1e3,
+                ttft_p50_ms=ttft_p50,
+                send_delay_p99_ms=sends,
+                mean_interarrival_ms=gap,
+                behind_reason=reason,
             )
         )
-        self.backend.max_send_delay_s = 0.0
+        backend.level_ttfts_s, backend.level_send_delays_s = [], []
 
 
 def _check_lengths(workload: Workload, max_model_len: int | None, sampled) -> None:
@@ -123,18 +136,15 @@ def run_target_loadtest(
     source = workload.source if url_field != "target" else None
     pre = run_preflight(target, url_field, source)
     tokenizer = load_target_tokenizer(workload)
-    vocab = target.vocab_size or (tokenizer.vocab_size if tokenizer else None)
-    if vocab is None:
-        raise KvplanError(
-            "target.vocab_size",
-            "is needed for random prompts without a tokenizer",
-            "give target.vocab_size (the served model's vocabulary) or target.tokenizer",
-            source=workload.source,
-        )
+    vocab, vocab_source = random_vocab(workload, tokenizer)
     sampled = sample_buckets(workload, tokenizer.encode_batch if tokenizer else None, vocab)
     _check_lengths(workload, pre.max_model_len, sampled.requests)
     pool = pool_numbers(pre.metrics.pool) if pre.metrics else (None, None, None, None)
-    estimate, note = target_estimate(workload, pool, sampled.requests)
+    llama = pre.llama
+    if llama is not None and not any(pool[:3]):  # llama.cpp: its pool from /props, not /metrics
+        pool = (None, None, llama.pool_tokens, pool[3])
+    slots = (llama.num_slots, llama.slot_ctx_tokens) if llama is not None else None
+    estimate, note = target_estimate(workload, pool, sampled.requests, slots)
     p95 = {b.name: b.p95_request_tokens for b in estimate.buckets} if estimate else {}
     if estimate is not None and workload.plan:
         estimate = estimate.model_copy(
@@ -155,7 +165,14 @@ def run_target_loadtest(
         f" {'read every ' + str(target.scrape_interval_ms) + ' ms' if pre.metrics else 'unavailable'}[/dim]"
     )
     say(f"[dim]{note}[/dim]", markup=True, highlight=False)
+    say(f"[dim]random token ids from [0, {vocab:,}): {vocab_source}[/dim]", markup=True, highlight=False)
     blocks, block_size, tokens, cache_dtype = pool
+    usage_name = pre.metrics.names.get("kv_usage") if pre.metrics else None
+    pool_source = (
+        llama.source
+        if llama is not None and tokens == llama.pool_tokens and not blocks
+        else (pre.metrics.pool.get("source") if pre.metrics and tokens else None)
+    )
     server = ServerInfo(
         url=target.url,
         model=pre.model,
@@ -171,6 +188,13 @@ def run_target_loadtest(
         prompt_format="text" if as_text else "token_ids",
         scrape_interval_ms=target.scrape_interval_ms if pre.metrics else None,
         pool_note=note,
+        pool_source=pool_source,
+        num_slots=llama.num_slots if llama else None,
+        slot_ctx_tokens=llama.slot_ctx_tokens if llama else None,
+        kv_usage_metric=usage_name,
+        kv_usage_note=kv_usage_note(workload, usage_name, pre.metrics.seen if pre.metrics else ()),
+        vocab_size=vocab if workload.dataset.kind == "random" else None,
+        vocab_source=vocab_source if workload.dataset.kind == "random" else None,
     )
     import kvplan
 

@@ -84,7 +84,8 @@ class TargetSettings(BaseModel):
     vocab_size: Annotated[int, Field(ge=1)] | None = Field(
         None,
         description="Random prompts draw token ids from [0, vocab_size); null = the tokenizer's vocabulary"
-        " size (random prompts without a tokenizer need it).",
+        " size, else the one kvplan knows for estimate_model or the engine section's model (needed only"
+        " when none of these says it).",
     )
     metrics_url: str | None = Field(
         None,

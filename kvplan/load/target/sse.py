@@ -12,9 +12,13 @@ Rules (the report's definitions say the same):
 - A chunk carrying k tokens puts k equal times in ``token_times`` (its arrival). k is 1 per chunk
   when the counts agree; otherwise each chunk's share of the tokenized text (prefix counts),
   with the last chunk taking up any difference to the total.
+- TTFO (time to first output) ends at the first chunk whose ``delta.content`` is non-empty, the
+  first answer token (GuideLLM PR #760 and AIPerf's time_to_first_output): set only when the
+  stream carried reasoning text, else None. TTFT keeps ending at the first text of any kind.
 - A request *fails* (finish_reason ``error``, detail = the reason) on an HTTP error, a timeout,
   a dropped connection, an error event, a stream that ends without a finish reason, or no text
-  at all (``empty output``).
+  at all (``empty output``); an HTTP 429 is no failure but a refusal (finish_reason ``rejected``,
+  detail the server's message: kvplan.load.target.client.rejection).
 """
 
 from __future__ import annotations
@@ -23,19 +27,26 @@ import json
 from collections.abc import Callable, Sequence
 
 from kvplan.load.driver import Finished
-from kvplan.load.target.client import HttpResult
+from kvplan.load.target.client import HttpResult, rejection
+from kvplan.results.shed import REJECTED
 
 CountTokens = Callable[[str], int]  # text -> tokens, the workload's tokenizer
 
 
-def _text(choice: dict) -> str:
+REASONING_KEYS = ("reasoning_content", "reasoning")  # vLLM's and SGLang's reasoning deltas (and older vLLM's)
+
+
+def _text(choice: dict) -> tuple[str, str]:
+    """(reasoning text, answer text) of one choice."""
     if "delta" in choice:
         delta = choice.get("delta") or {}
-        return "".join(v for k in ("reasoning_content", "reasoning", "content") if isinstance(v := delta.get(k), str))
+        reasoning = "".join(v for k in REASONING_KEYS if isinstance(v := delta.get(k), str))
+        content = delta.get("content")
+        return reasoning, content if isinstance(content, str) else ""
     if "message" in choice:  # a non-streaming chat answer
-        return (choice.get("message") or {}).get("content") or ""
+        return "", (choice.get("message") or {}).get("content") or ""
     text = choice.get("text")
-    return text if isinstance(text, str) else ""
+    return "", text if isinstance(text, str) else ""
 
 
 def chunk_tokens(texts: Sequence[str], total: int, count: CountTokens | None) -> list[int]:
@@ -73,6 +84,7 @@ def to_finished(
     chunks: list[tuple[float, str]] = []
     usage, finish_reason, error = None, None, result.error
     last_time = result.end_time
+    reasoned, first_answer = False, None  # TTFO: the first answer chunk, where reasoning came first
     for at, payload in result.events:
         if payload == b"[DONE]":
             break
@@ -89,9 +101,13 @@ def to_finished(
         if obj.get("usage"):
             usage = obj["usage"]
         for choice in obj.get("choices") or []:
-            text = _text(choice)
-            if text:
-                chunks.append((at, text))
+            reasoning, answer = _text(choice)
+            if reasoning:
+                reasoned = True
+            if answer and first_answer is None:
+                first_answer = at
+            if reasoning or answer:
+                chunks.append((at, reasoning + answer))
             if choice.get("finish_reason"):
                 finish_reason = choice["finish_reason"]
         last_time = at
@@ -108,6 +124,7 @@ def to_finished(
         total, source = len(texts), "chunks"
     times = [at for (at, _), k in zip(chunks, chunk_tokens(texts, total, count_tokens)) for _ in range(k)]
     prompt = usage.get("prompt_tokens") if isinstance(usage, dict) else None
+    refused = rejection(result)  # HTTP 429: shed by the server (kvplan.load.target.client.rejection)
     return Finished(
         request_id=result.request_id,
         arrival_time=arrival_time,
@@ -116,8 +133,9 @@ def to_finished(
         token_times=tuple(times),
         num_prompt_tokens=prompt if isinstance(prompt, int) else num_prompt_tokens,
         num_output_tokens=len(times),
-        finish_reason="error" if error else str(finish_reason),
-        finish_detail=error,
+        finish_reason=REJECTED if refused is not None else "error" if error else str(finish_reason),
+        finish_detail=refused if refused is not None else error,
         sent_time=result.sent_time,
         output_tokens_source=source,
+        first_output_time=first_answer if reasoned and not error else None,
     )

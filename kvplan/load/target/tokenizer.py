@@ -8,6 +8,12 @@ server is sent, and counts output tokens when a server gives no usage. Where it 
 2. else the workload's ``engine.model``: a folder holding a tokenizer.json, or the bundled
    SmolLM2 (its converted folder; converting it needs the ``engine`` extra once);
 3. none for ``tiny-random-llama``, or for random prompts sent as token ids.
+
+Random prompts draw token ids from ``[0, vocab)``; ``random_vocab`` says where ``vocab`` comes
+from: ``target.vocab_size``, else the tokenizer's, else the vocabulary kvplan knows for
+``target.estimate_model`` (``--model``), else for the model the ``engine:`` section names
+(SmolLM2-135M-Instruct: 49,152; tiny-random-llama: 512). ``target.vocab_size`` is needed only
+when none of these says it.
 """
 
 from __future__ import annotations
@@ -16,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from engine.config import DEFAULT_MODEL, TINY_RANDOM_MODEL
+from engine.config import DEFAULT_MODEL, TINY_LLAMA, TINY_RANDOM_MODEL
 from kvplan.errors import KvplanError
 from kvplan.load.workload import Workload
 
@@ -111,3 +117,41 @@ def load_target_tokenizer(workload: Workload) -> TextTokenizer | None:
             "give target.tokenizer: a tokenizer.json",
             source=source,
         ) from None
+
+
+def _model_vocab(workload: Workload, model: str) -> int | None:
+    """The vocabulary kvplan knows for ``model`` (a preset, config.json or GGUF), or None."""
+    if model == TINY_RANDOM_MODEL:
+        return int(TINY_LLAMA["vocab_size"])
+    from kvplan.plan.model_source import load_model_spec
+
+    try:
+        return load_model_spec(workload.resolve_model(model)).vocab_size
+    except KvplanError:
+        return None
+
+
+def random_vocab(workload: Workload, tokenizer: TextTokenizer | None) -> tuple[int, str]:
+    """(vocabulary size, where it came from) for random prompts (see the module docstring).
+
+    Raises:
+        KvplanError: nothing says the served model's vocabulary (``target.vocab_size``).
+    """
+    target = workload.target
+    assert target is not None  # a target run's workload
+    if target.vocab_size is not None:
+        return target.vocab_size, "target.vocab_size"
+    if tokenizer is not None:
+        return tokenizer.vocab_size, f"the tokenizer {tokenizer.source}"
+    named = [(target.estimate_model, "target.estimate_model")]
+    if "model" in workload.engine.model_fields_set:  # an engine section naming the model
+        named.append((workload.engine.model, "engine.model"))
+    for model, field in named:
+        if model is not None and (vocab := _model_vocab(workload, model)):
+            return vocab, f"{model}'s vocabulary ({field})"
+    raise KvplanError(
+        "target.vocab_size",
+        "is needed for random prompts: no tokenizer, and no model kvplan knows names the vocabulary",
+        "give target.vocab_size (the served model's vocabulary), target.tokenizer, or --model",
+        source=workload.source,
+    )

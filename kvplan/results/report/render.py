@@ -41,7 +41,12 @@ def render_charts(data: RunData) -> list[str]:
 
     shared = shared_step_estimates(result, data.requests, data.steps)
     fig, (ax,) = _figure(11, 5)
-    plots.plot_kv_over_time(ax, data.steps, result.engine.pool_bytes if result.engine else None, shared)
+    if result.server is not None:  # a target: no engine steps; the server's own usage gauge instead
+        from kvplan.results.report.target import plot_server_kv
+
+        plot_server_kv(ax, data.server_samples, result.server)
+    else:
+        plots.plot_kv_over_time(ax, data.steps, result.engine.pool_bytes if result.engine else None, shared)
     _save(fig, out / "kv_over_time.png")
     names.append("kv_over_time.png")
     if result.prefix_caching is not None:
@@ -73,6 +78,8 @@ def render_charts(data: RunData) -> list[str]:
     _save(fig, out / "throughput_goodput.png")
     names.append("throughput_goodput.png")
 
+    if result.server is not None:  # engine steps only: a target run has none to draw
+        return names
     fig, axes = _figure(12, 4.8, 2)
     plots.plot_estimate_vs_measured(axes[0], data.steps, shared)
     plots.plot_peak_kv_per_level(axes[1], levels)
@@ -138,7 +145,7 @@ def render_report(run_dir: str | Path, charts: bool = True, data: RunData | None
 
 def print_summary(result: RunResult, console) -> None:
     """The knee table and one narrow row per level (latencies in ms, goodput in req/s)."""
-    from kvplan.results.report import prefix, tables, traffic
+    from kvplan.results.report import admission, prefix, tables, traffic
 
     for title, frame in (
         ("Knee: predicted max concurrency vs measured", tables.knee_table(result)),
@@ -148,6 +155,8 @@ def print_summary(result: RunResult, console) -> None:
         ("Prefix caching: TTFT (ms) cached vs uncached", prefix.prefix_table(result).iloc[:, :7]),
         ("Interference: P99 (ms) of each class mixed vs alone", traffic.interference_table(result)),
         ("Engine variants: P99 (ms) side by side", traffic.variant_table(result)),
+        ("Admission: shed per level (TTFT P99 of the admitted, ms)", admission.shed_table(result)),
+        ("Admission: shed per tenant", admission.tenant_table(result)),
     ):
         if not frame.empty:
             console.print(tables.to_rich(frame, title))

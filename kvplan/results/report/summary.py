@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from kvplan.results.metrics import DEFINITIONS, TARGET_DEFINITIONS
 from kvplan.results.report import tables
+from kvplan.results.report.admission import admission_markdown
 from kvplan.results.report.fp8 import fp8_markdown
 from kvplan.results.report.prefix import prefix_markdown
-from kvplan.results.report.target import target_lines, target_markdown
+from kvplan.results.report.target import target_knee_note, target_lines, target_markdown
 from kvplan.results.report.traffic import traffic_markdown
 from kvplan.results.report.turns import turns_markdown
 from kvplan.results.run_result import RunResult
@@ -84,11 +85,16 @@ def _simulation(result: RunResult) -> str:
 def summary_markdown(result: RunResult, charts: list[str]) -> str:
     """The whole summary.md for one run's result and the chart files beside it."""
     sections = [
-        ("KV pool: kvplan's estimate against the engine", tables.estimate_table(result), ""),
+        (
+            f"KV pool: kvplan's estimate against the {'server' if result.server else 'engine'}",
+            tables.estimate_table(result),
+            "",
+        ),
         (
             "Knee: predicted max concurrency against measured",
             tables.knee_table(result),
-            "Predicted: how many requests of the bucket's P95 length (prompt + output tokens) fit the pool"
+            target_knee_note(result)
+            or "Predicted: how many requests of the bucket's P95 length (prompt + output tokens) fit the pool"
             " in whole blocks at once. Simulated knee: the lowest concurrency at which the engine's own"
             " scheduler, replayed on the bucket's requests at every concurrency, preempts. Measured knee:"
             " the lowest concurrency level at which the engine preempted a request.",
@@ -113,6 +119,8 @@ def summary_markdown(result: RunResult, charts: list[str]) -> str:
     for title, frame, note in sections:
         if title.startswith(("Production", "Capacity", "Steady")) and frame.empty:
             continue
+        if result.server is not None and title.startswith("KV cache"):  # engine steps only: see Server
+            continue
         lines += ["", f"## {title}", ""]
         if note:
             lines += [note, ""]
@@ -122,6 +130,7 @@ def summary_markdown(result: RunResult, charts: list[str]) -> str:
     lines += prefix_markdown(result)
     lines += turns_markdown(result)
     lines += traffic_markdown(result)
+    lines += admission_markdown(result)
     lines += ["", "## Charts", ""]
     lines += [f"![{name}]({name})" for name in charts] or ["Not drawn: `kvplan report DIR` draws them."]
     definitions = DEFINITIONS + (TARGET_DEFINITIONS if result.server is not None else "")

@@ -19,6 +19,7 @@ from kvplan.results import metrics
 from kvplan.results.metrics import LatencyStats, LevelSummary
 from kvplan.results.records import RequestRecord, StepRecord
 from kvplan.results.run_result import RunResult
+from kvplan.results.shed import TENANT_COLUMNS, tenant_step_cells
 from kvplan.results.simulated import SloPoint
 from kvplan.results.store import write_atomic
 
@@ -46,7 +47,12 @@ def _done(level: LevelSummary) -> str:
 
 
 def estimate_table(result: RunResult) -> pd.DataFrame:
-    """kvplan's prediction of the engine's KV pool against what the engine allocated."""
+    """kvplan's prediction of the engine's KV pool against what the engine allocated (a target
+    run's: against the server's pool, kvplan.results.report.target.pool_table)."""
+    if result.server is not None:
+        from kvplan.results.report.target_tables import pool_table
+
+        return pool_table(result)
     est, eng = result.estimate, result.engine
     get = lambda part, name: None if part is None else getattr(part, name)  # noqa: E731
     rows = [
@@ -62,7 +68,12 @@ def estimate_table(result: RunResult) -> pd.DataFrame:
 def knee_table(result: RunResult) -> pd.DataFrame:
     """Per bucket: the estimate's max concurrency for its P95 request (the P95 bound), the knee the
     engine's scheduler shows when simulated at every concurrency, and the knee of the levels run
-    (measured in a load test)."""
+    (measured in a load test). A target run's says where the server hides it
+    (kvplan.results.report.target.knee_table)."""
+    if result.server is not None:
+        from kvplan.results.report.target_tables import knee_table as target_knee_table
+
+        return target_knee_table(result)
     measured = "measured knee" if result.source == "measured" else f"knee of the {result.source} levels"
     rows = [
         {
@@ -122,7 +133,8 @@ def _round(value: float | None) -> float | None:
 
 
 def latency_table(result: RunResult) -> pd.DataFrame:
-    """TTFT, TPOT, ITL and E2E percentiles (ms) per bucket and level."""
+    """TTFT, TPOT, ITL and E2E percentiles (ms) per bucket and level; TTFO beside TTFT where a
+    target's streams carried reasoning."""
     rows = []
     for lv in result.levels:
         row: dict[str, str | float | None] = {"bucket": lv.bucket, "level": level_name(lv), "done/planned": _done(lv)}
@@ -135,6 +147,13 @@ def latency_table(result: RunResult) -> pd.DataFrame:
             for key in keys:
                 row[f"{metric[:-3].upper()} {key.upper()} ms"] = _stat(getattr(lv, metric), key)
         rows.append(row)
+    if any(lv.ttfo_ms is not None for lv in result.levels):  # streams that carried reasoning
+        at = list(rows[0]).index("TTFT P99 ms") + 1 if rows else 0
+        for row, lv in zip(rows, result.levels):
+            items = list(row.items())
+            ttfo = [(f"TTFO {k.upper()} ms", _stat(lv.ttfo_ms, k)) for k in ("p50", "p95", "p99")]
+            row.clear()
+            row.update(items[:at] + ttfo + items[at:])
     return pd.DataFrame(rows)
 
 
@@ -242,11 +261,12 @@ def console_table(result: RunResult) -> pd.DataFrame:
             "TPOT p99": _stat(lv.tpot_ms, "p99"),
             "out tok/s": lv.output_tokens_per_s,
             "goodput": lv.goodput_rps,
-            "preempt": metrics.preemptions(lv),
+            "preempt": "unavailable" if (n := metrics.preemptions(lv)) is None and result.server else n,
             "peak blocks": (
                 f"{lv.peak_used_blocks}/{lv.num_total_blocks}"
                 if lv.num_steps
-                else "server " + (f"{lv.server_peak_kv_usage:.0%}" if lv.server_peak_kv_usage is not None else "n/a")
+                else "server "
+                + (f"{lv.server_peak_kv_usage:.0%}" if lv.server_peak_kv_usage is not None else "unavailable")
             ),
         }
         for lv in result.levels
@@ -260,16 +280,19 @@ def request_row(rec: RequestRecord) -> dict[str, Any]:
     row = {f.name: getattr(rec, f.name) for f in fields(rec) if f.name != "token_times"}
     ms = lambda s: None if s is None else s * 1e3  # noqa: E731
     row.update(ttft_ms=ms(metrics.ttft_s(rec)), tpot_ms=ms(metrics.tpot_s(rec)), e2e_ms=ms(metrics.e2e_s(rec)))
+    row["ttfo_ms"] = ms(metrics.ttfo_s(rec))  # a target's reasoning stream only (else empty)
     return row
 
 
 def step_row(rec: StepRecord) -> dict[str, Any]:
-    """The steps.csv row: resident tokens summed, KV usage added."""
+    """The steps.csv row: resident tokens summed, KV usage added, per-tenant counts as columns of
+    their own (kvplan.results.shed.tenant_step_cells)."""
     row = {
         f.name: getattr(rec, f.name)
         for f in fields(rec)
-        if f.name not in ("kv_resident_tokens", "kv_resident_request_ids")
+        if f.name not in ("kv_resident_tokens", "kv_resident_request_ids", *TENANT_COLUMNS)
     }
+    row.update(tenant_step_cells(rec))
     row["num_kv_requests"] = len(rec.kv_resident_tokens)
     row["kv_resident_tokens"] = sum(rec.kv_resident_tokens)
     row["kv_cache_usage"] = metrics.kv_cache_usage(rec)
@@ -286,6 +309,8 @@ def write_tables(run_dir: Path, requests: list[RequestRecord], steps: list[StepR
         frame = pd.DataFrame(rows) if rows else pd.DataFrame(columns=columns)
         if rows:  # concurrency N stays an integer next to open-loop rates (one column would be float)
             frame["level"] = pd.Series([r["level"] for r in rows], dtype=object)
+        per_tenant = [c for c in frame.columns if c.startswith(("running[", "waiting["))]
+        frame[per_tenant] = frame[per_tenant].fillna(0).astype(int)  # a tenant absent from a step had none
         write_atomic(run_dir / name, frame.to_csv(index=False))
 
 

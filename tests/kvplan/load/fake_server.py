@@ -10,7 +10,13 @@ misbehaves: ``role_chunk`` (a role-only first chunk, as transformers serve sends
 ``drop_after`` (close the connection after that many chunks), ``api_key`` (401 without it),
 ``die_after`` (the whole server goes away after that many requests started), ``metrics``
 (serve vLLM-style /metrics whose ``vllm:num_preemptions_total`` counts requests
-served, and ``cache_config_info`` with 48 blocks of 4 tokens). ``GET /v1/models`` lists ``model``.
+served, and ``cache_config_info`` with 48 blocks of 4 tokens), ``flavor`` (whose /metrics:
+``vllm``; ``sglang`` with ``sglang:cache_config_info`` pages; ``sglang-old``, token_usage and
+max_total_num_tokens only; ``llamacpp``, llama-server's names as its builds before PR #13660
+had them, plus ``/props`` and ``/slots`` of ``slots`` slots of ``slot_ctx`` tokens),
+``first_token_s`` (a prefill: the first chunk waits that long) and ``reasoning_chunks`` (the
+first that many chunks carry ``delta.reasoning_content``, chat only). ``GET /v1/models`` lists
+``model``.
 
 Run it in a thread (``FakeServer(...).start()``) or alone:
 ``python tests/kvplan/load/fake_server.py --interval-ms 50`` prints its URL (alone it runs on
@@ -42,6 +48,11 @@ class Options:
     metrics: bool = True
     owned_by: str = "vllm"
     die_after: int | None = None  # stop listening and drop every connection after this many requests
+    flavor: str = "vllm"  # vllm | sglang | sglang-old | llamacpp: whose /metrics (and /props) it serves
+    first_token_s: float = 0.0
+    reasoning_chunks: int = 0
+    slots: int = 4
+    slot_ctx: int = 512
 
 
 class FakeServer:
@@ -49,6 +60,7 @@ class FakeServer:
         self.options = options or Options()
         self.host, self.port = host, port
         self.served = 0
+        self.generated = 0  # tokens streamed by finished requests (the token counters of /metrics)
         self.bodies: list[dict] = []
         self._writers: set = set()
         self.loop = asyncio.new_event_loop()
@@ -122,12 +134,14 @@ class FakeServer:
             )
             return True
         if method == "GET" and path == "/metrics" and o.metrics:
-            text = (
-                'vllm:cache_config_info{block_size="4",num_gpu_blocks="48",cache_dtype="auto"} 1.0\n'
-                f'vllm:num_preemptions_total{{model_name="{o.model}"}} {float(self.served)}\n'
-                f'vllm:kv_cache_usage_perc{{model_name="{o.model}"}} 0.25\n'
-            )
-            self._plain(writer, 200, text.encode(), "text/plain")
+            self._plain(writer, 200, _metrics(o, self.served, self.generated).encode(), "text/plain")
+            return True
+        if method == "GET" and path == "/props" and o.flavor == "llamacpp":
+            props = {"default_generation_settings": {"n_ctx": o.slot_ctx}, "total_slots": o.slots}
+            self._plain(writer, 200, json.dumps(props).encode())
+            return True
+        if method == "GET" and path == "/slots" and o.flavor == "llamacpp":
+            self._plain(writer, 200, json.dumps([{"id": i, "n_ctx": o.slot_ctx} for i in range(o.slots)]).encode())
             return True
         if method != "POST" or path not in ("/v1/completions", "/v1/chat/completions"):
             self._plain(writer, 404, b'{"detail": "Not Found"}')
@@ -148,7 +162,7 @@ class FakeServer:
         if chat and o.role_chunk:
             writer.write(b'data: {"choices":[{"index":0,"delta":{"role":"assistant"},"finish_reason":null}]}\n\n')
         clock, loop = time.perf_counter, asyncio.get_running_loop()
-        start = loop.time()
+        start = loop.time() + o.first_token_s
         while sent < n:
             # chunk i is due at start + i * interval (a schedule, so the rate holds however long a write took)
             await asyncio.sleep(max(0.0, start + (sent // k + 1) * o.interval_s - loop.time()))
@@ -157,7 +171,7 @@ class FakeServer:
                 return False
             take = min(k, n - sent)
             sent += take
-            head = _chunk_head(chat, take, sent >= n)
+            head = _chunk_head(chat, take, sent >= n, chat and sent <= o.reasoning_chunks * k)
             writer.write(b"%s%r}\n\n" % (head, clock()))  # t: just before the write
             if writer.transport.get_write_buffer_size():
                 await writer.drain()
@@ -165,15 +179,45 @@ class FakeServer:
             writer.write(f'data: {{"choices":[],"usage":{{"prompt_tokens":7,"completion_tokens":{n}}}}}\n\n'.encode())
         writer.write(b"data: [DONE]\n\n")
         self.served += 1
+        self.generated += n
         return False
 
 
+def _metrics(o: Options, served: int, generated: int) -> str:
+    """The /metrics text of ``o.flavor``: preemption counters count requests served, token
+    counters the tokens they streamed (7 prompt tokens each), usage is 0.25."""
+    if o.flavor == "llamacpp":  # llama-server's names (tools/server/README.md, builds before PR #13660)
+        return (
+            f"llamacpp:prompt_tokens_total {7 * served}\nllamacpp:tokens_predicted_total {generated}\n"
+            "llamacpp:kv_cache_usage_ratio 0.25\nllamacpp:kv_cache_tokens 128\n"
+            "llamacpp:requests_processing 1\nllamacpp:requests_deferred 0\n"
+        )
+    if o.flavor.startswith("sglang"):
+        pool = (
+            'sglang:max_total_num_tokens{model_name="m"} 200.0\nsglang:page_size{model_name="m"} 1.0\n'
+            if o.flavor == "sglang-old"
+            else 'sglang:cache_config_info{page_size="16",num_pages="12"} 1.0\n'
+            'sglang:full_token_usage{model_name="m"} 0.25\nsglang:mamba_usage{model_name="m"} 0.5\n'
+        )
+        return pool + (
+            'sglang:token_usage{model_name="m"} 0.5\n'
+            f'sglang:num_retracted_requests_total{{model_name="m"}} {float(served)}\n'
+            f'sglang:generation_tokens_total{{model_name="m"}} {float(generated)}\n'
+        )
+    return (
+        'vllm:cache_config_info{block_size="4",num_gpu_blocks="48",cache_dtype="auto"} 1.0\n'
+        f'vllm:num_preemptions_total{{model_name="{o.model}"}} {float(served)}\n'
+        f'vllm:kv_cache_usage_perc{{model_name="{o.model}"}} 0.25\n'
+    )
+
+
 @functools.cache
-def _chunk_head(chat: bool, num_tokens: int, last: bool) -> bytes:
+def _chunk_head(chat: bool, num_tokens: int, last: bool, reasoning: bool = False) -> bytes:
     """A chunk's bytes up to its ``t`` value (pre-encoded: the server's cost per chunk stays small)."""
     text, done = "x " * num_tokens, '"length"' if last else "null"
+    key = "reasoning_content" if reasoning else "content"
     choice = (
-        f'{{"index":0,"delta":{{"content":"{text}"}},"finish_reason":{done}}}'
+        f'{{"index":0,"delta":{{"{key}":"{text}"}},"finish_reason":{done}}}'
         if chat
         else f'{{"index":0,"text":"{text}","finish_reason":{done}}}'
     )

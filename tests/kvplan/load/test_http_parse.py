@@ -53,8 +53,11 @@ def test_reasoning_text_starts_the_first_token():
 
 
 def test_failures_carry_their_reason():
+    shed = to_finished(
+        HttpResult("r", 1, 2, 429, (), "http 429"), arrival_time=1, num_prompt_tokens=1, count_tokens=None
+    )
+    assert (shed.finish_reason, shed.finish_detail) == ("rejected", "http 429")  # the server shed it: not a failure
     cases = [
-        (HttpResult("r", 1, 2, 429, (), "http 429"), "http 429"),
         (HttpResult("r", 1, 2, 0, (), "timeout"), "timeout"),
         (HttpResult("r", 1, 2, 200, sse((1.5, chat("a")))), "stream ended early"),
         (HttpResult("r", 1, 2, 200, sse((1.5, chat("", "stop")), (1.6, "[DONE]"))), "empty output"),

@@ -94,6 +94,12 @@ def test_a_target_run_measures_every_request_and_reads_the_servers_metrics(tmp_p
         "metrics_available": True,
         "num_gpu_blocks": 48,
         "block_size": 4,
+        "pool_tokens": 192,
+        "pool_source": "vllm:cache_config_info",
+        "num_slots": None,
+        "slot_ctx_tokens": None,
+        "kv_usage_metric": "vllm:kv_cache_usage_perc",
+        "kv_usage_note": None,
     }
     level = summary["buckets"][0]["levels"][0]
     assert (level["server_preemptions"], level["server_peak_kv_usage"], level["preemptions"]) == (8, 0.25, 8)
@@ -118,17 +124,27 @@ def test_without_metrics_the_server_side_is_unavailable_not_zero(tmp_path, fake)
     assert level["preemptions"] is None and level["server_preemptions"] is None
 
 
-def test_failed_requests_are_counted_by_reason_and_kept_out_of_latency(tmp_path, fake):
-    server = fake(status=429)
+@pytest.mark.parametrize(
+    ("status", "finish"),
+    [(503, "error"), (429, "rejected")],  # a 429 is the server shedding load (admission), not a failure
+)
+def test_failed_and_shed_requests_are_counted_by_reason_and_kept_out_of_latency(tmp_path, fake, status, finish):
+    server = fake(status=status)
     run_dir = tmp_path / "run"
     code, _, err = run_cli(
         "loadtest", str(workload(tmp_path)), "--target", server.url, "--out", str(run_dir), "--quiet"
     )
     assert code == 0, err
     data = load_run(run_dir)
-    assert all(r.finish_reason == "error" and r.finish_detail == "http 429" for r in data.requests)
+    # an error keeps its status; a refusal, the message of the server's error body (the fake's "refused")
+    reason = f"http {status}" if finish == "error" else "refused"
+    assert all((r.finish_reason, r.finish_detail) == (finish, reason) for r in data.requests)
     for lv in data.result.levels:
-        assert (lv.num_errors, lv.error_reasons, lv.num_completed, lv.ttft_ms) == (8, {"http 429": 8}, 0, None)
+        assert (lv.num_completed, lv.ttft_ms) == (0, None)
+        if finish == "error":
+            assert (lv.num_errors, lv.error_reasons, lv.num_rejected, lv.shed_fraction) == (8, {reason: 8}, 0, 0.0)
+        else:
+            assert (lv.num_errors, lv.num_rejected, lv.rejected_reasons, lv.shed_fraction) == (0, 8, {reason: 8}, 1.0)
 
 
 def test_a_server_that_dies_mid_run_leaves_a_valid_partial_report(tmp_path, fake):

@@ -168,7 +168,7 @@ def test_config_json_file_folder_and_text_config(tmp_path):
 
 def test_missing_field_and_bad_files_name_the_problem(tmp_path):
     bad = tmp_path / "config.json"
-    bad.write_text(json.dumps({"num_attention_heads": 8, "hidden_size": 512}))
+    bad.write_text(json.dumps({"model_type": "llama", "num_attention_heads": 8, "hidden_size": 512}))
     with pytest.raises(KvplanError, match=f"^{bad}: missing field num_hidden_layers"):
         load_model_spec(str(bad))
     bad.write_text(json.dumps({"n_layer": "32", "num_attention_heads": 8, "hidden_size": 512}))

@@ -82,7 +82,11 @@ def test_migrated_summaries_equal_todays_summaries_of_the_same_records(run):
     assert [(lv.arrival_process, lv.requested_cv) for lv in again.levels if lv.mode == "open"] == [
         ("poisson", 1.0) for lv in data.result.levels if lv.mode == "open"
     ]
-    assert [lv.model_copy(update=dict.fromkeys(arrivals)) for lv in again.levels] == data.result.levels
+    # and the shed fraction (admission): a run recorded before it reads as unknown, today's as 0 shed
+    assert [lv.shed_fraction for lv in again.levels] == [0.0] * len(data.result.levels)
+    assert {lv.shed_fraction for lv in data.result.levels} == {None}
+    added = (*arrivals, "shed_fraction")
+    assert [lv.model_copy(update=dict.fromkeys(added)) for lv in again.levels] == data.result.levels
     assert again.buckets == data.result.buckets
     assert again.kv == data.result.kv
     assert again.prefix_caching == data.result.prefix_caching

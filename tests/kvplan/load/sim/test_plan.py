@@ -4,6 +4,7 @@ arithmetic of replicas and cost recomputed by hand, and bad input one line."""
 
 import json
 import math
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -21,7 +22,8 @@ RATE = 20.0
 
 
 def plan_json(*args: str) -> dict:
-    code, out, err = run_cli("plan", str(CHAT), *args, "--json", "--jobs", "2")
+    run_dir = Path(tempfile.mkdtemp(prefix="kvplan-plan-")) / "run"
+    code, out, err = run_cli("plan", str(CHAT), *args, "--json", "--jobs", "2", "--out", str(run_dir))
     assert code == 0, err
     return json.loads(out)
 
@@ -113,9 +115,9 @@ def test_infeasible_configurations_say_why():
         (["--rate", "5", "--model", "llama-3.1-405b", "--gpus", "L4", "--tp", "1"], "no configuration fits"),
     ],
 )
-def test_bad_input_is_one_line(args, line):
+def test_bad_input_is_one_line(args, line, tmp_path):
     base = ["plan", str(CHAT)] + ([] if "--model" in args else ["--model", "llama-3.1-8b"])
-    code, out, err = run_cli(*base, *args, "--jobs", "1")
+    code, out, err = run_cli(*base, *args, "--jobs", "1", "--out", str(tmp_path / "run"))
     assert code == 2 and len(err.strip().splitlines()) == 1 and line in err, err
 
 
@@ -149,6 +151,8 @@ def test_the_pareto_frontier_keeps_what_nothing_beats_on_both_axes(planned, tmp_
         "1",
         "--pareto",
         str(chart),
+        "--out",
+        str(tmp_path / "run"),
     )
     assert code == 0, err
     assert chart.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
