@@ -36,7 +36,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from engine.config import EngineConfig
+from engine.config import EngineConfig, SettingError
 from engine.request import Request, RequestStatus, SamplingParams
 
 QUEUE_FULL, TENANT_WAITING, KV_BUDGET = "queue_full", "tenant_waiting", "kv_budget"
@@ -66,12 +66,20 @@ class Admission:
     requests. The Scheduler calls it at every change of a request's state."""
 
     def __init__(self, config: EngineConfig, num_blocks: int):
+        """Raises: SettingError: ``kv_admission_reserve`` leaves a budget of no block (no request
+        could ever be admitted)."""
         self.max_num_waiting = config.max_num_waiting
         self.max_output_tokens = config.max_output_tokens
         self.tenant_max_concurrency = config.tenant_max_concurrency
         self.tenant_max_waiting = config.tenant_max_waiting
         reserve = config.kv_admission_reserve
         self.budget_blocks = None if reserve is None else budget_blocks(num_blocks, reserve)
+        if self.budget_blocks is not None and self.budget_blocks < 1:
+            raise SettingError(
+                "kv_admission_reserve",
+                f"leaves a KV budget of 0 of the pool's {num_blocks} blocks, so no request could run"
+                f" (got {reserve}; at most {1 - 1 / num_blocks:.4g} here)",
+            )
         self.num_reserved_blocks = 0
         self._blocks: dict[str, int] = {}  # request id -> its reserved blocks (queued or running)
         self._tenants: dict[str, list[int]] = {}  # tenant -> [running, waiting]

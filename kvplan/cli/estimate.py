@@ -219,14 +219,19 @@ def _refuse_others(options: dict, problem: str, fix: str) -> None:
 
 def _llamacpp_estimate(model: str, settings: dict, json_output: bool) -> None:
     """``kvplan estimate --engine llama.cpp``: the flags checked first, then llama.cpp's KV buffer."""
-    from kvplan.plan.llamacpp import LlamaCppSettings, check_settings, ggml_type, llamacpp_kv
-    from kvplan.plan.model_source import load_model_spec
+    from kvplan.plan.llamacpp import SWA_MODEL_TYPES, LlamaCppSettings, check_settings, ggml_type, llamacpp_kv
+    from kvplan.plan.model_source import load_model_config, load_model_spec
 
     parsed = LlamaCppSettings(**settings)
     check_settings(parsed)  # bad flags cost no model read
     ggml_type(parsed.cache_type_k, "cache_type_k")
     ggml_type(parsed.cache_type_v, "cache_type_v")
-    result = llamacpp_kv(load_model_spec(model), parsed)
+    source = load_model_config(model)
+    # a GGUF names a sliding window only where its architecture reads one; a Hugging Face config
+    # may name one that llama.cpp's architecture for it ignores (Mistral)
+    is_gguf = source.path is not None and source.path.suffix.lower() == ".gguf"
+    sliding = is_gguf or str(source.config.get("model_type", "")) in SWA_MODEL_TYPES
+    result = llamacpp_kv(load_model_spec(model), parsed, sliding)
     if json_output:
         import json
 

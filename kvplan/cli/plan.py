@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import math
 import os
 import sys
 from collections.abc import Callable, Iterator
@@ -28,7 +29,23 @@ def _ints(text: str, field: str) -> list[int]:
         raise KvplanError(field, f"must be comma-separated integers (got {text!r})", "e.g. 64,128") from None
     if not values or min(values) < 1:
         raise KvplanError(field, f"must be integers >= 1 (got {text!r})", "e.g. 64,128")
-    return values
+    return list(dict.fromkeys(values))  # a value given twice is judged once
+
+
+def _dtypes(text: str, field: str) -> list[str]:
+    """Comma-separated dtypes, canonical (kvplan.plan.dtypes), each once.
+
+    Raises:
+        KvplanError: naming ``field``: an unknown dtype (with the known ones), or none given.
+    """
+    from kvplan.errors import KvplanError
+    from kvplan.plan import dtypes
+
+    read = dtypes.canonical_weight if field == "weight_dtype" else dtypes.canonical
+    values = [read(d.strip(), field) for d in text.split(",") if d.strip()]
+    if not values:
+        raise KvplanError(field, f"names no dtype (got {text!r})", "e.g. auto,fp8")
+    return list(dict.fromkeys(values))
 
 
 def plan(
@@ -66,7 +83,7 @@ def plan(
         typer.Option(
             "--ray",
             metavar="ADDRESS",
-            help="Run the configurations as Ray tasks (pip install 'kvplan[cluster]'): auto (the running cluster,"
+            help="Run the configurations as Ray tasks (pip install 'kvplan\\[cluster]'): auto (the running cluster,"
             " or RAY_ADDRESS), local (a private instance for this search), or an address such as ray://head:10001.",
         ),
     ] = None,
@@ -100,14 +117,24 @@ def plan(
     warn(spec.warnings, spec.source)
     if (rate is None) == (users is None):
         raise KvplanError("rate", "give the load as --rate or as --users, one of them", "e.g. --rate 20")
-    if rate is not None and not rate > 0:
-        raise KvplanError("rate", f"must be > 0 requests/s (got {rate:g})")
+    if rate is not None and not (rate > 0 and math.isfinite(rate)):
+        raise KvplanError("rate", f"must be a finite number > 0 requests/s (got {rate:g})")
     if users is not None and users < 1:
         raise KvplanError("users", f"must be >= 1 (got {users})")
     if not 0 < attainment <= 1:
         raise KvplanError("attainment", f"must be in (0, 1] (got {attainment:g})", "e.g. --attainment 0.95")
     if max_gpus < 1:
         raise KvplanError("max_gpus", f"must be >= 1 (got {max_gpus})")
+    if jobs is not None and jobs < 1:
+        raise KvplanError("jobs", f"must be >= 1 (got {jobs})", "or leave it out: the machine's cores")
+    if not any(v is not None for v in (spec.slo.ttft_ms, spec.slo.tpot_ms, spec.slo.e2e_ms)):
+        raise KvplanError("slo", "the workload sets no SLO, so every deployment meets it", "add slo: {ttft_ms: 2000}")
+    if spec.dataset.sessions is not None:
+        raise KvplanError(
+            "dataset.sessions",
+            "kvplan plan sizes independent requests; a session's turns depend on each other",
+            "plan on the same buckets without sessions",
+        )
     if model is None:
         if not spec.plan:
             raise KvplanError("model", "no --model and the workload has no plan: entry", "give --model llama-3.1-8b")
@@ -123,16 +150,21 @@ def plan(
         except KvplanError as err:
             closest = (err.fix or "").split("; or give")[0] or "give GPU names as kvplan estimate knows them"
             raise KvplanError("gpus", err.problem, closest) from None
+    if not chosen:
+        raise KvplanError("gpus", f"names no GPU (got {gpus!r})", "e.g. --gpus H100-SXM,A100-80GB")
+    chosen = list(dict.fromkeys(chosen))
     priced = load_prices(prices)
     configs = planning.grid(
         chosen,
         _ints(tp, "tp"),
-        [d.strip() for d in kv_cache_dtype.split(",") if d.strip()],
-        [d.strip() for d in weight_dtype.split(",") if d.strip()],
+        _dtypes(kv_cache_dtype, "kv_cache_dtype"),
+        _dtypes(weight_dtype, "weight_dtype"),
         _ints(max_num_seqs, "max_num_seqs"),
         _ints(max_num_batched_tokens, "max_num_batched_tokens"),
         max_gpus,
     )
+    if not configs:
+        raise KvplanError("tp", f"no --tp value is within --max-gpus {max_gpus}", "give a smaller --tp")
     engine_model = spec.engine.model
     sampled = cached_sample(
         spec,
@@ -143,6 +175,9 @@ def plan(
     price_of = {g: (p.usd_per_gpu_hour, p.source) for g, p in priced.items()}
     work = [planning.Job(spec, model, index, c, sampled, rate, users, attainment, price_of.get(c.gpu)) for c in configs]
     check_out(out)
+    if pareto is not None and not pareto.parent.is_dir():
+        raise KvplanError("pareto", f"{pareto.parent} is not a folder", "give a PNG path in an existing folder")
+    run_dir = create_run_dir(f"plan-{spec.name}", out)  # before the search: a place for what it finds
     console = make_console()
     with _progress(console, len(work), quiet=json_output) as say:
         results, interrupted = search(work, jobs or os.cpu_count() or 1, say, ray)
@@ -161,7 +196,6 @@ def plan(
         interrupted=interrupted,
         created=dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC"),
     )
-    run_dir = create_run_dir(f"plan-{spec.name}", out)
     write_plan(run_dir, run)
     if pareto is not None:
         from kvplan.load.sim.plan_view import plot_pareto
@@ -183,7 +217,7 @@ def plan(
     else:
         from kvplan.load.sim.plan_view import print_plan
 
-        print_plan(results, model, load, console)
+        print_plan(results, model, load, console, interrupted=(len(results), len(work)) if interrupted else None)
         console.print(f"report: {run_dir}", markup=False, highlight=False)
     if interrupted:
         raise typer.Exit(130)

@@ -77,5 +77,6 @@ def _plan_report(run_dir: Path, json_output: bool, compare: Path | None) -> None
         return
     run = render_plan(run_dir)
     console = make_console()
-    print_plan(run.configs, run.model, run.load, console)
+    cut = (len(run.configs), run.num_configs) if run.interrupted else None
+    print_plan(run.configs, run.model, run.load, console, interrupted=cut)
     console.print(f"report: {run_dir}", markup=False, highlight=False)

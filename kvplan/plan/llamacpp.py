@@ -35,6 +35,14 @@ MAX_SEQ = 256  # LLAMA_MAX_SEQ (src/llama-cparams.h): at most this many slots
 MAX_CTX = 2**32 - 1 - PAD  # n_ctx is a uint32_t; room left for the padding
 DEFAULT_PARALLEL = 4  # llama-server's --parallel auto (tools/server/server.cpp), then with a unified cache
 DEFAULT_UBATCH = 512  # common_params.n_ubatch (common/common.h)
+# Hugging Face model types whose llama.cpp architecture reads a sliding window
+# (LLM_KV_ATTENTION_SLIDING_WINDOW: src/models/gemma2.cpp, gemma3.cpp, gemma3n.cpp, cohere2.cpp,
+# phi3.cpp, exaone4.cpp, olmo2.cpp, llama4.cpp, openai-moe.cpp, lfm2.cpp). Others, Mistral and
+# Qwen2 among them, run in llama.cpp's "llama" / "qwen2" architectures with every layer full.
+SWA_MODEL_TYPES = frozenset(
+    ("gemma2", "gemma3", "gemma3_text", "gemma3n", "gemma3n_text", "cohere2", "phi3", "exaone4", "olmo2")
+    + ("olmo3", "llama4", "llama4_text", "gpt_oss", "lfm2")
+)
 
 
 @dataclass(frozen=True)
@@ -143,6 +151,7 @@ class LlamaCppKV:
     cache_type_v: str
     caches: tuple[LlamaCppCache, ...]
     num_recurrent_layers: int  # their state is in llama.cpp's separate recurrent buffer, not in these bytes
+    num_full_window_layers: int = 0  # sliding-window layers llama.cpp's architecture runs as full ones
 
     @property
     def bytes(self) -> int:
@@ -179,8 +188,10 @@ def check_settings(settings: LlamaCppSettings) -> None:
         raise KvplanError("ubatch_size", f"must be >= 1 (got {settings.ubatch_size})")
 
 
-def llamacpp_kv(spec: ModelSpec, settings: LlamaCppSettings) -> LlamaCppKV:
-    """The KV buffer llama.cpp allocates for ``spec`` under ``settings`` (see the module docstring).
+def llamacpp_kv(spec: ModelSpec, settings: LlamaCppSettings, sliding: bool = True) -> LlamaCppKV:
+    """The KV buffer llama.cpp allocates for ``spec`` under ``settings`` (see the module docstring);
+    ``sliding`` False: llama.cpp's architecture for the model reads no sliding window
+    (``SWA_MODEL_TYPES``), so its sliding layers get full caches.
 
     Raises:
         KvplanError: a bad setting (:func:`check_settings`), an unknown cache type, a quantized
@@ -203,8 +214,9 @@ def llamacpp_kv(spec: ModelSpec, settings: LlamaCppSettings) -> LlamaCppKV:
     if not attention:
         raise KvplanError("model", f"{spec.name} has no attention layers, so llama.cpp allocates no KV cache")
     caches = []
+    windowed = sliding  # the sliding layers' own cache, or full ones
     for kind in ("full", "sliding"):
-        layers = [layer for layer in attention if (layer.kind == "sliding") == (kind == "sliding")]
+        layers = [layer for layer in attention if ((layer.kind == "sliding") and windowed) == (kind == "sliding")]
         if not layers:
             continue
         cells = n_ctx_seq
@@ -229,4 +241,5 @@ def llamacpp_kv(spec: ModelSpec, settings: LlamaCppSettings) -> LlamaCppKV:
         cache_type_v=type_v.name,
         caches=tuple(caches),
         num_recurrent_layers=sum(layer.state is not None for layer in spec.layers),
+        num_full_window_layers=0 if sliding else sum(layer.kind == "sliding" for layer in attention),
     )

@@ -31,6 +31,11 @@ def render_llamacpp(result: LlamaCppKV, console: Console) -> None:
         )
     table.add_row("KV buffer", f"{result.bytes:,} bytes = {result.bytes / 2**20:.2f} MiB")
     console.print(table)
+    if result.num_full_window_layers:
+        console.print(
+            f"{result.num_full_window_layers} sliding-window layers are priced full: llama.cpp runs this"
+            " model's architecture without its sliding window"
+        )
     if result.num_recurrent_layers:
         console.print(
             f"{result.num_recurrent_layers} recurrent layers keep their state in llama.cpp's separate"

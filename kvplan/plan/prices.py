@@ -54,9 +54,11 @@ def load_prices(path: Path | None = None) -> dict[str, GpuPrice]:
     """
     path = PRICES_FILE if path is None else Path(path)
     try:
-        text = path.read_text(encoding="utf-8")
+        text = path.read_text(encoding="utf-8-sig")  # a spreadsheet's CSV may start with a byte-order mark
     except OSError as err:
         raise KvplanError("prices", f"cannot read {path} ({err.strerror or err})", "give an existing file") from None
+    except UnicodeDecodeError as err:
+        raise KvplanError("prices", f"{path} is not UTF-8 text (byte {err.start})", "save it as UTF-8") from None
     name = path.name
     rows = _csv_rows(text, name) if path.suffix.lower() == ".csv" else _yaml_rows(text, name)
     prices: dict[str, GpuPrice] = {}
@@ -76,6 +78,8 @@ def _yaml_rows(text: str, name: str) -> list[_Row]:
 
     try:
         data = yaml.safe_load(text)
+    except ValueError as err:  # a scalar YAML reads as a date but is none, e.g. date: 2026-13-01
+        raise KvplanError("date", f"not a date ({err})", "write dates as 'YYYY-MM-DD' in quotes", source=name) from None
     except yaml.YAMLError as err:
         problem = str(getattr(err, "problem", None) or err).splitlines()[0]
         mark = getattr(err, "problem_mark", None)

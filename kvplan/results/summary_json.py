@@ -39,7 +39,10 @@ otherwise) and ``client`` (a target level's client cost: ``lag_p99_ms``, ``stamp
 ``ttft_p50_ms``, ``send_delay_p99_ms``, ``mean_interarrival_ms``, ``cpu_s``, ``wall_s``,
 ``behind``, ``behind_reason``, ``workers``; null in-process). Every
 run also gives per level ``num_errors``, ``error_reasons``, ``requested_rate`` and
-``achieved_rate`` (open loop, requests/s). ``server`` is null for an in-process run. A
+``achieved_rate`` (open loop, requests/s), ``slo_attainment`` (0..1), and admission's
+``num_rejected``, ``shed_fraction``, ``rejected_reasons`` and ``tenants`` (per tenant ``name``,
+``num_requests``, ``num_rejected``, ``shed_fraction``, ``num_completed``, ``ttft_ms``).
+``server`` is null for an in-process run. A
 steady-state level (warm-up, cool-down, ``duration_s``) gives ``num_measured`` (the requests
 every statistic covers), ``num_excluded`` (warm-up and cool-down requests left out) and
 ``window_start_s`` / ``window_end_s``: the measured window, seconds from the level's first
@@ -101,6 +104,21 @@ def level_json(level: LevelSummary) -> dict[str, Any]:
         "ttfo_ms": _stats(level.ttfo_ms) if level.ttfo_ms is not None else None,
         "num_errors": level.num_errors,
         "error_reasons": dict(level.error_reasons),
+        "slo_attainment": level.slo_attainment,
+        "num_rejected": level.num_rejected,
+        "shed_fraction": level.shed_fraction,
+        "rejected_reasons": dict(level.rejected_reasons),
+        "tenants": [
+            {
+                "name": t.name,
+                "num_requests": t.num_requests,
+                "num_rejected": t.num_rejected,
+                "shed_fraction": t.shed_fraction,
+                "num_completed": t.num_completed,
+                "ttft_ms": _stats(t.ttft_ms),
+            }
+            for t in level.tenants
+        ],
         "requested_rate": level.requested_rate,
         "achieved_rate": level.achieved_rate,
         "num_measured": level.num_requests,

@@ -12,7 +12,8 @@ requests for all::
     replicas      ceil(load / per-replica capacity); GPUs = replicas x tp
     cost          $/hour = GPUs x the GPU's on-demand $/GPU-hour (kvplan.plan.prices); $ per 1M output
                   tokens = $/hour / (rate x mean output tokens x 3,600 / 1e6); $ per 1,000 good
-                  requests = $/hour / (rate x the attainment at the capacity point x 3,600 / 1,000)
+                  requests = $/hour / (rate x the attainment at the capacity point x 3,600 / 1,000);
+                  with --users, rate = users x the capacity point's requests/s per user
 
 Configurations are independent: they run here, on a process pool (``jobs``) or as Ray tasks
 (kvplan.load.sim.plan_pool), each simulated whole in one worker, so the answers do not depend on
@@ -115,6 +116,7 @@ class Job:
 def judge(job: Job) -> ConfigResult:
     """One configuration's answer (see the module docstring); never raises for a configuration that
     cannot run: it comes back infeasible, with the reason."""
+    from kvplan.load.sim.brackets import round_rate
     from kvplan.load.sim.gpu_target import gpu_setup
     from kvplan.load.sim.search import CONCURRENCY_PRECISION, search_capacity
 
@@ -154,7 +156,14 @@ def judge(job: Job) -> ConfigResult:
     # to within RATE_MODE_CONCURRENCY_PRECISION. --users: replicas come from it, to within 2 %.
     precision = RATE_MODE_CONCURRENCY_PRECISION if job.rate is not None else CONCURRENCY_PRECISION
     cap = search_capacity(workload, setup.facts, sampled, setup.clock, job.attainment, {}, precision)[0]
-    rate = None if cap.max_request_rate is None else float(cap.max_request_rate.level)
+    rate_point = cap.max_request_rate
+    if cap.burst_meets_slo and cap.max_concurrency is not None:
+        # a TPOT-only SLO holds at any rate (a queue never breaks it): a replica then serves what
+        # max_num_seqs in flight serve, its saturation rate (requests/s = goodput / attainment)
+        rate_point = cap.max_concurrency
+        done = (rate_point.goodput_rps or 0.0) / (rate_point.slo_attainment or 1.0)
+        rate_point = rate_point.model_copy(update={"level": round_rate(done)}) if done else None
+    rate = None if rate_point is None else float(rate_point.level)
     users = None if cap.max_concurrency is None else int(cap.max_concurrency.level)
     per_replica = rate if job.rate is not None else users
     load = job.rate if job.rate is not None else job.users
@@ -170,13 +179,13 @@ def judge(job: Job) -> ConfigResult:
         )
     replicas = math.ceil(load / per_replica - 1e-9)
     gpus = replicas * c.tp
-    point = cap.max_request_rate if job.rate is not None else cap.max_concurrency
+    point = rate_point if job.rate is not None else cap.max_concurrency
     assert point is not None  # per_replica is its level
     attained = point.slo_attainment or 0.0
     if job.rate is not None:  # the load's requests, of which the capacity point's share meet the SLO
         served_rps, good = job.rate, job.rate * attained
-    else:  # N users over the replicas, each replica at its capacity point's goodput
-        good = (point.goodput_rps or 0.0) * replicas
+    else:  # N users, each at the capacity point's goodput per user (Little's law, the same latency)
+        good = (point.goodput_rps or 0.0) / point.level * load
         served_rps = good / attained if attained else 0.0
     mean_out = sum(r.max_tokens for r in sampled[bucket.name]) / len(sampled[bucket.name])
     usd = None if job.price is None else gpus * job.price[0]
@@ -201,12 +210,15 @@ def judge(job: Job) -> ConfigResult:
 
 
 def rank_key(r: ConfigResult) -> tuple:
-    """Meeting the SLO first; then priced by $/hour; then by GPU count (unpriced after priced)."""
+    """Meeting the SLO first; then priced by $/hour; then by GPU count (unpriced after priced);
+    then the most per-replica capacity (headroom), then the smaller TP."""
+    capacity = r.slo_max_request_rate if r.slo_max_request_rate is not None else r.slo_max_concurrency
     return (
         not r.meets_slo,
         r.usd_per_hour is None,
         r.usd_per_hour if r.usd_per_hour is not None else 0.0,
         r.num_gpus if r.num_gpus is not None else math.inf,
+        -(capacity or 0.0),
         r.tp,
     )
 

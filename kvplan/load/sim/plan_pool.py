@@ -20,7 +20,7 @@ from typing import Any
 from kvplan.errors import KvplanError
 from kvplan.load.sim.plan import ConfigResult, Job, judge, rank_key
 
-RAY_HINT = "pip install 'kvplan[cluster]'"
+RAY_HINT = "pip install 'kvplan[cluster]'"  # ray[client] too, for a ray:// address
 
 
 @dataclass
@@ -31,13 +31,17 @@ class Outcome:
     interrupted: bool = False
 
 
-def chunks(jobs: Sequence[Any]) -> list[list[tuple[int, Any]]]:
-    """Jobs with their indices, grouped by (GPU, TP, KV dtype, weight dtype) in first-seen order."""
+CHUNK = 5  # configurations per chunk at most: what Ctrl-C waits for, per worker
+
+
+def chunks(jobs: Sequence[Any], size: int = CHUNK) -> list[list[tuple[int, Any]]]:
+    """Jobs with their indices, grouped by (GPU, TP, KV dtype, weight dtype) in first-seen order,
+    each group cut into chunks of at most ``size``."""
     groups: dict[tuple, list[tuple[int, Any]]] = {}
     for i, job in enumerate(jobs):
         c = job.config
         groups.setdefault((c.gpu, c.tp, c.kv_cache_dtype, c.weight_dtype), []).append((i, job))
-    return list(groups.values())
+    return [group[k : k + size] for group in groups.values() for k in range(0, len(group), size)]
 
 
 def judge_chunk(chunk: list[tuple[int, Any]]) -> list[tuple[int, Any]]:
@@ -116,19 +120,32 @@ _POLL_S = 0.2  # how often a waiting loop looks at Ctrl-C
 
 
 def _on_pool(work: list, workers: int, finished: Callable[[list], None], stop: _StopOnCtrlC) -> None:
-    with ProcessPoolExecutor(max_workers=workers, initializer=_ignore_sigint) as pool:
-        pending: set[Future] = {pool.submit(judge_chunk, chunk) for chunk in work}
-        while pending:
-            ready, pending = wait(pending, timeout=_POLL_S, return_when=FIRST_COMPLETED)
-            for future in ready:
+    pool = ProcessPoolExecutor(max_workers=workers, initializer=_ignore_sigint)
+    try:
+        _drain(pool, work, finished, stop)
+    except BaseException:  # a second Ctrl-C: stop the workers now rather than wait for their chunks
+        for process in list(getattr(pool, "_processes", {}).values()):
+            process.terminate()
+        pool.shutdown(wait=False, cancel_futures=True)
+        raise
+    pool.shutdown(wait=True)
+
+
+def _drain(pool: ProcessPoolExecutor, work: list, finished: Callable[[list], None], stop: _StopOnCtrlC) -> None:
+    """Submit every chunk and record each as it finishes; after Ctrl-C, cancel what has not
+    started and record what was running when it finishes."""
+    pending: set[Future] = {pool.submit(judge_chunk, chunk) for chunk in work}
+    while pending:
+        ready, pending = wait(pending, timeout=_POLL_S, return_when=FIRST_COMPLETED)
+        for future in ready:
+            finished(future.result())
+        if stop.asked:
+            for future in pending:
+                future.cancel()  # those not started; the running ones finish and are kept
+            pending = {f for f in pending if not f.cancelled()}
+            for future in wait(pending).done:
                 finished(future.result())
-            if stop.asked:
-                for future in pending:
-                    future.cancel()  # those not started; the running ones finish and are kept
-                pending = {f for f in pending if not f.cancelled()}
-                for future in wait(pending).done:
-                    finished(future.result())
-                return
+            return
 
 
 def _on_ray(work: list, address: str, workers: int, finished: Callable[[list], None], stop: _StopOnCtrlC) -> None:

@@ -64,8 +64,16 @@ def plan_frame(results: list[ConfigResult], load: dict, top: int = 15) -> pd.Dat
     return frame
 
 
-def print_plan(results: list[ConfigResult], model: str, load: dict, console, top: int = 15) -> None:
-    """The ``top`` best configurations, the count of the rest, and the best one's serve command."""
+def print_plan(
+    results: list[ConfigResult],
+    model: str,
+    load: dict,
+    console,
+    top: int = 15,
+    interrupted: tuple[int, int] | None = None,
+) -> None:
+    """The ``top`` best configurations, the count of the rest, and the best one's serve command;
+    ``interrupted``: (configurations finished, in the grid) of a search Ctrl-C stopped."""
     from kvplan.results.report.tables import to_rich
 
     what = f"{load['rate']:g} req/s" if "rate" in load else f"{load['users']} users"
@@ -79,6 +87,12 @@ def print_plan(results: list[ConfigResult], model: str, load: dict, console, top
             markup=False,
             highlight=False,
             soft_wrap=True,
+        )
+    if interrupted is not None:
+        console.print(
+            f"interrupted: {interrupted[0]} of {interrupted[1]} configurations judged; the best is of those only",
+            markup=False,
+            highlight=False,
         )
     best = results[0] if results else None
     if best is not None and best.meets_slo:

@@ -144,12 +144,26 @@ class Worker:
             self.lags.append(max(0.0, clock() - due))
 
     async def _stream(self, req: HttpRequest) -> None:
+        events: list[tuple[float, bytes]] = []
+        sent = time.perf_counter()
+        for _ in range(2):
+            status, error, detail = await self._post(req, events)
+            if error != "connection dropped" or status or events:
+                break
+        self.emit(("done", HttpResult(req.request_id, sent, time.perf_counter(), status, tuple(events), error, detail)))
+
+    async def _post(self, req: HttpRequest, events: list[tuple[float, bytes]]) -> tuple[int, str, str]:
+        """One POST of ``req``, its SSE events appended to ``events``: (status, error, detail).
+
+        A kept-alive connection the server closed after its last answer fails at once with no
+        status ("connection dropped"); the caller sends such a request once more, on a fresh
+        connection, as curl and urllib3 do. llama.cpp's llama-server (tools/server/server-http.cpp
+        on cpp-httplib) announces ``Keep-Alive`` yet closes the connection after each streamed
+        answer, so without this every second request of a stream failed."""
         import aiohttp
 
         clock = time.perf_counter
-        events: list[tuple[float, bytes]] = []
         status, error, detail = 0, "", ""
-        sent = clock()
         assert self._session is not None  # _main opens it before any request is taken
         try:
             async with self._session.post(req.url, data=req.body, headers={"Content-Type": "application/json"}) as resp:
@@ -181,7 +195,7 @@ class Worker:
             error, detail = "client error", f"{type(err).__name__}: {err}"[:200]
         except asyncio.CancelledError:
             error = "cancelled"
-        self.emit(("done", HttpResult(req.request_id, sent, clock(), status, tuple(events), error, detail)))
+        return status, error, detail
 
 
 def _test_blocker() -> asyncio.Future | None:

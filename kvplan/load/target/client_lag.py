@@ -65,7 +65,7 @@ def judge(
     reasons = []
     if stamp_delay_p99_ms is not None and ttft_p50_ms and stamp_delay_p99_ms > LAG_SHARE_OF_TTFT * ttft_p50_ms:
         reasons.append(
-            f"loop lag P99 {stamp_delay_p99_ms:.3g} ms > {LAG_SHARE_OF_TTFT:.0%} of TTFT P50 {ttft_p50_ms:.3g} ms"
+            f"stamp delay P99 {stamp_delay_p99_ms:.3g} ms > {LAG_SHARE_OF_TTFT:.0%} of TTFT P50 {ttft_p50_ms:.3g} ms"
         )
     if (
         send_delay_p99_ms is not None

@@ -4,6 +4,7 @@ admission preempts, the shed fraction per level and tenant is the records' own c
 ``kvplan simulate`` refuses exactly the requests the engine refused in a closed-loop level."""
 
 import csv
+import json
 from collections import Counter
 from pathlib import Path
 
@@ -68,6 +69,15 @@ def test_the_shed_fraction_per_level_and_tenant_is_the_records_count(measured):
             assert t.num_requests == len(mine) and t.num_rejected == sum(r.finish_reason == "rejected" for r in mine)
     summary = (measured.run_dir / "summary.md").read_text()
     assert "## Admission: shed per level" in summary and "## Admission: shed per tenant" in summary
+    code, out, err = run_cli("report", str(measured.run_dir), "--json")  # the same counts, machine-readable
+    assert code == 0, err
+    levels = [lv for b in json.loads(out)["buckets"] for lv in b["levels"]]
+    assert [(lv["num_rejected"], lv["shed_fraction"]) for lv in levels] == [
+        (lv.num_rejected, lv.shed_fraction) for lv in measured.result.levels
+    ]
+    assert [[t["num_rejected"] for t in lv["tenants"]] for lv in levels] == [
+        [t.num_rejected for t in lv.tenants] for lv in measured.result.levels
+    ]
 
 
 def test_simulate_refuses_exactly_the_requests_the_engine_refused_in_a_closed_loop_level(measured, tmp_path):

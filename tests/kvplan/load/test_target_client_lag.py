@@ -27,7 +27,7 @@ def test_a_stall_weighs_by_the_time_it_lasts():
 
 def test_the_rule_judges_lag_against_ttft_and_sends_against_the_gap():
     assert judge(0.9, 100.0, None, None) == ""  # 0.9 ms of 100 ms: 0.9 %
-    assert judge(5.1, 100.0, None, None) == "loop lag P99 5.1 ms > 5% of TTFT P50 100 ms"
+    assert judge(5.1, 100.0, None, None) == "stamp delay P99 5.1 ms > 5% of TTFT P50 100 ms"
     assert judge(0.9, 100.0, 0.9, 10.0) == ""  # 0.9 ms late against 10 ms gaps (100 req/s)
     assert judge(0.9, 100.0, 1.1, 10.0) == "sends late by P99 1.1 ms > 0.1 x the mean gap 10 ms"
     assert judge(None, None, None, None) == "" and judge(3.0, None, None, None) == ""  # cannot be told
@@ -68,6 +68,6 @@ def test_a_fast_local_server_at_c8_is_not_behind_and_a_blocked_loop_is(tmp_path,
     assert level.num_completed == 64
     # at least one 50 ms stall in a level of ~2.2 s: over 2 % of the time, so the P99 is well above 10 ms
     assert client.lag_max_ms >= 45 and client.stamp_delay_p99_ms > 0.05 * client.ttft_p50_ms
-    assert client.behind and client.behind_reason.startswith("loop lag P99 ")
-    assert "yes: loop lag P99" in summary
+    assert client.behind and client.behind_reason.startswith("stamp delay P99 ")
+    assert "yes: stamp delay P99" in summary
     assert LAG_TICK_S == 0.005  # the tick the weighting assumes

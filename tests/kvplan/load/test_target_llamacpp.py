@@ -52,6 +52,27 @@ def test_llama_metrics_text_maps_onto_kvplan_fields():
     assert newer["kv_usage"] is None and newer["num_running"] == 0
 
 
+def test_a_newer_llama_server_gives_prefix_hits_and_no_kv_gauge():
+    """What llama-server 0.5.0-dev (build 1, commit 0c1e570; llama-cpp-python 0.3.36's vendored
+    llama.cpp) exported after 32 requests: its prompt counter excludes the 324 tokens a slot's
+    cache served, so the prefix-cache queries are 140 + 324 = 464 tokens."""
+    read = parse_metrics(
+        "# HELP llamacpp:prompt_tokens_total Number of prompt tokens processed, excluding cached tokens\n"
+        "# TYPE llamacpp:prompt_tokens_total counter\n"
+        "llamacpp:prompt_tokens_total 140\n"
+        "# TYPE llamacpp:prompt_tokens_cached_total counter\n"
+        "llamacpp:prompt_tokens_cached_total 324\n"
+        "llamacpp:tokens_predicted_total 384\n"
+        "llamacpp:n_tokens_max 31\n"
+        "llamacpp:requests_processing 0\n"
+        "llamacpp:requests_deferred 0\n"
+    )
+    v = read.values
+    assert (v["prefix_hits_total"], v["prefix_queries_total"], v["prompt_tokens_total"]) == (324, 140 + 324, 140)
+    assert (v["kv_usage"], v["kv_tokens"], v["generation_tokens_total"]) == (None, None, 384)
+    assert read.names["prefix_queries_total"] == "llamacpp:prompt_tokens_total + llamacpp:prompt_tokens_cached_total"
+
+
 def test_sglang_pool_prefers_cache_config_info_over_max_total_num_tokens():
     both = parse_metrics(
         'sglang:cache_config_info{num_pages="2912",page_size="16"} 1.0\n'

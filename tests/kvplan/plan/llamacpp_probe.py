@@ -167,7 +167,11 @@ def parse_log(log: str) -> Measured:
         }
         for m in _SIZE.finditer(log)
     ]
-    lines = [line for line in log.splitlines() if _SIZE.search(line) or _BUFFER.search(line) or _CONTEXT.search(line)]
+    lines = [
+        line[line.index("llama_") :]  # llama-server stamps each line: "0.00.222.732 I llama_context: ..."
+        for line in log.splitlines()
+        if _SIZE.search(line) or _BUFFER.search(line) or _CONTEXT.search(line)
+    ]
     return Measured(
         context={m[1]: m[2] for m in _CONTEXT.finditer(log)},
         caches=caches,

@@ -2,7 +2,8 @@
 
 tests/kvplan/data/llamacpp_kv_buffers.yaml holds the sizes a real llama.cpp (llama-cpp-python
 0.3.36) printed for SmolLM2-135M and a tiny sliding-window Gemma-2 at several --ctx-size,
---parallel and cache types; every case must come out equal. The live test re-measures where
+--parallel and cache types, and what llama.cpp's C++ llama-server (its version in each such case's
+`source`) printed at start-up; every case must come out equal. The live test re-measures where
 llama_cpp imports (it does not in the project's venv, so it normally skips).
 """
 
@@ -59,7 +60,9 @@ def flags(settings: dict) -> list[str]:
 
 
 @pytest.mark.parametrize(
-    "case", DATA["cases"], ids=[f"{c['settings']['model'][:7]}-{i}" for i, c in enumerate(DATA["cases"])]
+    "case",
+    DATA["cases"],
+    ids=[f"{'server-' * ('source' in c)}{c['settings']['model'][:7]}-{i}" for i, c in enumerate(DATA["cases"])],
 )
 def test_estimate_equals_the_buffer_llama_cpp_printed(monkeypatch, capsys, models, case):
     settings, printed = case["settings"], case["printed"]
@@ -87,6 +90,10 @@ def test_the_recorded_cases_cover_what_the_issue_asks():
     assert {"f16", "q8_0", "q4_0"} <= {s["cache_type_k"] for s in smollm2}
     assert len({s["parallel"] for s in smollm2}) >= 3 and len({s["ctx_size"] for s in smollm2}) >= 3
     assert DATA["llama_cpp_python"] == "0.3.36"
+    # and what llama.cpp's own llama-server printed at start-up, its version named
+    server = [c for c in DATA["cases"] if c.get("source", "").startswith("llama-server ")]
+    assert {"f16", "q8_0", "q4_0"} <= {c["settings"]["cache_type_k"] for c in server}
+    assert len({c["settings"]["parallel"] for c in server if c["settings"]["parallel"]}) >= 2
 
 
 def test_ggml_block_sizes_are_the_block_structs():
@@ -212,3 +219,24 @@ def test_live_llama_cpp_prints_the_estimate(models, settings):
         (c.cells, c.num_streams, c.mib) for c in result.caches
     ]
     assert got.buffer_mib == [c.mib for c in result.caches]
+
+
+def test_mistral_runs_in_llama_cpp_without_its_sliding_window(capsys, monkeypatch):
+    """llama.cpp converts Mistral to its "llama" architecture, which reads no sliding window
+    (src/models/llama.cpp): every one of its 32 layers holds the whole context. By hand: 32 layers
+    x 8 KV heads x 128 dims x 2 bytes (f16) x 32,768 cells, for K and again for V = 4 GiB."""
+    monkeypatch.setattr(
+        sys,
+        "argv",
+        ["kvplan", "estimate", "--engine", "llama.cpp", "--model", "mistral-7b-v0.1", "--ctx-size", "32768"]
+        + ["--parallel", "1", "--json"],
+    )
+    with pytest.raises(SystemExit) as done:
+        main()
+    assert done.value.code in (0, None)
+    out = json.loads(capsys.readouterr().out)
+    assert out["kv_buffer_bytes"] == 2 * 32 * 8 * 128 * 2 * 32768 == 4 * 2**30
+    assert [c["kind"] for c in out["caches"]] == ["full"] and out["num_full_window_layers"] == 32
+    # the library call with its window honoured would price 4,608 cells for those layers instead
+    windowed = llamacpp_kv(load_model_spec("mistral-7b-v0.1"), LlamaCppSettings(ctx_size=32768, parallel=1))
+    assert windowed.bytes < out["kv_buffer_bytes"] / 4

@@ -108,11 +108,15 @@ def test_infeasible_configurations_say_why():
 @pytest.mark.parametrize(
     ("args", "line"),
     [
-        (["--rate", "0"], "rate: must be > 0"),
+        (["--rate", "0"], "rate: must be a finite number > 0"),
         (["--rate", "5", "--gpus", "H100-SXMX"], "gpu"),
         (["--users", "4", "--rate", "2"], "rate: give the load as --rate or as --users"),
         (["--rate", "5", "--tp", "two"], "tp: must be comma-separated integers"),
         (["--rate", "5", "--model", "llama-3.1-405b", "--gpus", "L4", "--tp", "1"], "no configuration fits"),
+        (["--rate", "inf"], "rate: must be a finite number > 0"),
+        (["--rate", "5", "--gpus", ","], "gpus: names no GPU"),
+        (["--rate", "5", "--tp", "2", "--max-gpus", "1"], "tp: no --tp value is within --max-gpus 1"),
+        (["--rate", "5", "--kv-cache-dtype", "fp9"], "kv-cache-dtype: unknown dtype 'fp9'"),
     ],
 )
 def test_bad_input_is_one_line(args, line, tmp_path):
@@ -156,3 +160,60 @@ def test_the_pareto_frontier_keeps_what_nothing_beats_on_both_axes(planned, tmp_
     )
     assert code == 0, err
     assert chart.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def _variant(tmp_path: Path, name: str, **changes) -> Path:
+    """chat.yaml with top-level keys replaced (``None``: removed)."""
+    import yaml
+
+    data = yaml.safe_load(CHAT.read_text())
+    for key, value in changes.items():
+        if value is None:
+            data.pop(key, None)
+        else:
+            data[key] = value
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+def test_a_tpot_only_slo_sizes_replicas_by_the_saturation_rate(tmp_path):
+    """A TPOT-only SLO holds at any rate (a queue never breaks it): a replica serves what
+    max_num_seqs in flight serve, the closed loop at max_num_seqs users, simulated apart."""
+    workload = _variant(tmp_path, "tpot", slo={"tpot_ms": 200})
+    code, out, err = run_cli(
+        "plan",
+        str(workload),
+        "--model",
+        "llama-3.1-8b",
+        "--gpus",
+        "L4",
+        "--tp",
+        "1",
+        "--rate",
+        "100",
+        "--json",
+        "--out",
+        str(tmp_path / "run"),
+    )
+    assert code == 0, err
+    best = json.loads(out)["best"]
+    assert best["meets_slo"] and best["slo_max_concurrency"] == best["max_num_seqs"]
+    served = saturation(best)
+    assert best["slo_max_request_rate"] == pytest.approx(served, rel=1e-3)
+    assert best["replicas"] == math.ceil(100 / best["slo_max_request_rate"] - 1e-9) > 1
+
+
+@pytest.mark.parametrize(
+    ("changes", "line"),
+    [
+        ({"slo": None}, "slo: the workload sets no SLO"),
+        ({"dataset": {"kind": "random", "sessions": {"max_turns": 3}}}, "dataset.sessions: kvplan plan sizes"),
+    ],
+)
+def test_a_workload_plan_cannot_size_is_one_line(tmp_path, changes, line):
+    workload = _variant(tmp_path, "bad", **changes)
+    code, _, err = run_cli(
+        "plan", str(workload), "--model", "llama-3.1-8b", "--rate", "5", "--out", str(tmp_path / "r")
+    )
+    assert code == 2 and len(err.strip().splitlines()) == 1 and line in err, err
