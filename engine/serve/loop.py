@@ -100,9 +100,9 @@ class EngineLoop:
             if not engine.has_unfinished():
                 continue
             outputs, stats = engine.step()
+            generated = self._post({o.request_id: o for o in outputs})
             if self.metrics is not None:
-                self.metrics.observe_step(stats, outputs)
-            self._post({o.request_id: o for o in outputs})
+                self.metrics.observe_step(stats, outputs, generated)
 
     def _take(self, item: tuple | None) -> None:
         if item is None:  # stop() wakes the loop
@@ -129,8 +129,11 @@ class EngineLoop:
             return
         self._live[request_id] = live
 
-    def _post(self, finished: dict) -> None:
+    def _post(self, finished: dict) -> int:
+        """Send each live request the tokens it gained this step (and its end); returns how many
+        tokens were generated in all, the first of a request included."""
         by_loop: dict[asyncio.AbstractEventLoop, list] = {}
+        generated = 0
         for request_id, live in list(self._live.items()):
             out = finished.get(request_id)
             assert live.request is not None  # _take sets it before the request goes live
@@ -139,6 +142,7 @@ class EngineLoop:
                 continue
             text = self._new_text(live, ids, final=out is not None)
             new = len(ids) - live.num_sent
+            generated += new
             live.num_sent = len(ids)
             update = Update(
                 text, new, len(ids), len(live.job.prompt_token_ids), out.finish_reason if out is not None else None
@@ -151,6 +155,7 @@ class EngineLoop:
                 loop.call_soon_threadsafe(_deliver_all, updates)
             except RuntimeError:  # the server's loop closed under us (shutdown)
                 pass
+        return generated
 
     def _new_text(self, live: _Live, ids: list[int], final: bool) -> str:
         tokenizer = self.engine.tokenizer

@@ -72,8 +72,11 @@ class ServeMetrics:
             self._rejected.labels(model_name, reason)
         self._model = model_name
 
-    def observe_step(self, stats, outputs) -> None:
-        """After one step: gauges from ``stats`` (engine.outputs.StepStats), counters advanced."""
+    def observe_step(self, stats, outputs, num_generated: int | None = None) -> None:
+        """After one step: gauges from ``stats`` (engine.outputs.StepStats), counters advanced.
+        ``num_generated``: the tokens the step generated, a request's first included, as vLLM v1
+        counts ``generation_tokens`` (vllm/v1/metrics/stats.py, IterationStats.update_from_output:
+        every new token id); None: the step's decode tokens (its first tokens left out)."""
         self.running.set(stats.num_running)
         self.waiting.set(stats.num_waiting)
         self.kv_usage.set(stats.num_used_blocks / stats.num_total_blocks if stats.num_total_blocks else 0.0)
@@ -81,7 +84,7 @@ class ServeMetrics:
         self.prefix_queries.inc(stats.num_prefix_queried_tokens)
         self.prefix_hits.inc(stats.num_prefix_hit_tokens)
         self.prompt_tokens.inc(stats.num_prefill_tokens)
-        self.generation_tokens.inc(stats.num_decode_tokens)
+        self.generation_tokens.inc(stats.num_decode_tokens if num_generated is None else num_generated)
         for out in outputs:
             if out.finish_reason in ("stop", "length"):
                 self._success.labels(self._model, out.finish_reason).inc()

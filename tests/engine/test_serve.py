@@ -72,6 +72,7 @@ def metric(url: str, name: str) -> float:
 
 def test_a_stream_carries_the_engines_own_greedy_tokens_and_usage(served):
     prompt = random_prompts([10])[0]
+    generated = metric(served.url, "vllm:generation_tokens_total")
     status, raw = post(
         f"{served.url}/v1/completions",
         {
@@ -92,6 +93,8 @@ def test_a_stream_carries_the_engines_own_greedy_tokens_and_usage(served):
     }
     text = "".join(c["choices"][0]["text"] for c in chunks[:-2])
     assert chunks[-3]["choices"][0]["finish_reason"] == "length"
+    # every generated token counts, the first (sampled by the prefill step) included, as in vLLM v1
+    assert metric(served.url, "vllm:generation_tokens_total") - generated == 9
     reference = tiny_engine(**POOL).generate([prompt], SamplingParams(max_tokens=9, ignore_eos=True))[0]
     assert text == "".join(f"<{t}>" for t in reference.output_token_ids)  # tokens as <id> without a tokenizer
 

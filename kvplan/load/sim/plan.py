@@ -225,7 +225,8 @@ def rank_key(r: ConfigResult) -> tuple:
 
 def progress_line(r: ConfigResult) -> str:
     """One line per finished configuration (the search's progress)."""
-    what = f"{r.gpu} x{r.tp} kv {r.kv_cache_dtype} seqs {r.max_num_seqs} tokens {r.max_num_batched_tokens}"
+    weights = "" if r.weight_dtype == "auto" else f" weights {r.weight_dtype}"
+    what = f"{r.gpu} x{r.tp} kv {r.kv_cache_dtype}{weights} seqs {r.max_num_seqs} tokens {r.max_num_batched_tokens}"
     if not r.feasible:
         return f"{what}: infeasible ({r.reason})"
     if not r.meets_slo:
