@@ -273,6 +273,9 @@ def serve(app, sock: socket.socket) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.tenant_header is not None and not args.tenant_header.strip():
+        print("error: tenant_header: names no header (got ''); give a header name, e.g. X-Tenant", file=sys.stderr)
+        return 2
     try:
         from engine.llm_engine import LLMEngine
 

@@ -115,6 +115,10 @@ def plan(
 
     spec = load_workload(workload)
     warn(spec.warnings, spec.source)
+    if spec.variants or any(b.variants for b in spec.buckets):
+        warn(
+            ["variants: kvplan plan judges the engine section alone; the workload's variants are not used"], spec.source
+        )
     if (rate is None) == (users is None):
         raise KvplanError("rate", "give the load as --rate or as --users, one of them", "e.g. --rate 20")
     if rate is not None and not (rate > 0 and math.isfinite(rate)):

@@ -76,8 +76,19 @@ _Row = tuple[str, str, dict[str, object]]  # (where: a GPU key or "line N", the 
 def _yaml_rows(text: str, name: str) -> list[_Row]:
     import yaml
 
+    class _Strict(yaml.SafeLoader):
+        """PyYAML keeps the last of two equal keys silently; a GPU priced twice must say so."""
+
+    def _mapping(loader: yaml.SafeLoader, node: yaml.MappingNode) -> dict:
+        keys = [loader.construct_object(k) for k, _ in node.value]
+        twice = next((k for i, k in enumerate(keys) if k in keys[:i]), None)
+        if twice is not None:
+            raise KvplanError(str(twice), f"{twice} is given twice", "keep one entry per GPU", source=name)
+        return loader.construct_mapping(node)
+
+    _Strict.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _mapping)
     try:
-        data = yaml.safe_load(text)
+        data = yaml.load(text, Loader=_Strict)  # noqa: S506 - a SafeLoader
     except ValueError as err:  # a scalar YAML reads as a date but is none, e.g. date: 2026-13-01
         raise KvplanError("date", f"not a date ({err})", "write dates as 'YYYY-MM-DD' in quotes", source=name) from None
     except yaml.YAMLError as err:

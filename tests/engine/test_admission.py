@@ -65,6 +65,13 @@ def test_the_reserve_shrinks_the_budget_and_a_request_over_it_alone_cannot_fit()
     assert too_long.finish_detail == "needs 20 blocks, the KV admission budget is 18"
 
 
+def test_a_reserve_that_leaves_no_block_is_refused_at_the_start():
+    assert budget_blocks(24, 0.95) == 1  # floor(24 x 0.05 = 1.2): one block, a budget still
+    make(kv_admission_reserve=0.95)
+    with pytest.raises(SettingError, match=r"^kv_admission_reserve: leaves a KV budget of 0 of the pool's 24 blocks"):
+        make(kv_admission_reserve=0.96)  # floor(24 x 0.04 = 0.96) = 0
+
+
 def test_the_queue_bound_counts_waiting_requests():
     s = make(num_blocks=200, max_num_waiting=3)
     requests = [add(s, str(i), prompt_len=4, max_tokens=2) for i in range(5)]

@@ -145,6 +145,7 @@ def test_bad_admission_flags_exit_2_in_one_line(capsys):
     for flags, start in (
         (["--kv-admission-reserve", "-0.1"], "error: kv_admission_reserve: must be a fraction in [0, 1) (got -0.1)"),
         (["--tenant-max-concurrency", "0"], "error: tenant_max_concurrency: must be >= 1"),
+        (["--tenant-header", " "], "error: tenant_header: names no header"),
     ):
         assert main(["--model", "tiny-random-llama", "--port", "0", *flags]) == 2
         err = capsys.readouterr().err

@@ -128,6 +128,13 @@ def run_target_loadtest(
         KvplanError: before the run folder exists (see the module docstring), or ReportInterrupted.
     """
     say = console.print if console is not None else (lambda *a, **k: None)
+    if any(v is not None for v in workload.engine.admission.model_dump().values()):
+        say(
+            "note: engine.admission is the bundled engine's and simulate's; a server's own flags decide its"
+            " admission (engine.serve: --max-num-waiting, --kv-admission-reserve, ...)",
+            markup=False,
+            highlight=False,
+        )
     target, started = workload.target, now_iso()
     assert target is not None and target.url is not None  # a target run's workload (with_target checks the url)
     for index in range(len(workload.plan)):

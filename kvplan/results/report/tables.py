@@ -279,7 +279,8 @@ def request_row(rec: RequestRecord) -> dict[str, Any]:
     """The requests.csv row: scalars plus derived latencies in ms (empty when undefined)."""
     row = {f.name: getattr(rec, f.name) for f in fields(rec) if f.name != "token_times"}
     ms = lambda s: None if s is None else s * 1e3  # noqa: E731
-    row.update(ttft_ms=ms(metrics.ttft_s(rec)), tpot_ms=ms(metrics.tpot_s(rec)), e2e_ms=ms(metrics.e2e_s(rec)))
+    e2e = None if rec.finish_reason == "rejected" else metrics.e2e_s(rec)  # refused at the entry: no latency
+    row.update(ttft_ms=ms(metrics.ttft_s(rec)), tpot_ms=ms(metrics.tpot_s(rec)), e2e_ms=ms(e2e))
     row["ttfo_ms"] = ms(metrics.ttfo_s(rec))  # a target's reasoning stream only (else empty)
     return row
 

@@ -67,6 +67,10 @@ def test_the_shed_fraction_per_level_and_tenant_is_the_records_count(measured):
         for t in lv.tenants:
             mine = [r for r in own if r.tenant_name == t.name]
             assert t.num_requests == len(mine) and t.num_rejected == sum(r.finish_reason == "rejected" for r in mine)
+    rows = list(csv.DictReader((measured.run_dir / "requests.csv").open()))
+    refused_rows = [r for r in rows if r["finish_reason"] == "rejected"]
+    assert refused_rows and all(r["e2e_ms"] == r["ttft_ms"] == "" for r in refused_rows)  # no latency
+    assert all(r["e2e_ms"] != "" for r in rows if r["finish_reason"] in ("stop", "length"))
     summary = (measured.run_dir / "summary.md").read_text()
     assert "## Admission: shed per level" in summary and "## Admission: shed per tenant" in summary
     code, out, err = run_cli("report", str(measured.run_dir), "--json")  # the same counts, machine-readable

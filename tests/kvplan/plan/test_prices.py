@@ -95,6 +95,12 @@ YAML_ENTRY = "source: 'a https://x.example'"
             f"  H100-SXM5: {{usd_per_gpu_hour: 3, {YAML_ENTRY}, date: '2026-11-30'}}\n",
             "prices.yaml: H100-SXM5: H100-SXM is priced twice; keep one entry per GPU",
         ),
+        (  # the same key twice: PyYAML alone would keep the second silently
+            f"prices:\n  H100-SXM: {{usd_per_gpu_hour: 2, {YAML_ENTRY}, date: '2026-11-30'}}\n"
+            f"  H100-SXM: {{usd_per_gpu_hour: 3, {YAML_ENTRY}, date: '2026-11-30'}}\n",
+            "prices.yaml: H100-SXM: H100-SXM is given twice; keep one entry per GPU",
+        ),
+        ("prices:\n  H100-SXM: {usd_per_gpu_hour: 2, source: x, date: 2026-13-01}\n", "prices.yaml: date: not a date"),
         ("gpus: {}\n", "prices.yaml: prices: must be a mapping of GPU name -> entry"),
     ],
 )
