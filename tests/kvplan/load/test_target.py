@@ -15,7 +15,6 @@ import yaml
 from kvplan.results.run_result import load_run
 from kvplan.results.summary_json import summary_json
 from tests.kvplan.cli_runner import run_cli
-from tests.kvplan.load.fake_server import FakeServer, Options
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -42,20 +41,6 @@ def workload(tmp_path: Path, **target) -> Path:
     path = tmp_path / "w.yaml"
     path.write_text(yaml.safe_dump(doc))
     return path
-
-
-@pytest.fixture
-def fake():
-    servers = []
-
-    def start(**options):
-        server = FakeServer(Options(**options)).start()
-        servers.append(server)
-        return server
-
-    yield start
-    for server in servers:
-        server.stop()
 
 
 def test_a_target_run_measures_every_request_and_reads_the_servers_metrics(tmp_path, fake):

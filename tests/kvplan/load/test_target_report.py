@@ -10,7 +10,6 @@ import yaml
 
 from kvplan.results.run_result import load_run
 from tests.kvplan.cli_runner import run_cli
-from tests.kvplan.load.fake_server import FakeServer, Options
 from tests.kvplan.load.test_target import workload
 
 # server-side and engine-side KV quantities: a cell under one of these headers is a KV value
@@ -32,20 +31,6 @@ KV_KEYS = {
     "simulated_knee",
     "predicted_max_concurrency",
 }
-
-
-@pytest.fixture
-def fake():
-    servers = []
-
-    def start(**options):
-        server = FakeServer(Options(**options)).start()
-        servers.append(server)
-        return server
-
-    yield start
-    for server in servers:
-        server.stop()
 
 
 def markdown_tables(text: str) -> dict[str, list[dict[str, str]]]:
