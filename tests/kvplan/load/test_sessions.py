@@ -49,9 +49,25 @@ def sampled(workload):
     return sample_buckets(workload, None, 512).requests["chat"]
 
 
+def covers_preemption_and_hits(run) -> bool:
+    """Whether a measured run preempted in its closed loop and served prefix hits: what the replay
+    test needs to cover. Both hang on wall-clock overlap of the users' turns, so a loaded machine
+    can miss them."""
+    steps = run.steps
+    return (
+        sum(s.num_preemptions for s in steps if s.mode == "closed") > 0
+        and sum(s.num_prefix_hit_tokens for s in steps) > 0
+    )
+
+
 @pytest.fixture(scope="module")
 def measured(workload, tmp_path_factory):
-    return load_run(run_loadtest(workload, tmp_path_factory.mktemp("sessions") / "run"))
+    """The first of up to 3 load tests of sessions_tiny.yaml that covers preemption and hits."""
+    for attempt in range(3):
+        run = load_run(run_loadtest(workload, tmp_path_factory.mktemp("sessions") / f"run{attempt}"))
+        if covers_preemption_and_hits(run):
+            break
+    return run
 
 
 def test_random_turns_extend_the_previous_prompt_by_its_reply(workload, sampled):
@@ -222,11 +238,7 @@ def test_the_estimate_sizes_a_session_by_its_largest_turn(measured, sampled):
 
 def test_the_simulator_replays_a_session_run_at_every_step(workload, measured, tmp_path):
     steps = measured.steps
-    # c=4 preempts at any step time from 0.3 ms to 100 ms (sessions_tiny.yaml); hits: turns 2 and 3
-    assert (
-        sum(s.num_preemptions for s in steps if s.mode == "closed") > 0
-        and sum(s.num_prefix_hit_tokens for s in steps) > 0
-    )
+    assert covers_preemption_and_hits(measured)  # a 12-block pool at c=4 (sessions_tiny.yaml); turns 2 and 3 hit
     run = load_run(simulate(workload, replay_setup(workload, measured.run_dir), tmp_path / "sim"))
     mine, theirs = by_level(run.steps), by_level(steps)
     assert list(mine) == list(theirs) and {k.mode for k in theirs} == {"closed", "open"}
