@@ -13,10 +13,10 @@ The peer, measured in the same run: aiconfigurator's ``cli estimate`` (its Pytho
 own virtual environment (``--peer-python``; made in a temporary folder with
 ``pip install aiconfigurator==0.12.0`` when not given; ``--no-peer`` skips it).
 
-``--fit`` finds each backend's four silicon constants (kvplan.plan.silicon.SiliconFit: decode and
-prefill scales of the summed operation times, overheads per step and per sequence) minimising
-the mean absolute log error of TPOT and TTFT over that backend's rows (four simulations per row:
-see ``fit_backend``); ``--fit-every K`` fits on every K-th row only (the check still runs on
+``--fit`` finds each backend's five silicon constants (kvplan.plan.silicon.SiliconFit: decode and
+prefill scales of the summed operation times, overheads per step, per sequence and per layer)
+minimising the mean absolute log error of TPOT and TTFT over that backend's rows (four
+simulations per row: see ``fit_backend``); ``--fit-every K`` fits on every K-th row only (the check still runs on
 all); ``--write`` stores them in kvplan/plan/data/silicon_fit.yaml. ``--step-times roofline``
 checks the roofline instead.
 
@@ -264,51 +264,64 @@ def report(rows: list[dict], ours: dict[str, dict], peer: dict[str, dict] | None
     return summary
 
 
-# the range each constant is searched in: the measured kernels are trusted to within -20 %/+25 % on
-# decode steps and a factor of 2.5 on steps with prefill; overheads up to 5 ms per step, 0.2 ms
-# per sequence
-BOUNDS = ((0.8, 1.25), (0.7, 2.5), (0.0, 5e-3), (0.0, 2e-4))
+# the range each constant is searched in (SiliconFit's order: decode scale, prefill scale, step,
+# sequence and layer overheads): the measured kernels are trusted to within -20 %/+25 % on decode
+# steps and a factor of 2.5 on steps with prefill; overheads up to 5 ms per step, 0.2 ms per
+# sequence, 0.1 ms per layer
+BOUNDS = ((0.8, 1.25), (0.7, 2.5), (0.0, 5e-3), (0.0, 2e-4), (0.0, 1e-4))
+# the simulations per row: one constant 1, the others 0 (the layer overhead's coefficient is the
+# step overhead's times the model's layers: both add a fixed time to every step)
 UNITS = ((1.0, 0.0, 0.0, 0.0), (0.0, 1.0, 0.0, 0.0), (0.0, 0.0, 1.0, 0.0), (0.0, 0.0, 0.0, 1.0))
 
 
 def fit_backend(rows: list[dict], backend: str, jobs: int) -> tuple[float, ...]:
-    """(decode scale, prefill scale, step overhead s, sequence overhead s) of ``backend``
-    minimising the mean absolute log error of TPOT and TTFT over its rows (absolute, not squared:
+    """(decode scale, prefill scale, step overhead s, sequence overhead s, layer overhead s) of
+    ``backend`` minimising the mean absolute log error of TPOT and TTFT over its rows (absolute, not squared:
     the check is on median errors, and a few rows queue far beyond what any step time explains).
 
     A closed loop with no think time schedules the same steps whatever they cost (a request is
     sent when one finishes and joins the next step), so each row's mean TTFT and TPOT are linear
-    in the four constants. Four simulations per row, one per constant set to 1 and the others 0,
-    give the coefficients; the fit is then a search over four numbers (Nelder-Mead on their logs,
-    scipy) with no further simulation."""
+    in the five constants. Four simulations per row, one per constant set to 1 and the others 0,
+    give the coefficients (the layer overhead's is the step overhead's times the model's layers);
+    the fit is then a search over five numbers (Nelder-Mead on their logistic transforms, scipy,
+    from three starts) with no further simulation."""
     import numpy as np
     from scipy.optimize import minimize
+    from scipy.special import expit
+
+    from kvplan.plan.model_source import load_model_config
 
     mine = [r for r in rows if r["backend"] == backend]
     parts = [run_rows(mine, "silicon", {backend: unit}, jobs) for unit in UNITS]
     terms = []  # (coefficient per constant..., measured) per row and metric
     for row in mine:
         got = [p[row["id"]] for p in parts]
+        layers = load_model_config(row["preset"])[0]["num_hidden_layers"]
         for key, meas in (("tpot_ms", row["silicon_tpot_ms"]), ("ttft_ms", row["silicon_ttft_ms"])):
             if all(g.get(key) is not None for g in got):
-                terms.append([g[key] for g in got] + [meas])
+                terms.append([g[key] for g in got] + [got[2][key] * layers, meas])
     arr = np.array(terms)
 
     low, high = np.array([b[0] for b in BOUNDS]), np.array([b[1] for b in BOUNDS])
 
     def constants(x: np.ndarray) -> np.ndarray:  # each within its BOUNDS (a logistic map)
-        return low + (high - low) / (1 + np.exp(-x))
+        return low + (high - low) * expit(x)
 
     def loss(x: np.ndarray) -> float:
-        pred = arr[:, :4] @ constants(x)
-        return float(np.mean(np.abs(np.log(pred / arr[:, 4]))))
+        pred = arr[:, :5] @ constants(x)
+        return float(np.mean(np.abs(np.log(pred / arr[:, 5]))))
 
-    start = np.log((np.array([1.0, 1.0, 1e-3, 1e-5]) - low) / (high - np.array([1.0, 1.0, 1e-3, 1e-5])))
-    best = minimize(loss, start, method="Nelder-Mead", options={"maxiter": 4000, "xatol": 1e-4, "fatol": 1e-6})
+    best = None
+    for start in ((0.0, 0.0, -2.0, -2.0, -2.0), (0.5, 0.5, -1.0, -3.0, -1.0), (-0.5, 1.0, 0.0, 0.0, 0.0)):
+        found = minimize(
+            loss, np.array(start), method="Nelder-Mead", options={"maxiter": 8000, "xatol": 1e-5, "fatol": 1e-7}
+        )
+        best = found if best is None or found.fun < best.fun else best
     fit = tuple(float(v) for v in constants(best.x))
     print(
         f"  {backend}: {len(mine)} rows, scales {fit[0]:.4f} (decode) {fit[1]:.4f} (prefill), overheads "
-        f"{fit[2] * 1e3:.3f} ms per step {fit[3] * 1e3:.4f} ms per sequence, mean |log error| {best.fun:.4f}"
+        f"{fit[2] * 1e3:.3f} ms per step {fit[3] * 1e3:.4f} ms per sequence {fit[4] * 1e3:.4f} ms per layer, "
+        f"mean |log error| {best.fun:.4f}"
     )
     return fit
 
@@ -323,21 +336,22 @@ def write_fit(fits: dict[str, tuple[float, ...]], rows: list[dict], refit: list[
     lines = [
         "# Per-backend corrections of kvplan.plan.silicon's summed operation times: step seconds =",
         "# scale x (aiconfigurator-core's operation times, ms) / 1000 + step_overhead_ms / 1000",
-        "#   + seq_overhead_ms / 1000 x the step's sequences (scale: decode_scale on a decode-only step,",
-        "#   prefill_scale on a step with prefill).",
+        "#   + layer_overhead_ms / 1000 x the model's layers + seq_overhead_ms / 1000 x the step's",
+        "#   sequences (scale: decode_scale on a decode-only step, prefill_scale on a step with prefill).",
         "# Fitted by bench/silicon_check.py --fit --write on tests/kvplan/data/silicon_h100.yaml",
         "# (measured H100-SXM serving runs from aiconfigurator-core 0.12.0's silicon_sample.csv,",
-        "# Apache-2.0): each backend's four constants minimise the mean absolute log error of TPOT and",
+        "# Apache-2.0): each backend's five constants minimise the mean absolute log error of TPOT and",
         "# TTFT, each within the range bench/silicon_check.py's BOUNDS gives it.",
         "backends:",
     ]
-    for backend, (decode, prefill, step, seq) in sorted(fits.items()):
+    for backend, (decode, prefill, step, seq, layer) in sorted(fits.items()):
         lines += [
             f"  {backend}:",
             f"    decode_scale: {decode:.4f}",
             f"    prefill_scale: {prefill:.4f}",
             f"    step_overhead_ms: {step * 1e3:.4f}",
             f"    seq_overhead_ms: {seq * 1e3:.5f}",
+            f"    layer_overhead_ms: {layer * 1e3:.5f}",
             f'    fitted_on: "{kept.get(backend) or f"{counts[backend]} H100-SXM rows of {backend}, {date.today()}"}"',
         ]
     FIT_FILE.write_text("\n".join(lines) + "\n")
@@ -369,7 +383,7 @@ def main() -> None:
         from kvplan.plan.silicon import silicon_fit
 
         fits = {
-            b: (f.decode_scale, f.prefill_scale, f.step_overhead_s, f.seq_overhead_s)
+            b: (f.decode_scale, f.prefill_scale, f.step_overhead_s, f.seq_overhead_s, f.layer_overhead_s)
             for b in ("vllm", "sglang", "trtllm")
             if (f := silicon_fit(b)).fitted_on
         }

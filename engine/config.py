@@ -64,6 +64,10 @@ class EngineConfig:
         KV budget (queued + running requests' prompt + max_tokens, in blocks, within the pool
         less this fraction); max_output_tokens: max_tokens clamped to this; tenant_max_concurrency,
         tenant_max_waiting: the most requests of one tenant running, and queued.
+    prefill_first: a step that can admit a waiting request computes prefills only (new requests,
+        and the chunks of those still in prefill); decodes run in the steps between. SGLang's
+        default (prefill batches apart from decode batches unless --enable-mixed-chunk); off, a
+        step mixes decodes and prefill chunks (vLLM v1, TensorRT-LLM's in-flight batching).
 
     Raises:
         SettingError: ``<field>: <problem> (got <value>)`` for any out-of-range setting.
@@ -87,6 +91,7 @@ class EngineConfig:
     max_output_tokens: int | None = None
     tenant_max_concurrency: int | None = None
     tenant_max_waiting: int | None = None
+    prefill_first: bool = False
 
     def __post_init__(self) -> None:
         def check(ok: bool, field: str, problem: str) -> None:

@@ -5,7 +5,9 @@ Iteration-level continuous batching counted in tokens (vLLM v1's scheduler desig
 ``num_tokens - num_computed_tokens`` more tokens (1 for a decode, a chunk for a prefill), taken
 in order until ``max_num_batched_tokens`` is spent; then waiting requests are admitted first come,
 first served while blocks, budget and ``max_num_seqs`` allow. A prompt longer than the remaining
-budget is prefilled in chunks over several steps (chunked prefill).
+budget is prefilled in chunks over several steps (chunked prefill). With ``prefill_first`` (SGLang's
+way; engine.config) a step that can admit a waiting request, or that has a prompt chunk left,
+computes prefills only, and the decodes wait for the next step without one.
 
 When a running request needs a block and none is free, the most recently admitted running request
 is preempted by recompute (Kwon et al., "PagedAttention", SOSP 2023, section 4.5): its blocks are
@@ -67,6 +69,7 @@ class Scheduler:
         self.num_prefix_hit_tokens = 0
         self._blocks_held = 0  # used blocks once the last schedule() allocated: the step's peak
         self.admission = Admission.of(config, num_blocks)
+        self.prefill_first = config.prefill_first
 
     # ---- views -------------------------------------------------------------------------
     num_waiting = property(lambda self: len(self.waiting))
@@ -205,9 +208,19 @@ class Scheduler:
         scheduled: list[ScheduledRequest] = []
         preempted: list[Request] = []
         queried0, hit0 = self.num_prefix_queried_tokens, self.num_prefix_hit_tokens
-        budget, num_decode, decode_context = self._schedule_running(self.max_num_batched_tokens, scheduled, preempted)
-        if not preempted:  # no request is admitted in a step that preempted
-            budget, num_decode, decode_context = self._admit_waiting(now, budget, num_decode, decode_context, scheduled)
+        budget, num_decode, decode_context = self.max_num_batched_tokens, 0, 0
+        if self.prefill_first and (self.waiting or self._last_in_prefill()):  # a prefill step, if it has any
+            budget, num_decode, decode_context = self._schedule_running(budget, scheduled, preempted, True)
+            if not preempted:
+                budget, num_decode, decode_context = self._admit_waiting(
+                    now, budget, num_decode, decode_context, scheduled
+                )
+        if not scheduled:
+            budget, num_decode, decode_context = self._schedule_running(budget, scheduled, preempted)
+            if not preempted:  # no request is admitted in a step that preempted
+                budget, num_decode, decode_context = self._admit_waiting(
+                    now, budget, num_decode, decode_context, scheduled
+                )
         self._blocks_held = self.block_manager.num_used_blocks  # finishing requests only free blocks after this
         return SchedulerOutput(
             scheduled=tuple(scheduled),
@@ -220,13 +233,13 @@ class Scheduler:
         )
 
     def _schedule_running(
-        self, budget: int, scheduled: list[ScheduledRequest], preempted: list[Request]
+        self, budget: int, scheduled: list[ScheduledRequest], preempted: list[Request], prefills_only: bool = False
     ) -> tuple[int, int, int]:
         """Give running requests, in admission order, their remaining tokens (a decode's one, a
         prefill's chunk) within ``budget``; appends to ``scheduled`` and ``preempted``. Returns
-        (the budget left, the decodes among them, those decodes' context tokens). This loop runs
-        for every running request every step, so its common case (a decode whose last block has
-        room) reads each field once."""
+        (the budget left, the decodes among them, those decodes' context tokens). ``prefills_only``:
+        pass over the decodes (a prefill_first step). This loop runs for every running request
+        every step, so its common case (a decode whose last block has room) reads each field once."""
         bm = self.block_manager
         tables, block_size = bm.block_tables, bm.block_size
         num_decode = decode_context = 0
@@ -237,6 +250,8 @@ class Scheduler:
             prompt, outputs = request.prompt_token_ids, request.output_token_ids
             num_prompt = len(prompt)
             num_tokens = num_prompt + len(outputs)
+            if prefills_only and start >= num_prompt and num_tokens - start == 1:  # a decode
+                continue
             end = num_tokens if num_tokens - start <= budget else start + budget
             table = tables[request.request_id]
             if end > len(table) * block_size:  # needs a block: most steps the last one has room
@@ -266,6 +281,16 @@ class Scheduler:
             )
             budget -= end - start
         return budget, num_decode, decode_context
+
+    def _last_in_prefill(self) -> bool:
+        """Whether the last admitted running request still has a prompt chunk (or a recompute)
+        to compute: a step's chunk goes to the last one admitted, so a request in prefill, if any
+        is running, is the last."""
+        if not self.running:
+            return False
+        last = self.running[-1]
+        computed = last.num_computed_tokens
+        return computed < last.num_prompt_tokens or last.num_tokens - computed > 1
 
     def _make_room(self, request: Request, num_tokens: int, preempted: list[Request]) -> bool:
         """Grow ``request``'s blocks to ``num_tokens``, preempting running requests from the back

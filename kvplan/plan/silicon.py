@@ -11,13 +11,15 @@ each step the scheduler actually scheduled (kvplan.load.sim.cost.StepWork), neve
         every non-attention op at T tokens (the LM head at the n + m sampled positions)
       + context attention of m chunks of P / m new tokens over (C - D - P) / m cached ones
       + generation attention of the n decodes at context D / n
-    step seconds = scale x (the sum, ms) / 1000 + step overhead + sequence overhead x (n + m)
+    step seconds = scale x (the sum, ms) / 1000 + step overhead + layer overhead x layers
+                   + sequence overhead x (n + m)
                    (scale: the decode scale on a decode-only step, the prefill scale otherwise)
 
 The composition mirrors aiconfigurator's own mixed step (``Engine::mixed_step_latency``: shared
 non-attention ops, context attention, decode attention), fed with the step's own counts. The
-two scales and two overheads per backend (what the kernels alone leave out: the serving loop,
-sampling, detokenising and streaming) are fitted on measured H100 serving runs
+two scales and three overheads per backend (what the kernels alone leave out: the serving loop,
+the gaps between each layer's kernel launches, sampling, detokenising and streaming) are fitted
+on measured H100 serving runs
 (bench/silicon_check.py, ``data/silicon_fit.yaml``). Each distinct shape is asked once: the
 shapes are rounded to 1/128 of an octave above 128 (at most 0.8 % off) and the answers memoised,
 so a step costs microseconds after the first few.
@@ -50,13 +52,16 @@ _EXACT_BELOW = 128  # shapes up to this are asked exactly; above, rounded to 7 s
 class SiliconFit:
     """A backend's correction of the summed operation times: ``decode_scale`` and
     ``prefill_scale`` (factors on decode-only steps and on steps with prefill), ``step_overhead_s``
-    (the serving loop's fixed cost per step: scheduling, launches) and ``seq_overhead_s`` (its cost
-    per scheduled sequence per step: sampling, detokenising and streaming each new token)."""
+    (the serving loop's fixed cost per step: scheduling, input preparation), ``seq_overhead_s``
+    (its cost per scheduled sequence per step: sampling, detokenising and streaming each new
+    token) and ``layer_overhead_s`` (its cost per model layer per step: the gaps between the
+    layer's kernels, which the per-kernel measurements leave out), all in seconds."""
 
     decode_scale: float = 1.0
     prefill_scale: float = 1.0
     step_overhead_s: float = 0.0
     seq_overhead_s: float = 0.0
+    layer_overhead_s: float = 0.0
     fitted_on: str = ""
 
 
@@ -202,13 +207,15 @@ def silicon_cost(
         )
     except Exception as err:  # the database lacks this shape or precision: the roofline covers it
         return f"aiconfigurator-core cannot price it ({type(err).__name__}: {str(err).splitlines()[0][:160]})"
-    return SiliconStepCost(source, handle, context_ops, generation_ops, fit or silicon_fit(backend))
+    layers = int(config.get("num_hidden_layers") or 0)
+    return SiliconStepCost(source, handle, context_ops, generation_ops, fit or silicon_fit(backend), layers)
 
 
 class SiliconStepCost:
     """A CostModel (kvplan.load.sim.cost): ``step_seconds(work)`` per the module docstring, from
     an aiconfigurator compiled engine ``handle`` and the positions of its ``context_ops`` and
-    ``generation_ops`` by role (``non_attention``, ``attention``, ``logits``). ``gap_s`` is 0: the
+    ``generation_ops`` by role (``non_attention``, ``attention``, ``logits``), for a model of
+    ``num_layers`` layers (what the fit's layer overhead multiplies). ``gap_s`` is 0: the
     serving loop's own cost is the fitted step overhead."""
 
     gap_s = 0.0
@@ -220,9 +227,12 @@ class SiliconStepCost:
         context_ops: dict[str, list[int]],
         generation_ops: dict[str, list[int]],
         fit: SiliconFit,
+        num_layers: int = 0,
     ):
         self.source = source
         self.fit = fit
+        self.num_layers = num_layers
+        self._fixed_s = fit.step_overhead_s + fit.layer_overhead_s * num_layers
         self._handle = handle
         self._ctx = context_ops
         self._gen = generation_ops
@@ -236,7 +246,7 @@ class SiliconStepCost:
         fit = self.fit
         if not prefill:
             ms = self._ms("decode", _q(n), _q(-(-decode_context // max(n, 1)))) if n else 0.0
-            return ms * self._decode_s + fit.step_overhead_s + fit.seq_overhead_s * n
+            return ms * self._decode_s + self._fixed_s + fit.seq_overhead_s * n
         m = max(work.num_prefill_seqs, 1)
         cached = max(work.num_context_tokens - decode_context - prefill, 0)
         ms = self._ms("shared", _q(prefill + n), _q(n + m)) + self._ms(
@@ -244,7 +254,7 @@ class SiliconStepCost:
         )
         if n:
             ms += self._ms("decode_attention", _q(n), _q(-(-decode_context // n)))
-        return ms * self._prefill_s + fit.step_overhead_s + fit.seq_overhead_s * (n + m)
+        return ms * self._prefill_s + self._fixed_s + fit.seq_overhead_s * (n + m)
 
     def _ms(self, kind: str, *shape: int) -> float:
         key = (kind, *shape)
@@ -283,11 +293,12 @@ def silicon_fit(backend: str) -> SiliconFit:
     if not entry:
         return SiliconFit()
     return SiliconFit(
-        float(entry["decode_scale"]),
-        float(entry["prefill_scale"]),
-        float(entry["step_overhead_ms"]) / 1e3,
-        float(entry["seq_overhead_ms"]) / 1e3,
-        str(entry.get("fitted_on", "")),
+        decode_scale=float(entry["decode_scale"]),
+        prefill_scale=float(entry["prefill_scale"]),
+        step_overhead_s=float(entry["step_overhead_ms"]) / 1e3,
+        seq_overhead_s=float(entry["seq_overhead_ms"]) / 1e3,
+        layer_overhead_s=float(entry.get("layer_overhead_ms", 0.0)) / 1e3,
+        fitted_on=str(entry.get("fitted_on", "")),
     )
 
 

@@ -106,6 +106,7 @@ class EngineFacts(_Part):
     head_dim: int | None = None
     vocab_size: int | None = None
     kv_scales: KvScales | None = None
+    prefill_first: bool = False  # prefill steps apart from decode steps (engine.config.EngineConfig; SGLang's way)
     hf_config: dict[str, Any] | None = Field(default=None, exclude=True, repr=False)
 
     # ignore[prop-decorator]: pydantic's documented idiom for computed fields; mypy does not

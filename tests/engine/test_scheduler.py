@@ -157,9 +157,51 @@ OPS = st.lists(
 )
 
 
+def test_prefill_first_steps_prefill_apart_from_decodes():
+    s = make(max_num_batched_tokens=6, prefill_first=True, num_blocks=16)
+    a = add(s, "a", range(3), max_tokens=5, ignore_eos=True)
+    step(s)  # a's prompt, its first token
+    step(s)  # a decodes: nothing waits
+    assert len(a.output_token_ids) == 2
+    b = add(s, "b", range(10, 20), max_tokens=2, ignore_eos=True)
+    out = step(s)  # b waits: a prefill step, b's first chunk of 6, a does not decode
+    assert [x.request_id for x in out.scheduled] == ["b"] and (out.num_prefill_tokens, out.num_decode_tokens) == (6, 0)
+    out = step(s)  # b is still in prefill: its last 4 tokens, still without a
+    assert [x.request_id for x in out.scheduled] == ["b"] and out.num_prefill_tokens == 4
+    assert len(a.output_token_ids) == 2 and len(b.output_token_ids) == 1
+    out = step(s)  # no prefill left: both decode
+    assert [x.request_id for x in out.scheduled] == ["a", "b"] and out.num_decode_tokens == 2
+    # mixed (the default): b's chunk joins a's decode in one step
+    s = make(max_num_batched_tokens=6, num_blocks=16)
+    a = add(s, "a", range(3), max_tokens=5, ignore_eos=True)
+    step(s)
+    add(s, "b", range(10, 20), max_tokens=2, ignore_eos=True)
+    out = step(s)
+    assert [x.request_id for x in out.scheduled] == ["a", "b"] and (out.num_prefill_tokens, out.num_decode_tokens) == (
+        5,
+        1,
+    )
+
+
+def test_prefill_first_decodes_while_the_waiting_request_cannot_be_admitted():
+    s = make(max_num_batched_tokens=8, prefill_first=True, num_blocks=3)
+    a = add(s, "a", range(8), max_tokens=4, ignore_eos=True)  # its prompt holds 2 of the 3 blocks
+    step(s)
+    add(s, "b", range(10, 16), max_tokens=2, ignore_eos=True)  # its 6 prompt tokens need 2 blocks
+    out = step(s)
+    assert [x.request_id for x in out.scheduled] == ["a"] and out.num_decode_tokens == 1
+    assert len(a.output_token_ids) == 2 and s.num_waiting == 1
+
+
 @settings(max_examples=300, deadline=None)
-@given(ops=OPS, caching=st.booleans(), budget=st.integers(1, 24), shared=st.booleans())
-def test_random_operations_keep_block_invariants(ops, caching, budget, shared):
+@given(
+    ops=OPS,
+    caching=st.booleans(),
+    budget=st.integers(1, 24),
+    shared=st.booleans(),
+    prefill_first=st.booleans(),
+)
+def test_random_operations_keep_block_invariants(ops, caching, budget, shared, prefill_first):
     s = make(
         num_blocks=10,
         max_model_len=40,
@@ -167,6 +209,7 @@ def test_random_operations_keep_block_invariants(ops, caching, budget, shared):
         enable_prefix_caching=caching,
         max_num_batched_tokens=budget,
         max_num_seqs=4,
+        prefill_first=prefill_first,
     )
     bm, n = s.block_manager, 0
 
@@ -189,7 +232,14 @@ def test_random_operations_keep_block_invariants(ops, caching, budget, shared):
             add(s, f"r{n}", prompt + [n + 100] * (op[1] - len(prompt)), op[2], op[3])
             n += 1
         elif op[0] == "step":
-            step(s, token=op[1])
+            decoding = {
+                r.request_id
+                for r in s.running
+                if r.num_computed_tokens >= r.num_prompt_tokens and r.num_tokens - r.num_computed_tokens == 1
+            }
+            out = step(s, token=op[1])
+            if prefill_first and out.num_prefill_tokens:  # a prefill step: no running decode in it
+                assert not decoding & {x.request_id for x in out.scheduled}
         else:
             s.finish_requests([f"r{op[1]}"], FinishReason.ABORT, 0.0)
         check()

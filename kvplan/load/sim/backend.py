@@ -45,6 +45,7 @@ def scheduler_for(facts: EngineFacts, admission: Mapping[str, Any] | None = None
         max_num_batched_tokens=facts.max_num_batched_tokens,
         max_model_len=facts.max_model_len,
         enable_prefix_caching=facts.enable_prefix_caching,
+        prefill_first=facts.prefill_first,
         **(admission or {}),
     )
     return Scheduler(config, facts.num_blocks, facts.max_model_len)

@@ -6,7 +6,12 @@ size; kvplan.plan.capacity). Each step is timed from measured silicon where aico
 database covers the GPU, backend and model (kvplan.plan.silicon), else by the roofline of
 kvplan.plan.step_cost with the efficiencies fitted to public serving results; the setup's
 ``notes`` say why in one line. The scheduler limits (block size,
-max_num_seqs, max_num_batched_tokens, max_model_len, prefix caching) stay the engine section's.
+max_num_seqs, max_num_batched_tokens, max_model_len, prefix caching) stay the engine section's;
+the way steps are formed is the backend's: SGLang computes prefill batches apart from decode
+batches (its scheduler runs a prefill batch whenever a waiting request can be admitted, and mixes
+decodes into it only with ``--enable-mixed-chunk``, off by default: sglang docs, "Server
+Arguments"), so ``--backend sglang`` simulates with engine.config's ``prefill_first``; vLLM v1 and
+TensorRT-LLM's in-flight batching mix decodes and prefill chunks in one step, as the engine does.
 Prompts are the workload's own, tokenised by the engine section's model.
 """
 
@@ -26,6 +31,9 @@ from kvplan.plan.model_spec import ModelSpec
 from kvplan.plan.step_cost import roofline
 from kvplan.results.run_result import EngineFacts
 from kvplan.results.simulated import CostModelInfo
+
+PREFILL_FIRST_BACKENDS = ("sglang",)  # backends whose steps are prefill-only or decode-only (module docstring)
+SGLANG_STEPS = "; prefill steps apart from decode steps, as SGLang schedules"
 
 
 def gpu_setup(
@@ -111,6 +119,7 @@ def gpu_setup(
         num_kv_heads=spec.num_kv_heads,
         head_dim=spec.head_dim,
         vocab_size=spec.vocab_size,
+        prefill_first=backend in PREFILL_FIRST_BACKENDS,
         hf_config=config,
     )
     if isinstance(timed, str):
@@ -122,7 +131,7 @@ def gpu_setup(
             description=f"roofline of {perf.name} x{tp}: {perf.bf16_flops / 1e12:g} TFLOPS bf16, "
             f"{perf.hbm_bytes_per_s / 1e9:g} GB/s, compute efficiency {roof.fit.compute_efficiency:.2f}, "
             f"memory efficiency {roof.fit.memory_efficiency:.2f}, {roof.fit.step_overhead_s * 1e3:.2f} ms "
-            "per step",
+            "per step" + (SGLANG_STEPS if facts.prefill_first else ""),
             parameters={
                 "gpu": perf.name,
                 "tp": tp,
@@ -142,8 +151,9 @@ def gpu_setup(
             description=f"measured operation times of {src.system} x{tp}"
             + (f" (expert parallel {ep})" if ep > 1 else "")
             + f" under {src.backend} {src.version}, scales {timed.fit.decode_scale:.3f} (decode) and "
-            f"{timed.fit.prefill_scale:.3f} (prefill), {timed.fit.step_overhead_s * 1e3:.2f} ms per step and "
-            f"{timed.fit.seq_overhead_s * 1e3:.3f} ms per sequence",
+            f"{timed.fit.prefill_scale:.3f} (prefill), {timed.fit.step_overhead_s * 1e3:.2f} ms per step, "
+            f"{timed.fit.layer_overhead_s * 1e3:.4f} ms per layer per step and "
+            f"{timed.fit.seq_overhead_s * 1e3:.3f} ms per sequence" + (SGLANG_STEPS if facts.prefill_first else ""),
             parameters={
                 "gpu": perf.name,
                 "tp": tp,
@@ -156,6 +166,8 @@ def gpu_setup(
                 "prefill_scale": timed.fit.prefill_scale,
                 "step_overhead_s": timed.fit.step_overhead_s,
                 "seq_overhead_s": timed.fit.seq_overhead_s,
+                "layer_overhead_s": timed.fit.layer_overhead_s,
+                "num_layers": timed.num_layers,
                 "num_blocks": capacity.num_blocks,
                 "weights_bytes_per_rank": capacity.weights_bytes,
             },

@@ -87,12 +87,14 @@ def test_a_mixed_step_costs_what_aiconfigurator_says(llama_tp2, decodes):
 
 def test_the_fit_scales_and_adds_its_overheads(llama_tp2):
     cost = llama_tp2[0]
-    fit = silicon.SiliconFit(1.25, 1.5, 0.002, 0.0001)
-    fitted = silicon.SiliconStepCost(cost.source, cost._handle, cost._ctx, cost._gen, fit)
+    fit = silicon.SiliconFit(1.25, 1.5, 0.002, 0.0001, 0.00003)
+    assert cost.num_layers == 32  # Llama-3.1-8B's, from its config
+    fitted = silicon.SiliconStepCost(cost.source, cost._handle, cost._ctx, cost._gen, fit, cost.num_layers)
+    fixed = 0.002 + 32 * 0.00003  # per step, and per layer per step
     decode = StepWork(0, 8, 0, 8 * 1152, 8 * 1152, 8 * 1152)  # 8 sequences
-    assert fitted.step_seconds(decode) == pytest.approx(1.25 * cost.step_seconds(decode) + 0.002 + 8e-4, rel=1e-12)
+    assert fitted.step_seconds(decode) == pytest.approx(1.25 * cost.step_seconds(decode) + fixed + 8e-4, rel=1e-12)
     mixed = StepWork(96, 8, 1, 96 + 8 * 1152, 96 * 97 // 2 + 8 * 1152, 8 * 1152)  # 9 sequences
-    assert fitted.step_seconds(mixed) == pytest.approx(1.5 * cost.step_seconds(mixed) + 0.002 + 9e-4, rel=1e-12)
+    assert fitted.step_seconds(mixed) == pytest.approx(1.5 * cost.step_seconds(mixed) + fixed + 9e-4, rel=1e-12)
 
 
 @given(st.integers(min_value=1, max_value=10**9))
@@ -142,3 +144,17 @@ def test_a_bad_backend_or_version_is_an_error_naming_the_known_ones():
     with pytest.raises(KvplanError) as ep:
         silicon.silicon_cost(config, "h100_sxm", 4, ep=3)
     assert ep.value.field == "ep"
+
+
+def test_the_stored_fit_is_read_in_seconds_per_backend():
+    import yaml
+
+    stored = yaml.safe_load(silicon.FIT_FILE.read_text())["backends"]
+    assert sorted(stored) == sorted(silicon.BACKENDS)  # every backend fitted (SGLang since prefill_first)
+    for backend, entry in stored.items():
+        fit = silicon.silicon_fit(backend)
+        assert (fit.decode_scale, fit.prefill_scale) == (entry["decode_scale"], entry["prefill_scale"])
+        assert fit.step_overhead_s == pytest.approx(entry["step_overhead_ms"] / 1000, rel=1e-12)
+        assert fit.seq_overhead_s == pytest.approx(entry["seq_overhead_ms"] / 1000, rel=1e-12)
+        assert fit.layer_overhead_s == pytest.approx(entry["layer_overhead_ms"] / 1000, rel=1e-12)
+        assert f"H100-SXM rows of {backend}" in fit.fitted_on
