@@ -21,7 +21,7 @@ the config sets none of it.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from functools import partial
 from operator import attrgetter
 
@@ -210,7 +210,8 @@ class Scheduler:
         queried0, hit0 = self.num_prefix_queried_tokens, self.num_prefix_hit_tokens
         budget, num_decode, decode_context = self.max_num_batched_tokens, 0, 0
         if self.prefill_first and (self.waiting or self._last_in_prefill()):  # a prefill step, if it has any
-            budget, num_decode, decode_context = self._schedule_running(budget, scheduled, preempted, True)
+            in_prefill = self.running[-1:] if self._last_in_prefill() else ()
+            budget, num_decode, decode_context = self._schedule_running(budget, scheduled, preempted, in_prefill)
             if not preempted:
                 budget, num_decode, decode_context = self._admit_waiting(
                     now, budget, num_decode, decode_context, scheduled
@@ -233,25 +234,29 @@ class Scheduler:
         )
 
     def _schedule_running(
-        self, budget: int, scheduled: list[ScheduledRequest], preempted: list[Request], prefills_only: bool = False
+        self,
+        budget: int,
+        scheduled: list[ScheduledRequest],
+        preempted: list[Request],
+        requests: Sequence[Request] | None = None,
     ) -> tuple[int, int, int]:
         """Give running requests, in admission order, their remaining tokens (a decode's one, a
         prefill's chunk) within ``budget``; appends to ``scheduled`` and ``preempted``. Returns
-        (the budget left, the decodes among them, those decodes' context tokens). ``prefills_only``:
-        pass over the decodes (a prefill_first step). This loop runs for every running request
-        every step, so its common case (a decode whose last block has room) reads each field once."""
+        (the budget left, the decodes among them, those decodes' context tokens). ``requests``: only
+        these running ones (a prefill_first step: the one in prefill, if any). This loop runs for
+        every running request every step, so its common case (a decode whose last block has room)
+        reads each field once."""
         bm = self.block_manager
         tables, block_size = bm.block_tables, bm.block_size
         num_decode = decode_context = 0
-        for request in self.running:  # a preemption pops from the back: the loop then ends sooner
+        # a preemption pops from the back of running: the loop then ends sooner
+        for request in self.running if requests is None else requests:
             if not budget:
                 break
             start = request.num_computed_tokens
             prompt, outputs = request.prompt_token_ids, request.output_token_ids
             num_prompt = len(prompt)
             num_tokens = num_prompt + len(outputs)
-            if prefills_only and start >= num_prompt and num_tokens - start == 1:  # a decode
-                continue
             end = num_tokens if num_tokens - start <= budget else start + budget
             table = tables[request.request_id]
             if end > len(table) * block_size:  # needs a block: most steps the last one has room
@@ -284,8 +289,9 @@ class Scheduler:
 
     def _last_in_prefill(self) -> bool:
         """Whether the last admitted running request still has a prompt chunk (or a recompute)
-        to compute: a step's chunk goes to the last one admitted, so a request in prefill, if any
-        is running, is the last."""
+        to compute. A request in prefill, if any is running, is the last one admitted: one admitted
+        after it was admitted only once it had been given all its remaining tokens (the budget
+        left over), so at most one is in prefill (tests/engine/test_scheduler.py checks it)."""
         if not self.running:
             return False
         last = self.running[-1]

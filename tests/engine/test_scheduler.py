@@ -225,6 +225,13 @@ def test_random_operations_keep_block_invariants(ops, caching, budget, shared, p
             assert (block.ref_count == 0) == (block.block_id in bm.free_queue())
         for r in s.running:
             assert len(tables[r.request_id]) == -(-r.num_computed_tokens // 4)
+        # at most one running request is in prefill (a chunk or a recompute left), the last admitted
+        in_prefill = [
+            i
+            for i, r in enumerate(s.running)
+            if r.num_computed_tokens < r.num_prompt_tokens or r.num_tokens - r.num_computed_tokens > 1
+        ]
+        assert in_prefill in ([], [len(s.running) - 1])
 
     for op in ops:
         if op[0] == "add":
