@@ -5,9 +5,8 @@ Iteration-level continuous batching counted in tokens (vLLM v1's scheduler desig
 ``num_tokens - num_computed_tokens`` more tokens (1 for a decode, a chunk for a prefill), taken
 in order until ``max_num_batched_tokens`` is spent; then waiting requests are admitted first come,
 first served while blocks, budget and ``max_num_seqs`` allow. A prompt longer than the remaining
-budget is prefilled in chunks over several steps (chunked prefill). With ``prefill_first`` (SGLang's
-way; engine.config) a step that can admit a waiting request, or that has a prompt chunk left,
-computes prefills only, and the decodes wait for the next step without one.
+budget is prefilled in chunks over several steps (chunked prefill). With ``prefill_first`` (SGLang's;
+engine.config) a step with prefill to do computes prefills only; decodes wait for one without.
 
 When a running request needs a block and none is free, the most recently admitted running request
 is preempted by recompute (Kwon et al., "PagedAttention", SOSP 2023, section 4.5): its blocks are
@@ -209,19 +208,17 @@ class Scheduler:
         preempted: list[Request] = []
         queried0, hit0 = self.num_prefix_queried_tokens, self.num_prefix_hit_tokens
         budget, num_decode, decode_context = self.max_num_batched_tokens, 0, 0
-        if self.prefill_first and (self.waiting or self._last_in_prefill()):  # a prefill step, if it has any
-            in_prefill = self.running[-1:] if self._last_in_prefill() else ()
-            budget, num_decode, decode_context = self._schedule_running(budget, scheduled, preempted, in_prefill)
-            if not preempted:
-                budget, num_decode, decode_context = self._admit_waiting(
-                    now, budget, num_decode, decode_context, scheduled
-                )
-        if not scheduled:
-            budget, num_decode, decode_context = self._schedule_running(budget, scheduled, preempted)
+        passes: tuple = (None,)  # the running requests to schedule (None: all), until a pass schedules any
+        if self.prefill_first and (self.waiting or self._last_in_prefill()):  # first, a step of prefills only
+            passes = (self.running[-1:] if self._last_in_prefill() else (), None)
+        for requests in passes:
+            budget, num_decode, decode_context = self._schedule_running(budget, scheduled, preempted, requests)
             if not preempted:  # no request is admitted in a step that preempted
                 budget, num_decode, decode_context = self._admit_waiting(
                     now, budget, num_decode, decode_context, scheduled
                 )
+            if scheduled:
+                break
         self._blocks_held = self.block_manager.num_used_blocks  # finishing requests only free blocks after this
         return SchedulerOutput(
             scheduled=tuple(scheduled),
@@ -242,10 +239,9 @@ class Scheduler:
     ) -> tuple[int, int, int]:
         """Give running requests, in admission order, their remaining tokens (a decode's one, a
         prefill's chunk) within ``budget``; appends to ``scheduled`` and ``preempted``. Returns
-        (the budget left, the decodes among them, those decodes' context tokens). ``requests``: only
-        these running ones (a prefill_first step: the one in prefill, if any). This loop runs for
-        every running request every step, so its common case (a decode whose last block has room)
-        reads each field once."""
+        (the budget left, the decodes among them, those decodes' context tokens); ``requests``: only
+        these (a prefill_first step's: the one in prefill). It runs for every running request every
+        step, so its common case (a decode whose last block has room) reads each field once."""
         bm = self.block_manager
         tables, block_size = bm.block_tables, bm.block_size
         num_decode = decode_context = 0
@@ -288,15 +284,13 @@ class Scheduler:
         return budget, num_decode, decode_context
 
     def _last_in_prefill(self) -> bool:
-        """Whether the last admitted running request still has a prompt chunk (or a recompute)
-        to compute. A request in prefill, if any is running, is the last one admitted: one admitted
-        after it was admitted only once it had been given all its remaining tokens (the budget
-        left over), so at most one is in prefill (tests/engine/test_scheduler.py checks it)."""
-        if not self.running:
-            return False
-        last = self.running[-1]
-        computed = last.num_computed_tokens
-        return computed < last.num_prompt_tokens or last.num_tokens - computed > 1
+        """Whether the last admitted running request has prompt (or recompute) tokens left. At most one
+        is in prefill, the last admitted: a later one was admitted only with budget left over after
+        it got all its remaining tokens (tests/engine/test_scheduler.py checks it)."""
+        last = self.running[-1] if self.running else None
+        return last is not None and (
+            last.num_tokens - (done := last.num_computed_tokens) > 1 or done < last.num_prompt_tokens
+        )
 
     def _make_room(self, request: Request, num_tokens: int, preempted: list[Request]) -> bool:
         """Grow ``request``'s blocks to ``num_tokens``, preempting running requests from the back
