@@ -106,7 +106,11 @@ class EngineFacts(_Part):
     head_dim: int | None = None
     vocab_size: int | None = None
     kv_scales: KvScales | None = None
-    prefill_first: bool = False  # prefill steps apart from decode steps (engine.config.EngineConfig; SGLang's way)
+    prefill_first: bool = Field(
+        False,
+        description="Steps with prefill to do compute prefills only, decodes waiting (engine.config's"
+        " prefill_first; a simulated --backend sglang target, as SGLang schedules).",
+    )
     hf_config: dict[str, Any] | None = Field(default=None, exclude=True, repr=False)
 
     # ignore[prop-decorator]: pydantic's documented idiom for computed fields; mypy does not
