@@ -29,7 +29,7 @@ check: $(STAMP)
 	$(VENV)/bin/ruff check kvplan engine tests bench docs/hooks
 	$(VENV)/bin/ruff format --check kvplan engine tests bench docs/hooks
 	$(VENV)/bin/mypy
-	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --quiet --site-dir "$$(mktemp -d)"
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --site-dir "$$(mktemp -d)"  # not --quiet: it hides the warnings --strict counts
 
 docs: $(STAMP)
 	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --site-dir site
