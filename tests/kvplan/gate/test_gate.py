@@ -36,6 +36,7 @@ LEVELS = {"short": (2, 4, 8), "long": (1, 2, 3)}
 # 2 run checks + 2 bucket checks per bucket + 10 level checks per level.
 NUM_CHECKS = 2 + 2 * len(LEVELS) + 10 * sum(len(v) for v in LEVELS.values())
 CAPACITY = [m.name for m in METRICS if m.default == Tolerance()]
+TIMED = {m.name for m in METRICS if m.default != Tolerance()}  # wall-clock metrics
 
 
 def loadtest(workload: Path, out: Path) -> Path:
@@ -95,8 +96,17 @@ def test_two_runs_of_ci_yaml_have_identical_kv_traces(runs):
 
 
 def test_an_unchanged_run_passes(runs, baseline, tmp_path):
-    junit = tmp_path / "out" / "gate.xml"
-    code, out, err = run_cli("gate", str(runs[1]), "--baseline", str(baseline), "--junit", str(junit))
+    """A wall-clock metric can miss even its wide tolerance when the shared machine stalls a level
+    (TPOT P95 22.5 ms against 1.88 in one CI run): such a miss, and only such, is retried on a fresh
+    run, twice at most; the capacity checks never are."""
+    run = runs[1]
+    for attempt in range(3):
+        junit = tmp_path / f"out{attempt}" / "gate.xml"
+        code, out, err = run_cli("gate", str(run), "--baseline", str(baseline), "--junit", str(junit))
+        missed = {line.split()[1] for line in out.splitlines() if line.startswith("REGRESSION ")}
+        if code == 0 or not missed or not missed <= TIMED or attempt == 2:
+            break
+        run = loadtest(CI, tmp_path / f"rerun{attempt}")
     assert (code, err) == (0, ""), out
     assert out.splitlines()[-1] == f"gate: {NUM_CHECKS} passed, 0 failed"
     suite = ET.parse(junit).getroot().find("testsuite")
