@@ -53,7 +53,9 @@ def simulate(
     ] = "vllm",
     backend_version: Annotated[
         str | None,
-        typer.Option(help="The --backend database version (default: the newest aiconfigurator-core holds)."),
+        typer.Option(
+            help="The --backend database version (default: the one aiconfigurator-core maintains as current)."
+        ),
     ] = None,
     ep: Annotated[
         int, typer.Option(help="Expert-parallel size on --gpu for a MoE model (experts split --ep ways of --tp).")

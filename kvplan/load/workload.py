@@ -383,13 +383,13 @@ class Workload(StrictModel):
 
     def resolve_model(self, model: str) -> str:
         """A plan entry's ``model``: a path relative to the workload file's folder when one exists
-        there (or when it names a file: ``.json``/``.gguf`` or a path with a folder), else as
-        given (a preset name, an absolute path)."""
+        there (or when it names a file: ``.json``/``.gguf``), else as given (a preset name, a
+        Hugging Face id such as ``meta-llama/Llama-3.1-8B-Instruct``, an absolute path)."""
         if self.source == "<memory>" or Path(model).is_absolute():
             return model
         near = Path(self.source).parent / model
-        looks_like_path = "/" in model or Path(model).suffix.lower() in (".json", ".gguf")
-        return str(near) if near.exists() or looks_like_path else model
+        looks_like_file = Path(model).suffix.lower() in (".json", ".gguf")
+        return str(near) if near.exists() or looks_like_file else model
 
     @property
     def dataset_path(self) -> Path | None:

@@ -101,6 +101,8 @@ ALIASES = {
     "bfloat16": "bf16",
     "float8_e4m3fn": "fp8",
     "fp8_e4m3": "fp8",
+    "fp8_e5m2": "fp8",  # vLLM's --kv-cache-dtype names both FP8 formats; one byte each
+    "float8_e5m2": "fp8",
     "float8": "fp8",
     "fp4": "nvfp4",  # weights only
 }

@@ -34,15 +34,18 @@ roofline (kvplan.plan.step_cost) and says so.
 from __future__ import annotations
 
 import logging
+import re
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 from typing import Any
 
 from kvplan.errors import KvplanError
+from kvplan.plan import dtypes
 from kvplan.plan.silicon_models import bundled_configs, match_model, quant_method, quant_modes
 
 BACKENDS = ("vllm", "sglang", "trtllm")
+SILICON_KV_DTYPES = ("auto", "bf16", "fp16", "fp8")  # the KV cache modes its databases measure
 FIT_FILE = Path(__file__).parent / "data" / "silicon_fit.yaml"
 INSTALL_HINT = "pip install 'kvplan[silicon]'"
 _EXACT_BELOW = 128  # shapes up to this are asked exactly; above, rounded to 7 significant bits
@@ -154,6 +157,26 @@ def default_version(system: str, backend: str) -> str | None:
         return get_latest_database_version(system, backend)
 
 
+@cache
+def nvlink_domain(system: str) -> int:
+    """GPUs of aiconfigurator ``system`` that one tensor-parallel group can span over NVLink: its
+    system YAML's ``num_gpus_per_rack`` where it gives one (GB200 NVL72: 72), else
+    ``num_gpus_per_node`` (H100 SXM: 8); 0 where neither is given or it is not installed. Past it,
+    all-reduce crosses the network, which the database does not measure."""
+    if not available():
+        return 0
+    from importlib.resources import files
+
+    import yaml
+
+    entry = files("aiconfigurator_core") / "systems" / f"{system}.yaml"
+    try:
+        node = (yaml.safe_load(entry.read_text()) or {}).get("node") or {}
+    except (OSError, yaml.YAMLError):
+        return 0
+    return int(node.get("num_gpus_per_rack") or node.get("num_gpus_per_node") or 0)
+
+
 def silicon_cost(
     config: dict[str, Any],
     system: str | None,
@@ -192,6 +215,12 @@ def silicon_cost(
             f"aiconfigurator-core has no {backend} {version} data for {system}",
             f"use one of {', '.join(versions)}, or leave it out for the newest",
         )
+    domain = nvlink_domain(system)
+    if domain and tp > domain:
+        return f"its data covers tp up to {domain} (one NVLink domain of {system})"
+    kv = dtypes.canonical(kv_cache_dtype, "kv_cache_dtype")
+    if kv not in SILICON_KV_DTYPES:
+        return f"its database has no {kv} KV cache (it has {', '.join(SILICON_KV_DTYPES[1:])})"
     model_path = match_model(config, weight_dtype)
     if model_path is None:
         return "no aiconfigurator model config has this model's shape"
@@ -206,7 +235,7 @@ def silicon_cost(
             ),
         )
     except Exception as err:  # the database lacks this shape or precision: the roofline covers it
-        return f"aiconfigurator-core cannot price it ({type(err).__name__}: {str(err).splitlines()[0][:160]})"
+        return f"aiconfigurator-core cannot price it ({type(err).__name__}: {_short(str(err))})"
     layers = int(config.get("num_hidden_layers") or 0)
     return SiliconStepCost(source, handle, context_ops, generation_ops, fit or silicon_fit(backend), layers)
 
@@ -318,6 +347,16 @@ def _q(x: int) -> int:
         return x
     shift = x.bit_length() - 7
     return ((x + (1 << (shift - 1))) >> shift) << shift
+
+
+def _short(message: str, limit: int = 120) -> str:
+    """The first line of an aiconfigurator error without its file paths, cut at a word within
+    ``limit`` characters (with an ellipsis when cut)."""
+    line = re.sub(r"\s+at\s+/[^;\s]*", "", (message.splitlines() or [""])[0]).strip()
+    line = line.removeprefix("perf database error: ")
+    if len(line) <= limit:
+        return line
+    return line[:limit].rsplit(" ", 1)[0].rstrip(",;:(") + " ..."
 
 
 def _sum(entries: list[tuple]) -> float:

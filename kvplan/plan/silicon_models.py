@@ -101,14 +101,21 @@ def quant_modes(weight_dtype: str, kv_cache_dtype: str, checkpoint: str | None =
 
 @cache
 def bundled_configs() -> dict[str, dict[str, Any]]:
-    """aiconfigurator-core's bundled model configs by model id (file ``org--name_config.json``)."""
+    """aiconfigurator-core's bundled model configs by model id (file ``org--name_config.json``),
+    of the models it reads offline (``sdk.common.DefaultHFModels``): for any other id, even one
+    whose config file ships (Mixtral, Kimi-K2 in 0.12.0), it downloads the config from
+    HuggingFace, and kvplan stays offline."""
     from importlib.resources import files
+
+    from aiconfigurator_core.sdk.common import DefaultHFModels
 
     folder = files("aiconfigurator_core") / "model_configs"
     out = {}
     for entry in folder.iterdir():
         name = entry.name
         if not name.endswith("_config.json") or name.endswith("_hf_quant_config.json"):
+            continue
+        if name[: -len("_config.json")].replace("--", "/", 1) not in DefaultHFModels:
             continue
         try:
             data = json.loads(entry.read_text())

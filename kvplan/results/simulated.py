@@ -89,6 +89,13 @@ class TargetCapacity(_Part):
     step_times: str = Field(
         "", description='CostModelInfo.step_times of this target\'s clock; "" in runs written before it existed.'
     )
+    weight_dtype: str | None = Field(
+        None, description="A GPU target's weight dtype as given (auto: the checkpoint's own); None for the engine."
+    )
+    ep: int = Field(1, description="A GPU target's expert-parallel size.")
+    backend: str | None = Field(
+        None, description="A GPU target's serving engine (vllm, sglang, trtllm); None for the engine."
+    )
 
     def bucket(self, name: str) -> BucketCapacity | None:
         return next((b for b in self.buckets if b.name == name), None)

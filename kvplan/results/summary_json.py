@@ -23,7 +23,9 @@ at the scheduler's limit and bounds TPOT only, so no rate is too high and ``slo_
 is null);
 per run ``targets``, the same answers for every target a simulation searched (the engine, and
 each ``plan:`` entry it could time), each naming what timed its steps in ``step_times``
-(``silicon: h100_sxm / vllm 0.24.0``, ``roofline``, ``calibrated``, ``replay``; null in older runs).
+(``silicon: h100_sxm / vllm 0.24.0``, ``roofline``, ``calibrated``, ``replay``; null in older runs),
+and for a GPU target its ``weight_dtype`` (as given; ``auto``: the checkpoint's own), ``ep`` and
+``backend`` (null, and ep 1, for the engine section).
 
 A run against a remote server (``source: target``) fills ``server`` (``url``, ``model``,
 ``metrics_available``, ``num_gpu_blocks``, ``block_size``) and per level ``server_preemptions``
@@ -280,6 +282,9 @@ def summary_json(result: RunResult) -> dict[str, Any]:
                 "tp": t.tp,
                 "kv_cache_dtype": t.kv_cache_dtype,
                 "step_times": t.step_times or None,
+                "weight_dtype": t.weight_dtype,
+                "ep": t.ep,
+                "backend": t.backend,
                 "buckets": [{"name": b.name, **capacity_json(b, t.attainment_target)} for b in t.buckets],
             }
             for t in result.capacity

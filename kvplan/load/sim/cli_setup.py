@@ -7,6 +7,7 @@ plus, for the workload's engine, the ``plan:`` entries whose GPUs have speed fig
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 from kvplan.errors import KvplanError
@@ -35,7 +36,9 @@ def setups_for(
     step_times: str = "auto",
 ) -> tuple[SimSetup, tuple[SimSetup, ...], Calibrated | None]:
     """(the setup to simulate, the plan targets to answer for, the calibration fitted on
-    ``calibrate`` if given). Options are named by their fields.
+    ``calibrate`` if given). Options are named by their fields. The setup's notes carry one line
+    per ``plan:`` entry skipped (no speed figures for its GPU), or one saying the entries are not
+    simulated beside ``replay`` or ``gpu``.
 
     Raises:
         KvplanError: options that contradict (``model`` without ``gpu``, ``calibrate`` with ``gpu``
@@ -46,6 +49,7 @@ def setups_for(
     from kvplan.plan.silicon import check_backend
 
     backend = check_backend(backend)  # an unknown name fails whatever the clock
+    step_times = step_times.strip().lower()  # any case, as the backend and dtype names
     if step_times not in STEP_TIMES:
         raise KvplanError("step_times", f"unknown choice {step_times!r}", f"use one of {', '.join(STEP_TIMES)}")
     if not 0 < attainment <= 1:
@@ -76,10 +80,13 @@ def setups_for(
         if unused:
             raise KvplanError(unused[0], "applies to a simulated GPU only", "give `model` and `gpu`, or drop it")
         if replay is not None:
-            return setups.replay_setup(workload, replay), (), None
+            return _unplanned(setups.replay_setup(workload, replay), workload, "--replay"), (), None
         setup, calibrated = setups.engine_setup(workload, calibrate)
-        return setup, tuple(gpu_target.plan_setups(workload)[0]), calibrated
+        plan, skipped = gpu_target.plan_setups(workload)
+        return replace(setup, notes=(*setup.notes, *skipped)), tuple(plan), calibrated
     assert model is not None  # given with gpu (checked above)
+    if Path(model).exists():  # a command-line path is the shell's: relative to the current folder
+        model = str(Path(model).resolve())
     setup = gpu_target.gpu_setup(
         workload,
         model,
@@ -93,4 +100,14 @@ def setups_for(
         ep=ep,
         step_times=step_times,
     )
-    return setup, (), None
+    return _unplanned(setup, workload, "--model/--gpu"), (), None
+
+
+def _unplanned(setup: SimSetup, workload: Workload, flags: str) -> SimSetup:
+    """``setup`` with a note saying the workload's ``plan:`` entries are not answered for (they
+    are answered beside the workload's own engine only)."""
+    if not workload.plan:
+        return setup
+    entries = f"{len(workload.plan)} plan: entr{'y' if len(workload.plan) == 1 else 'ies'}"
+    note = f"{entries} not simulated: {flags} simulates that target alone; drop it to answer for them"
+    return replace(setup, notes=(*setup.notes, note))

@@ -73,17 +73,27 @@ def gpu_setup(
     perf = lookup_gpu_perf(gpu)
     config, name = load_model_config(workload.resolve_model(model))[:2]
     spec = ModelSpec.from_hf_config(config, name)
+    check_ep(spec, tp, ep)
     settings = workload.engine
-    capacity = estimate_capacity(
-        spec,
-        kv_cache_dtype=kv_cache_dtype,
-        tp=tp,
-        gpu=gpu,
-        weight_dtype=weight_dtype,
-        gpu_memory_utilization=gpu_memory_utilization,
-        block_size=settings.block_size,
-        max_model_len=settings.max_model_len,
-    )
+    try:
+        capacity = estimate_capacity(
+            spec,
+            kv_cache_dtype=kv_cache_dtype,
+            tp=tp,
+            gpu=gpu,
+            weight_dtype=weight_dtype,
+            gpu_memory_utilization=gpu_memory_utilization,
+            block_size=settings.block_size,
+            max_model_len=settings.max_model_len,
+        )
+    except KvplanError as err:  # name what a simulation sets them by: the engine section, its own options
+        if err.field in ("max_model_len", "block_size"):
+            raise err.within(source=workload.source, prefix="engine") from None
+        if err.field == "KV budget":
+            raise KvplanError(
+                err.field, err.problem, "use a larger `gpu`, more `tp`, or a smaller `weight_dtype`"
+            ) from None
+        raise
     backend = silicon.check_backend(backend)
     notes: tuple[str, ...] = ()
     timed: silicon.SiliconStepCost | str = "--step-times roofline"
@@ -172,7 +182,37 @@ def gpu_setup(
                 "weights_bytes_per_rank": capacity.weights_bytes,
             },
         )
-    return SimSetup(facts, lambda: ModelClock(cost), info, target=target, gpu=perf.name, tp=tp, notes=notes)
+    return SimSetup(
+        facts,
+        lambda: ModelClock(cost),
+        info,
+        target=target,
+        gpu=perf.name,
+        tp=tp,
+        notes=notes,
+        weight_dtype=dtypes.canonical_weight(weight_dtype),
+        ep=ep,
+        backend=backend,
+    )
+
+
+def check_ep(spec: ModelSpec, tp: int, ep: int) -> None:
+    """Whether ``ep`` splits ``spec``'s experts within ``tp`` GPUs (whatever times the steps).
+
+    Raises:
+        KvplanError: ``ep`` below 1, not dividing ``tp``, above 1 on a dense model, or not dividing
+            the model's routed experts (vLLM's expert parallelism gives each rank whole experts).
+    """
+    if ep < 1 or tp % ep:
+        raise KvplanError("ep", f"must divide tp = {tp} (got {ep})", "give 1 or a divisor of --tp")
+    if ep == 1:
+        return
+    if spec.moe is None:
+        raise KvplanError("ep", f"{spec.name} has no experts to split (got {ep})", "drop --ep for a dense model")
+    if spec.moe.num_experts % ep:
+        raise KvplanError(
+            "ep", f"must divide {spec.name}'s {spec.moe.num_experts} experts (got {ep})", "give a divisor of both"
+        )
 
 
 def plan_setups(workload: Workload) -> tuple[list[SimSetup], list[str]]:
@@ -193,5 +233,7 @@ def plan_setups(workload: Workload) -> tuple[list[SimSetup], list[str]]:
                 gpu_setup(workload, entry.model, entry.gpu, entry.tp, entry.kv_cache_dtype, target=f"plan[{i}]")
             )
         except KvplanError as err:
+            if err.field.startswith("engine."):  # the engine section's, shared by every target
+                raise
             raise err.within(source=workload.source, prefix=f"plan[{i}]") from None
     return setups, notes

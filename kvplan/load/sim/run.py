@@ -53,6 +53,9 @@ class SimSetup:
     tp: int = 1
     timed: bool = True  # its clock times any level (False for a replay, which knows the measured levels only)
     notes: tuple[str, ...] = ()  # one line each the CLI prints (a GPU target timed by the roofline: why)
+    weight_dtype: str | None = None  # a GPU target's: as given, canonical (auto: the checkpoint's own)
+    ep: int = 1  # a GPU target's expert-parallel size
+    backend: str | None = None  # a GPU target's serving engine (vllm, sglang, trtllm)
 
     def sized(self, workload: Workload) -> Workload:
         """``workload`` with this target's pool (what the estimate reads)."""
@@ -184,6 +187,9 @@ def simulate(
                     attainment_target=attainment,
                     buckets=buckets,
                     step_times=target.cost_model.step_times,
+                    weight_dtype=target.weight_dtype,
+                    ep=target.ep,
+                    backend=target.backend,
                 )
             )
         result = result.model_copy(update={"capacity": targets})

@@ -158,3 +158,58 @@ def test_the_stored_fit_is_read_in_seconds_per_backend():
         assert fit.seq_overhead_s == pytest.approx(entry["seq_overhead_ms"] / 1000, rel=1e-12)
         assert fit.layer_overhead_s == pytest.approx(entry["layer_overhead_ms"] / 1000, rel=1e-12)
         assert f"H100-SXM rows of {backend}" in fit.fitted_on
+
+
+def test_a_kv_cache_or_tp_the_database_does_not_measure_is_a_reason():
+    """Its databases measure bf16 and fp8 KV caches, and all-reduce within one NVLink domain:
+    eight GPUs on an HGX H100 board, 72 in a GB200 NVL72 rack."""
+    config = load_model_config("llama-3.1-8b")[0]
+    for kv in ("int8", "int4", "fp32"):
+        assert silicon.silicon_cost(config, "h100_sxm", 1, kv_cache_dtype=kv) == (
+            f"its database has no {kv} KV cache (it has bf16, fp16, fp8)"
+        )
+    assert silicon.nvlink_domain("h100_sxm") == 8 and silicon.nvlink_domain("gb200") == 72
+    assert silicon.silicon_cost(config, "h100_sxm", 16) == "its data covers tp up to 8 (one NVLink domain of h100_sxm)"
+    assert isinstance(silicon.silicon_cost(config, "h100_sxm", 8), silicon.SiliconStepCost)
+
+
+def test_vllms_fp8_kv_names_are_priced_as_fp8():
+    config = load_model_config("llama-3.1-8b")[0]
+    work = StepWork(0, 16, 0, 16 * 2048, 16 * 2048, 16 * 2048)  # 16 decodes at 2,048 tokens of context
+    seconds = {
+        kv: silicon.silicon_cost(config, "h100_sxm", 1, kv_cache_dtype=kv, fit=UNCORRECTED).step_seconds(work)
+        for kv in ("fp8", "fp8_e4m3", "fp8_e5m2", "bf16")
+    }
+    assert seconds["fp8"] == seconds["fp8_e4m3"] == seconds["fp8_e5m2"]
+    assert seconds["fp8"] < seconds["bf16"]  # half the KV bytes to read at 2,048 tokens of context
+
+
+def test_a_model_aiconfigurator_would_download_is_not_matched(monkeypatch):
+    """Mixtral's config ships in aiconfigurator-core 0.12.0, but it is no model it reads offline
+    (``DefaultHFModels``): it would fetch the config from Hugging Face, and kvplan stays offline."""
+    import urllib.request
+    from importlib.resources import files
+
+    def no_network(*args, **kwargs):
+        raise AssertionError("kvplan asked the network")
+
+    monkeypatch.setattr(urllib.request, "urlopen", no_network)
+    shipped = files("aiconfigurator_core") / "model_configs" / "mistralai--Mixtral-8x7B-v0.1_config.json"
+    assert shipped.is_file() and "mistralai/Mixtral-8x7B-v0.1" not in silicon.bundled_configs()
+    mixtral = load_model_config("mixtral-8x7b")[0]
+    assert silicon.match_model(mixtral) is None
+    assert silicon.silicon_cost(mixtral, "h100_sxm", 2) == "no aiconfigurator model config has this model's shape"
+
+
+def test_an_aiconfigurator_error_is_shortened_to_one_line_without_paths():
+    config = load_model_config("llama-3.1-8b")[0]
+    reason = silicon.silicon_cost(config, "h100_sxm", 1, weight_dtype="int4")
+    assert reason == (
+        "aiconfigurator-core cannot price it (PerfDataNotAvailableError: GEMM perf data missing for quant 'int4_wo'; "
+        'available: ["bfloat16", "fp8", "fp8_block"])'
+    )
+    long = "missing system flops: quant mode 'fp8' needs 'fp8_tc_flops', which this system's YAML does not define"
+    assert silicon._short(long + " (or defines as a non-positive placeholder)\nsecond line") == (
+        "missing system flops: quant mode 'fp8' needs 'fp8_tc_flops', which this system's YAML does not define (or "
+        "defines as a ..."
+    )

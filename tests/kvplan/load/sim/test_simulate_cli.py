@@ -138,6 +138,25 @@ def test_report_and_gate_read_a_simulated_run_unchanged(tmp_path, smoke_run):
             "error: --step-times: no measured step times for SmolLM2-135M",
         ),
         (["--model", "llama-3.1-8b", "--gpu", "H100-SXM", "--step-times", "exact"], "error: --step-times: unknown"),
+        # --ep is checked whatever times the steps (the roofline splits experts too)
+        (
+            ["--model", "llama-3.1-8b", "--gpu", "H100-SXM", "--tp", "4", "--ep", "3", "--step-times", "roofline"],
+            "error: --ep: must divide tp = 4 (got 3); give 1 or a divisor of --tp",
+        ),
+        (
+            ["--model", "llama-3.1-8b", "--gpu", "H100-SXM", "--tp", "2", "--ep", "2"],
+            "error: --ep: Llama-3.1-8B-Instruct has no experts to split (got 2); drop --ep for a dense model",
+        ),
+        (
+            ["--model", "mixtral-8x7b", "--gpu", "H100-SXM", "--tp", "16", "--ep", "16", "--step-times", "roofline"],
+            "error: --ep: must divide Mixtral-8x7B-Instruct-v0.1's 8 experts (got 16); give a divisor of both",
+        ),
+        # the capacity arithmetic's fix names simulate's own options (it has no --pp or --kv-memory-gib)
+        (
+            ["--model", "llama-3.1-405b", "--gpu", "L4"],
+            "error: KV budget: weights 755.96 GiB + overhead 2.00 GiB = 757.96 GiB exceed 22.03 GiB x 0.9 = 19.83 GiB"
+            " by 738.13 GiB; use a larger --gpu, more --tp, or a smaller --weight-dtype",
+        ),
     ],
 )
 def test_bad_options_get_one_line_and_exit_2(args, line):
@@ -162,7 +181,79 @@ def test_a_target_the_database_lacks_falls_back_to_the_roofline_with_one_line(tm
     code, out, err = run_cli(
         "simulate", str(SMOKE), "--model", "smollm2-135m", "--gpu", "H100-SXM", "--out", str(run_dir), "--json"
     )
-    assert code == 0 and err.count("\n") == 1, err
-    assert err.startswith(f"warning: {SMOKE}: engine: SmolLM2-135M")
-    assert "timed by the roofline: no aiconfigurator model config has this model's shape" in err
-    assert json.loads(out)["targets"][0]["step_times"] == "roofline"
+    assert code == 0 and err.count("\n") == 2, err
+    fallback, unplanned = err.splitlines()
+    assert fallback.startswith(f"warning: {SMOKE}: engine: SmolLM2-135M")
+    assert "timed by the roofline: no aiconfigurator model config has this model's shape" in fallback
+    assert unplanned == (
+        f"warning: {SMOKE}: 1 plan: entry not simulated: --model/--gpu simulates that target alone; drop it to"
+        " answer for them"
+    )
+    (target,) = json.loads(out)["targets"]
+    assert {k: target[k] for k in ("step_times", "weight_dtype", "ep", "backend")} == {
+        "step_times": "roofline",
+        "weight_dtype": "auto",
+        "ep": 1,
+        "backend": "vllm",
+    }
+
+
+def test_a_gpu_targets_json_names_its_backend_weights_and_experts(tmp_path):
+    """A MoE target on SGLang with fp8 weights, split two ways; --step-times in any case."""
+    code, out, err = run_cli(
+        "simulate",
+        str(SMOKE),
+        *("--model", "qwen3-30b-a3b", "--gpu", "H100-SXM", "--tp", "2", "--ep", "2"),
+        *("--backend", "SGLang", "--weight-dtype", "FP8", "--step-times", "Auto"),
+        *("--out", str(tmp_path / "run"), "--json"),
+    )
+    assert code == 0, err
+    (target,) = json.loads(out)["targets"]
+    assert target["step_times"].startswith("silicon: h100_sxm / sglang ")
+    assert (target["weight_dtype"], target["ep"], target["backend"], target["tp"]) == ("fp8", 2, "sglang", 2)
+
+
+def test_a_models_path_is_the_shells_and_a_hugging_face_id_is_an_id(tmp_path, monkeypatch):
+    """--model cfg.json is read from the current folder, not the workload's; an id with a slash
+    names the preset it aliases."""
+    from kvplan.plan.model_source import load_model_config
+
+    (tmp_path / "work").mkdir()
+    workload = tmp_path / "work" / "smoke.yaml"
+    workload.write_text(SMOKE.read_text())
+    (tmp_path / "cfg.json").write_text(json.dumps(load_model_config("llama-3.1-8b")[0]))
+    monkeypatch.chdir(tmp_path)
+    for i, model in enumerate(("cfg.json", "meta-llama/Llama-3.1-8B-Instruct")):
+        code, out, err = run_cli(
+            "simulate", "work/smoke.yaml", "--model", model, "--gpu", "H100-SXM", "--out", f"run{i}", "--json"
+        )
+        assert code == 0, err
+        assert json.loads(out)["targets"][0]["step_times"].startswith("silicon: h100_sxm / vllm ")
+
+
+def test_a_plan_entry_without_speed_figures_is_skipped_with_one_line(tmp_path):
+    """A10G is in the GPU table for its memory, without FLOP/s or bandwidth: no capacity answers
+    for it, and a line says so (the L4 entry is still answered, by the roofline)."""
+    workload = tmp_path / "smoke.yaml"
+    entry = "  - {model: llama-3.1-8b, gpu: L4, kv_cache_dtype: fp8}\n"
+    assert entry in SMOKE.read_text()
+    workload.write_text(SMOKE.read_text().replace(entry, entry + "  - {model: llama-3.1-8b, gpu: A10G}\n"))
+    code, out, err = run_cli("simulate", str(workload), "--out", str(tmp_path / "run"), "--json")
+    assert code == 0, err
+    assert f"warning: {workload}: plan[1]: no FLOP/s or bandwidth figures for A10G; no capacity answers for it" in (
+        err.splitlines()
+    )
+    assert [t["target"] for t in json.loads(out)["targets"]] == ["engine", "plan[0]"]
+
+
+def test_an_engine_limit_the_gpu_model_refuses_names_the_engine_section(tmp_path):
+    """A simulation sets max_model_len by the workload's engine section (it has no such option):
+    the error names that field, in that file."""
+    workload = tmp_path / "smoke.yaml"
+    workload.write_text(SMOKE.read_text().replace("  block_size: 4\n", "  block_size: 4\n  max_model_len: 1000000\n"))
+    code, out, err = run_cli("simulate", str(workload), "--model", "llama-3.1-8b", "--gpu", "H100-SXM")
+    assert code == 2 and out == "" and err.count("\n") == 1
+    assert err == (
+        f"error: {workload}: engine.max_model_len: 1,000,000 exceeds the model's limit of 131,072 tokens"
+        " (max_position_embeddings); give at most 131072\n"
+    )
