@@ -148,7 +148,7 @@ def plan_target(workload: Workload, index: int, p95: dict[str, int]) -> PlanEsti
         }
     except KvplanError as err:
         at = f"plan[{index}]"
-        fix = err.fix  # fixes that name other settings do not apply: a plan entry has four fields
+        fix = err.fix  # fixes that name other settings do not apply: a plan entry has its own few fields
         if err.field == "gpu":
             fix = gpu_hint(target.gpu)
         elif err.field == "KV budget":

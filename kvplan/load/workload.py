@@ -41,12 +41,12 @@ from decimal import Decimal, InvalidOperation
 from pathlib import Path
 from typing import Annotated, Any
 
-from pydantic import ByteSize, ConfigDict, Field, PrivateAttr, field_validator, model_validator
+from pydantic import ByteSize, Field, PrivateAttr, field_validator, model_validator
 
 from engine.config import KV_CACHE_DTYPES, AttentionBackendName, DeviceName, DtypeName, EngineConfig
-from kvplan.errors import KvplanError
 from kvplan.load.admission import ADMISSION_FIELD, AdmissionSettings
 from kvplan.load.buckets import Bucket, Count, Dataset, Name, StrictModel, Variant
+from kvplan.load.plan_target import PlanTarget, kv_cache_dtype_value
 from kvplan.load.target.settings import TargetSettings
 from kvplan.plan import dtypes
 from kvplan.results.gated import GateSettings
@@ -60,17 +60,6 @@ _SIZE = re.compile(r"\s*([0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)\s*([A-Za-z]*)\s*")
 ENGINE_DEFAULTS: dict[str, Any] = {f.name: f.default for f in fields(EngineConfig)}
 # the KV dtypes the bundled engine stores, in kvplan's names (plan entries may name any of dtypes.DTYPES)
 ENGINE_KV_DTYPES = tuple(dtypes.canonical(name) for name in KV_CACHE_DTYPES if name != "auto")
-
-
-def _kv_cache_dtype(value: Any, allowed: tuple[str, ...]) -> Any:
-    """kvplan's name for a KV dtype (bfloat16 -> bf16), as a pydantic validator: ValueError
-    naming the choices for an unknown one."""
-    if not isinstance(value, str):
-        return value  # strict str validation reports it
-    try:
-        return dtypes.canonical(value, allowed=allowed)
-    except KvplanError as err:
-        raise ValueError(f"{err.problem}; {err.fix}") from None
 
 
 class EngineSettings(StrictModel):
@@ -145,7 +134,7 @@ class EngineSettings(StrictModel):
     @field_validator("kv_cache_dtype", mode="before")
     @classmethod
     def _kv_dtype(cls, value: Any) -> Any:
-        return _kv_cache_dtype(value, ENGINE_KV_DTYPES)
+        return kv_cache_dtype_value(value, ENGINE_KV_DTYPES)
 
     @field_validator("kv_cache_memory", mode="before")
     @classmethod
@@ -180,52 +169,6 @@ class EngineSettings(StrictModel):
     def to_engine_config(self, seed: int) -> EngineConfig:
         settings = self.model_dump(exclude={"kv_cache_memory", "admission"}) | self.admission.model_dump()
         return EngineConfig(**settings, kv_cache_memory_bytes=self.kv_cache_memory, seed=seed)
-
-
-class PlanTarget(StrictModel):
-    """A production target to size the buckets on: a model preset, a GPU, tensor parallelism
-    and a KV cache dtype (names as in ``kvplan estimate``; ``auto``: the checkpoint's serving
-    dtype). ``kv_dtype`` is the deprecated name of ``kv_cache_dtype``."""
-
-    model_config = ConfigDict(
-        json_schema_extra=lambda schema, _: schema["properties"].update(
-            kv_dtype={
-                "type": "string",
-                "deprecated": True,
-                "description": "Old name of kv_cache_dtype, still read, with a warning.",
-            }
-        )
-    )
-
-    model: str = Field(
-        description="The production model: a preset name as in ``kvplan estimate`` (``llama-3.1-8b``), or a"
-        " config.json or GGUF file, a relative path read from the workload file's folder."
-    )
-    gpu: str = Field(description="The production GPU, by kvplan's name for it (``L4``, ``H100-SXM``, ...).")
-    tp: Count = Field(
-        1,
-        description="Tensor parallelism: the GPUs the model is split over, each holding its share of the KV"
-        " heads (KV bytes per token per GPU rank).",
-    )
-    kv_cache_dtype: str = Field(
-        "auto",
-        description="The KV cache dtype on the target: ``auto`` = the checkpoint's serving dtype, or"
-        " ``bf16``, ``fp16``, ``fp32``, ``fp8``, ``int8``, ``int4`` (torch's names read too).",
-    )
-
-    @model_validator(mode="before")
-    @classmethod
-    def _old_name(cls, data: Any) -> Any:
-        if isinstance(data, dict) and "kv_dtype" in data:
-            if "kv_cache_dtype" in data:
-                raise ValueError("give kv_cache_dtype only (kv_dtype is its deprecated name)")
-            data = {("kv_cache_dtype" if k == "kv_dtype" else k): v for k, v in data.items()}
-        return data
-
-    @field_validator("kv_cache_dtype", mode="before")
-    @classmethod
-    def _kv_dtype(cls, value: Any) -> Any:
-        return _kv_cache_dtype(value, tuple(dtypes.DTYPES))
 
 
 class SharedPrefix(StrictModel):

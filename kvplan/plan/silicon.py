@@ -33,7 +33,6 @@ roofline (kvplan.plan.step_cost) and says so.
 
 from __future__ import annotations
 
-import logging
 import re
 from dataclasses import dataclass
 from functools import cache
@@ -42,6 +41,7 @@ from typing import Any
 
 from kvplan.errors import KvplanError
 from kvplan.plan import dtypes
+from kvplan.plan.silicon_db import available, database_versions, default_version, nvlink_domain, quiet
 from kvplan.plan.silicon_models import bundled_configs, match_model, quant_method, quant_modes
 
 BACKENDS = ("vllm", "sglang", "trtllm")
@@ -84,25 +84,6 @@ class SiliconSource:
         return f"silicon: {self.system} / {self.backend} {self.version}"
 
 
-def available() -> bool:
-    """Whether aiconfigurator-core is installed."""
-    try:
-        import aiconfigurator_core  # noqa: F401
-    except ImportError:
-        return False
-    return True
-
-
-def package_version() -> str:
-    """aiconfigurator-core's installed version ("" where it is not installed)."""
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        return version("aiconfigurator-core")
-    except PackageNotFoundError:
-        return ""
-
-
 def check_backend(backend: str) -> str:
     """``backend`` lower-cased, if it is one aiconfigurator's database has.
 
@@ -113,68 +94,6 @@ def check_backend(backend: str) -> str:
     if name not in BACKENDS:
         raise KvplanError("backend", f"unknown backend {backend!r}", f"use one of {', '.join(BACKENDS)}")
     return name
-
-
-def database_versions(system: str, backend: str) -> list[str]:
-    """The database versions aiconfigurator-core holds for ``system`` and ``backend``, oldest
-    first ([] where none, or where it is not installed)."""
-    return list(_database_versions(system, backend))
-
-
-@cache
-def _database_versions(system: str, backend: str) -> tuple[str, ...]:
-    if not available():
-        return ()
-    return tuple(sorted(_supported_databases().get(system, {}).get(backend, []), key=_version_key))
-
-
-@cache
-def _supported_databases() -> dict[str, dict[str, list[str]]]:
-    """aiconfigurator-core's listing of its databases (system -> backend -> versions), read once
-    per process. It reads some 500 YAML files per call (1.2-2.4 s here) and is called again inside
-    ``get_latest_database_version``; the files do not change while kvplan runs, so the module's
-    function is replaced by this memoised one on first use."""
-    from aiconfigurator_core.sdk import perf_database
-
-    read = perf_database.get_supported_databases
-    with _quiet():
-        listing = read()
-    perf_database.get_supported_databases = lambda systems_paths=None: (
-        listing if systems_paths is None else read(systems_paths)
-    )
-    return listing
-
-
-@cache
-def default_version(system: str, backend: str) -> str | None:
-    """The newest database version of ``system`` / ``backend`` with data (aiconfigurator's
-    ``get_latest_database_version``), None where there is none (cached per process)."""
-    if not database_versions(system, backend):
-        return None
-    from aiconfigurator_core.sdk.perf_database import get_latest_database_version
-
-    with _quiet():
-        return get_latest_database_version(system, backend)
-
-
-@cache
-def nvlink_domain(system: str) -> int:
-    """GPUs of aiconfigurator ``system`` that one tensor-parallel group can span over NVLink: its
-    system YAML's ``num_gpus_per_rack`` where it gives one (GB200 NVL72: 72), else
-    ``num_gpus_per_node`` (H100 SXM: 8); 0 where neither is given or it is not installed. Past it,
-    all-reduce crosses the network, which the database does not measure."""
-    if not available():
-        return 0
-    from importlib.resources import files
-
-    import yaml
-
-    entry = files("aiconfigurator_core") / "systems" / f"{system}.yaml"
-    try:
-        node = (yaml.safe_load(entry.read_text()) or {}).get("node") or {}
-    except (OSError, yaml.YAMLError):
-        return 0
-    return int(node.get("num_gpus_per_rack") or node.get("num_gpus_per_node") or 0)
 
 
 def silicon_cost(
@@ -213,7 +132,7 @@ def silicon_cost(
         raise KvplanError(
             "backend_version",
             f"aiconfigurator-core has no {backend} {version} data for {system}",
-            f"use one of {', '.join(versions)}, or leave it out for the newest",
+            f"use one of {', '.join(versions)}, or leave it out for its current one",
         )
     domain = nvlink_domain(system)
     if domain and tp > domain:
@@ -363,10 +282,6 @@ def _sum(entries: list[tuple]) -> float:
     return sum(e[1] for e in entries)
 
 
-def _version_key(version: str) -> tuple:
-    return tuple(int(p) if p.isdigit() else 0 for p in version.replace("rc", ".").replace("post", ".").split("."))
-
-
 @cache
 def _engine(source: SiliconSource, tp: int, ep: int, modes_items: Any) -> tuple[Any, dict, dict]:
     return _build_engine(source, tp, ep, dict(modes_items))
@@ -384,7 +299,7 @@ def _build_engine(source: SiliconSource, tp: int, ep: int, modes: dict[str, str]
         "kvcache_quant_mode": common.KVCacheQuantMode,
     }
     quant: dict[str, Any] = {k: enums[k][v] for k, v in modes.items()}
-    with _quiet():
+    with quiet():
         database = get_database(source.system, source.backend, source.version)
         if database is None:
             raise RuntimeError(f"no database for {source.system} / {source.backend} {source.version}")
@@ -414,14 +329,3 @@ def _roles(ops: list[Any]) -> dict[str, list[int]]:
         else:
             roles["non_attention"].append(i)
     return roles
-
-
-class _quiet:
-    """aiconfigurator logs its data loading at INFO/WARNING; a simulation prints its own lines."""
-
-    def __enter__(self) -> None:
-        self._level = logging.root.manager.disable
-        logging.disable(logging.WARNING)
-
-    def __exit__(self, *exc: object) -> None:
-        logging.disable(self._level)

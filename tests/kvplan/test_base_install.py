@@ -136,6 +136,8 @@ def test_the_base_install_estimates_reports_gates_and_load_tests_a_server(tmp_pa
     assert answers[8][2] == (
         "warning: workloads/smoke.yaml: engine: Llama-3.1-8B-Instruct on H100-SXM timed by the roofline: "
         "aiconfigurator-core is not installed (pip install 'kvplan[silicon]')\n"
+        "warning: workloads/smoke.yaml: 1 plan: entry not simulated: --model/--gpu simulates that target alone; "
+        "drop it to answer for them\n"
     )
     assert json.loads((sim / "results.json").read_text())["cost_model"]["step_times"] == "roofline"
     # GGUF read by kvplan.plan.gguf_reader (no gguf package): 2 layers x 2 KV heads x (16 + 16) x 2 bytes

@@ -66,7 +66,7 @@ def gpu_setup(
             a bad tp, ep or dtype, an unknown backend or backend version, a model that leaves no
             KV budget on that GPU, or ``step_times: silicon`` on a target the database lacks.
     """
-    from kvplan.plan import silicon
+    from kvplan.plan import silicon, silicon_db
 
     if tp < 1:
         raise KvplanError("tp", f"must be >= 1 (got {tp})")
@@ -156,7 +156,7 @@ def gpu_setup(
         cost, src = timed, timed.source
         info = CostModelInfo(
             kind="gpu",
-            source=f"aiconfigurator-core {silicon.package_version()} measured database ({src.model_path})",
+            source=f"aiconfigurator-core {silicon_db.package_version()} measured database ({src.model_path})",
             step_times=src.label,
             description=f"measured operation times of {src.system} x{tp}"
             + (f" (expert parallel {ep})" if ep > 1 else "")
@@ -230,7 +230,17 @@ def plan_setups(workload: Workload) -> tuple[list[SimSetup], list[str]]:
             continue
         try:
             setups.append(
-                gpu_setup(workload, entry.model, entry.gpu, entry.tp, entry.kv_cache_dtype, target=f"plan[{i}]")
+                gpu_setup(
+                    workload,
+                    entry.model,
+                    entry.gpu,
+                    entry.tp,
+                    entry.kv_cache_dtype,
+                    target=f"plan[{i}]",
+                    backend=entry.backend,
+                    backend_version=entry.backend_version,
+                    ep=entry.ep,
+                )
             )
         except KvplanError as err:
             if err.field.startswith("engine."):  # the engine section's, shared by every target
