@@ -69,7 +69,9 @@ def quant_modes(weight_dtype: str, kv_cache_dtype: str, checkpoint: str | None =
     """aiconfigurator's quant-mode names for kvplan's dtype choices. ``auto``, and a weight dtype
     the matched checkpoint already has (``checkpoint``: its ``quant_method``, e.g. fp8 or mxfp4),
     leave the checkpoint's own modes, as aiconfigurator reads them from the bundled config (an
-    FP8 checkpoint's may be block-scaled)."""
+    FP8 checkpoint's may be block-scaled). aiconfigurator-core 0.12.0 has no MXFP4 GEMM mode, so
+    ``mxfp4``'s dense GEMMs are priced as ``nvfp4``, its nearest 4-bit float GEMM, and its experts
+    as ``w4a16_mxfp4``; a GPU without FP4 tensor cores (H100) then names nvfp4 in its reason."""
     weights = dtypes.canonical_weight(weight_dtype)
     if checkpoint is not None and weights == checkpoint:
         weights = "auto"
