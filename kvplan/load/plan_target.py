@@ -55,6 +55,12 @@ class PlanTarget(StrictModel):
         description="The KV cache dtype on the target: ``auto`` = the checkpoint's serving dtype, or"
         " ``bf16``, ``fp16``, ``fp32``, ``fp8``, ``int8``, ``int4`` (torch's names read too).",
     )
+    weight_dtype: str = Field(
+        "auto",
+        description="The weights' dtype on the target: ``auto`` = the checkpoint's own, or ``bf16``, ``fp16``,"
+        " ``fp8``, ``int8``, ``int4``, ``nvfp4`` (alias ``fp4``), ``mxfp4`` (what the weights leave of the"
+        " GPU's memory is the KV budget).",
+    )
     ep: Count = Field(
         1,
         description="Expert-parallel size of a MoE model: its experts split ``ep`` ways, each ``tp / ep`` ways"
@@ -70,6 +76,16 @@ class PlanTarget(StrictModel):
         description="The ``backend``'s database version (default: the one aiconfigurator-core maintains as"
         " current for the GPU).",
     )
+
+    @field_validator("weight_dtype", mode="before")
+    @classmethod
+    def _weight_dtype(cls, value: Any) -> Any:
+        if not isinstance(value, str):
+            return value  # strict str validation reports it
+        try:
+            return dtypes.canonical_weight(value)
+        except KvplanError as err:
+            raise ValueError(f"{err.problem}; {err.fix}") from None
 
     @field_validator("backend", mode="before")
     @classmethod

@@ -30,7 +30,7 @@ from kvplan.results.run_result import (
     SharedPrefixEstimate,
 )
 
-_PLAN_FIELDS = ("model", "gpu", "tp", "kv_cache_dtype")  # a plan entry's fields
+_PLAN_FIELDS = ("model", "gpu", "tp", "kv_cache_dtype", "weight_dtype")  # a plan entry's sizing fields
 
 
 @dataclass(frozen=True)
@@ -142,7 +142,12 @@ def plan_target(workload: Workload, index: int, p95: dict[str, int]) -> PlanEsti
         spec = load_model_spec(workload.resolve_model(target.model))
         sized = {
             name: estimate_capacity(
-                spec, kv_cache_dtype=target.kv_cache_dtype, tp=target.tp, gpu=target.gpu, max_model_len=max(tokens, 1)
+                spec,
+                kv_cache_dtype=target.kv_cache_dtype,
+                tp=target.tp,
+                gpu=target.gpu,
+                weight_dtype=target.weight_dtype,
+                max_model_len=max(tokens, 1),
             )
             for name, tokens in (p95 or {"": spec.max_position_embeddings}).items()
         }
@@ -152,7 +157,7 @@ def plan_target(workload: Workload, index: int, p95: dict[str, int]) -> PlanEsti
         if err.field == "gpu":
             fix = gpu_hint(target.gpu)
         elif err.field == "KV budget":
-            fix = "use a larger gpu or a higher tp in this plan entry"
+            fix = "use a larger gpu, a higher tp or a smaller weight_dtype in this plan entry"
         if err.source is not None:  # inside the model's config or GGUF file
             raise KvplanError(f"{at}.model", f"{err.where}: {err.problem}", fix, source=workload.source) from None
         if err.field in _PLAN_FIELDS:
@@ -164,6 +169,7 @@ def plan_target(workload: Workload, index: int, p95: dict[str, int]) -> PlanEsti
         gpu=first.gpu,
         tp=target.tp,
         kv_cache_dtype=first.kv_cache_dtype,
+        weight_dtype=target.weight_dtype,
         bytes_per_token=first.bytes_per_token,
         num_blocks=first.num_blocks,
         kv_capacity_tokens=first.kv_capacity_tokens,

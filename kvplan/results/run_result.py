@@ -155,6 +155,7 @@ class PlanEstimate(_Part):
     gpu: str
     tp: int
     kv_cache_dtype: str
+    weight_dtype: str = "auto"  # as the plan entry gives it (auto: the checkpoint's own)
     bytes_per_token: int
     num_blocks: int | None
     kv_capacity_tokens: int | None

@@ -236,6 +236,7 @@ def plan_setups(workload: Workload) -> tuple[list[SimSetup], list[str]]:
                     entry.gpu,
                     entry.tp,
                     entry.kv_cache_dtype,
+                    entry.weight_dtype,
                     target=f"plan[{i}]",
                     backend=entry.backend,
                     backend_version=entry.backend_version,

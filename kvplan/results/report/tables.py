@@ -238,7 +238,8 @@ def plan_table(result: RunResult) -> pd.DataFrame:
     rows = []
     for target in result.estimate.plan if result.estimate else []:
         row = {
-            "target": f"{target.model} on {target.gpu} tp={target.tp} kv={target.kv_cache_dtype}",
+            "target": f"{target.model} on {target.gpu} tp={target.tp} kv={target.kv_cache_dtype}"
+            + (f" weights={target.weight_dtype}" if target.weight_dtype != "auto" else ""),
             "KV bytes/token": target.bytes_per_token,
             "KV tokens": target.kv_capacity_tokens,
         }

@@ -165,7 +165,7 @@ def test_an_unknown_plan_gpu_stops_before_the_model_loads(tmp_path):
     big.write_text(path.read_text().replace("H900", "L4").replace("llama-3.1-8b", "llama-3.1-405b"))
     code, out, err = run_cli("loadtest", str(big), "--out", str(tmp_path / "run"))
     assert code == 2 and err.startswith(f"error: {big}: plan[0]: weights 755.96 GiB + overhead 2.00 GiB")
-    assert err.rstrip().endswith("; use a larger gpu or a higher tp in this plan entry"), err
+    assert err.rstrip().endswith("; use a larger gpu, a higher tp or a smaller weight_dtype in this plan entry"), err
 
 
 def test_engine_settings_the_engine_refuses_are_one_line(tmp_path):

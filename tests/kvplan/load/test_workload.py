@@ -1,5 +1,6 @@
 """Workload YAML: the shipped files load, and every bad file gives one line naming the field."""
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -274,3 +275,24 @@ def test_a_relative_plan_model_is_read_from_the_workload_files_folder(tmp_path, 
     with pytest.raises(KvplanError) as caught:
         plan_target(load_workload(path), 0, {})
     assert str(caught.value) == f"{path}: plan[0].model: {tmp_path / 'models' / 'absent.json'}: no such file"
+
+
+def test_a_plan_entrys_weight_dtype_sizes_its_kv_budget(tmp_path):
+    """fp8 weights free one byte per parameter: Llama-3.1-8B's 8,030,261,248 (its model card's
+    count) become KV blocks on the L4, 131,072 bytes per token (32 layers x K,V x 8 KV heads x
+    128 x 2 bytes)."""
+    from kvplan.load.run_estimate import plan_target
+
+    path = tmp_path / "w.yaml"
+    sized = {}
+    for dtype in ("auto", "FP8"):
+        path.write_text(json.dumps({**SMALL, "plan": [{"model": "llama-3.1-8b", "gpu": "L4", "weight_dtype": dtype}]}))
+        sized[dtype] = plan_target(load_workload(path), 0, {"a": 100})
+    assert sized["FP8"].weight_dtype == "fp8" and sized["auto"].weight_dtype == "auto"
+    assert sized["auto"].bytes_per_token == sized["FP8"].bytes_per_token == 32 * 2 * 8 * 128 * 2
+    freed = (sized["FP8"].kv_capacity_tokens - sized["auto"].kv_capacity_tokens) * 131_072
+    assert abs(freed - 8_030_261_248) < 16 * 131_072  # within one block of 16 tokens
+    path.write_text(json.dumps({**SMALL, "plan": [{"model": "llama-3.1-8b", "gpu": "L4", "weight_dtype": "fp7"}]}))
+    with pytest.raises(KvplanError) as caught:
+        load_workload(path)
+    assert str(caught.value).startswith(f"{path}: plan[0].weight_dtype: unknown dtype 'fp7'; use one of auto, ")

@@ -262,13 +262,13 @@ def test_an_engine_limit_the_gpu_model_refuses_names_the_engine_section(tmp_path
 def test_a_plan_entry_names_its_backend_and_expert_parallel_size(tmp_path):
     workload = tmp_path / "smoke.yaml"
     entry = "  - {model: llama-3.1-8b, gpu: L4, kv_cache_dtype: fp8}\n"
-    moe = "  - {model: qwen3-30b-a3b, gpu: H100-SXM, tp: 2, ep: 2, backend: SGLang}\n"
+    moe = "  - {model: qwen3-30b-a3b, gpu: H100-SXM, tp: 2, ep: 2, backend: SGLang, weight_dtype: fp8}\n"
     workload.write_text(SMOKE.read_text().replace(entry, entry + moe))
     code, out, err = run_cli("simulate", str(workload), "--out", str(tmp_path / "run"), "--json")
     assert code == 0, err
     target = json.loads(out)["targets"][2]
     assert target["target"] == "plan[1]" and target["step_times"].startswith("silicon: h100_sxm / sglang ")
-    assert (target["ep"], target["backend"], target["tp"]) == (2, "sglang", 2)
+    assert (target["ep"], target["backend"], target["tp"], target["weight_dtype"]) == (2, "sglang", 2, "fp8")
     for i, (good, bad, line) in enumerate(
         (
             (
