@@ -76,9 +76,14 @@ def check_requests_fit(workload: Workload, engine: EngineFacts, sampled: dict[st
                 else f"the engine's max_model_len {engine.max_model_len} (by default the smaller of the KV"
                 " pool's tokens and the model's max_position_embeddings)"
             )
+            pool_tokens = engine.num_blocks * engine.block_size
+            model_bound = workload.engine.max_model_len is None and engine.max_model_len < pool_tokens
             raise KvplanError(
                 where,
                 f"the longest request ({spelled} = {longest.num_tokens} tokens) exceeds {limit}",
-                "lower it or raise engine.max_model_len",
+                # the model's own limit binds: no engine setting raises it
+                f"lower it: the model takes at most {engine.max_model_len} tokens"
+                if model_bound
+                else "lower it or raise engine.max_model_len",
                 source=workload.source,
             )

@@ -282,3 +282,17 @@ def test_a_plan_entry_names_its_backend_and_expert_parallel_size(tmp_path):
         workload.write_text(SMOKE.read_text().replace(entry, entry + moe.replace(good, bad)))
         code, out, err = run_cli("simulate", str(workload), "--out", str(tmp_path / f"bad{i}"))
         assert code == 2 and out == "" and err.startswith(f"error: {workload}: {line}"), err
+
+
+def test_a_prompt_over_the_models_own_limit_is_told_to_shrink(tmp_path):
+    """falcon-7b takes 2,048 tokens (its max_position_embeddings): no engine setting raises
+    that, so the fix is the bucket's."""
+    workload = tmp_path / "long.yaml"
+    workload.write_text(SMOKE.read_text().replace("input_tokens: [12, 20]", "input_tokens: 4000"))
+    code, out, err = run_cli("simulate", str(workload), "--model", "falcon-7b", "--gpu", "H100-SXM")
+    assert code == 2 and out == ""
+    assert err.splitlines()[-1] == (
+        f"error: {workload}: buckets[0].input_tokens: the longest request (4000 + 12 = 4012 tokens) exceeds the"
+        " engine's max_model_len 2048 (by default the smaller of the KV pool's tokens and the model's"
+        " max_position_embeddings); lower it: the model takes at most 2048 tokens"
+    )
