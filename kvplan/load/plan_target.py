@@ -26,9 +26,10 @@ def kv_cache_dtype_value(value: Any, allowed: tuple[str, ...]) -> Any:
 
 
 class PlanTarget(StrictModel):
-    """A production target to size the buckets on: a model preset, a GPU, tensor parallelism
-    and a KV cache dtype (names as in ``kvplan estimate``; ``auto``: the checkpoint's serving
-    dtype). ``kv_dtype`` is the deprecated name of ``kv_cache_dtype``."""
+    """A production target to size the buckets on: a model preset, a GPU, tensor parallelism,
+    a KV cache and a weight dtype (names as in ``kvplan estimate``; ``auto``: the checkpoint's),
+    and for ``kvplan simulate``'s step times the expert-parallel size and the serving backend.
+    ``kv_dtype`` is the deprecated name of ``kv_cache_dtype``."""
 
     model_config = ConfigDict(
         json_schema_extra=lambda schema, _: schema["properties"].update(
@@ -41,8 +42,9 @@ class PlanTarget(StrictModel):
     )
 
     model: str = Field(
-        description="The production model: a preset name as in ``kvplan estimate`` (``llama-3.1-8b``), or a"
-        " config.json or GGUF file, a relative path read from the workload file's folder."
+        description="The production model: a preset name as in ``kvplan estimate`` (``llama-3.1-8b``) or the"
+        " Hugging Face id it aliases, or a config.json or GGUF file, a relative path read from the workload"
+        " file's folder."
     )
     gpu: str = Field(description="The production GPU, by kvplan's name for it (``L4``, ``H100-SXM``, ...).")
     tp: Count = Field(
