@@ -328,8 +328,8 @@ class Workload(StrictModel):
         """A plan entry's ``model``: a path relative to the workload file's folder when one exists
         there (or when it names a file: ``.json``/``.gguf``), else as given (a preset name, a
         Hugging Face id such as ``meta-llama/Llama-3.1-8B-Instruct``, an absolute path)."""
-        if self.source == "<memory>" or Path(model).is_absolute():
-            return model
+        if self.source == "<memory>" or not model.strip() or Path(model).is_absolute():
+            return model  # an empty name is refused as empty, not read as the workload's folder
         near = Path(self.source).parent / model
         looks_like_file = Path(model).suffix.lower() in (".json", ".gguf")
         return str(near) if near.exists() or looks_like_file else model

@@ -116,7 +116,7 @@ def canonical(name: str, field: str = "kv_cache_dtype", allowed: tuple[str, ...]
     Raises:
         KvplanError: naming ``field``, when the name is not one of ``allowed`` (or an alias of one).
     """
-    key = str(name).lower().removeprefix("torch.")
+    key = str(name).strip().lower().removeprefix("torch.")
     key = ALIASES.get(key, key)
     if key == "auto" or key in allowed:
         return key

@@ -113,17 +113,26 @@ def silicon_cost(
     database does not cover the target, a one-line reason.
 
     Raises:
-        KvplanError: an unknown ``backend``; a ``backend_version`` the database lacks for this
-            system (the message lists those it has); ``ep`` not dividing ``tp``.
+        KvplanError: an unknown ``backend``; a ``backend_version`` that is empty, or that the
+            database lacks for this system (the message lists those it has), or given for a GPU
+            it holds no ``backend`` data for; ``ep`` not dividing ``tp``.
     """
     backend = check_backend(backend)
     if ep < 1 or tp % ep:
-        raise KvplanError("ep", f"must divide tp = {tp} (got {ep})", "give 1 or a divisor of --tp")
+        raise KvplanError("ep", f"must divide tp = {tp} (got {ep})", "give 1 or a divisor of tp")
+    if version is not None and not version.strip():
+        raise KvplanError("backend_version", "is empty", "give a database version, or leave it out")
     if not available():
         return f"aiconfigurator-core is not installed ({INSTALL_HINT})"
+    versions = database_versions(system, backend) if system is not None else []
+    if version is not None and not versions:  # a version named for a GPU the database does not hold
+        raise KvplanError(
+            "backend_version",
+            f"aiconfigurator-core has no {backend} data for this GPU (got {version})",
+            "leave it out: the roofline times this GPU",
+        )
     if system is None:
         return "no aiconfigurator system for this GPU"
-    versions = database_versions(system, backend)
     if not versions:
         return f"no {backend} data for {system} in aiconfigurator-core's database"
     if version is None:

@@ -203,13 +203,13 @@ def check_ep(spec: ModelSpec, tp: int, ep: int) -> None:
         KvplanError: ``ep`` below 1, not dividing ``tp``, above 1 on a dense model, or not dividing
             the model's routed experts (vLLM's expert parallelism gives each rank whole experts).
     """
+    if ep > 1 and spec.moe is None:
+        raise KvplanError("ep", f"{spec.name} has no experts to split (got {ep})", "leave ep at 1 for a dense model")
     if ep < 1 or tp % ep:
-        raise KvplanError("ep", f"must divide tp = {tp} (got {ep})", "give 1 or a divisor of --tp")
+        raise KvplanError("ep", f"must divide tp = {tp} (got {ep})", "give 1 or a divisor of tp")
     if ep == 1:
         return
-    if spec.moe is None:
-        raise KvplanError("ep", f"{spec.name} has no experts to split (got {ep})", "drop --ep for a dense model")
-    if spec.moe.num_experts % ep:
+    if spec.moe is not None and spec.moe.num_experts % ep:
         raise KvplanError(
             "ep", f"must divide {spec.name}'s {spec.moe.num_experts} experts (got {ep})", "give a divisor of both"
         )
@@ -246,5 +246,12 @@ def plan_setups(workload: Workload) -> tuple[list[SimSetup], list[str]]:
         except KvplanError as err:
             if err.field.startswith("engine."):  # the engine section's, shared by every target
                 raise
+            if err.field == "KV budget":  # the entry's own sizing, as the load test's estimate says it
+                raise KvplanError(
+                    f"plan[{i}]",
+                    err.problem,
+                    "use a larger gpu, a higher tp or a smaller weight_dtype in this plan entry",
+                    source=workload.source,
+                ) from None
             raise err.within(source=workload.source, prefix=f"plan[{i}]") from None
     return setups, notes

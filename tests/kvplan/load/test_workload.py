@@ -285,12 +285,12 @@ def test_a_plan_entrys_weight_dtype_sizes_its_kv_budget(tmp_path):
 
     path = tmp_path / "w.yaml"
     sized = {}
-    for dtype in ("auto", "FP8"):
+    for dtype in ("auto", " FP8 "):  # any case, spaces around it dropped
         path.write_text(json.dumps({**SMALL, "plan": [{"model": "llama-3.1-8b", "gpu": "L4", "weight_dtype": dtype}]}))
         sized[dtype] = plan_target(load_workload(path), 0, {"a": 100})
-    assert sized["FP8"].weight_dtype == "fp8" and sized["auto"].weight_dtype == "auto"
-    assert sized["auto"].bytes_per_token == sized["FP8"].bytes_per_token == 32 * 2 * 8 * 128 * 2
-    freed = (sized["FP8"].kv_capacity_tokens - sized["auto"].kv_capacity_tokens) * 131_072
+    assert sized[" FP8 "].weight_dtype == "fp8" and sized["auto"].weight_dtype == "auto"
+    assert sized["auto"].bytes_per_token == sized[" FP8 "].bytes_per_token == 32 * 2 * 8 * 128 * 2
+    freed = (sized[" FP8 "].kv_capacity_tokens - sized["auto"].kv_capacity_tokens) * 131_072
     assert abs(freed - 8_030_261_248) < 16 * 131_072  # within one block of 16 tokens
     path.write_text(json.dumps({**SMALL, "plan": [{"model": "llama-3.1-8b", "gpu": "L4", "weight_dtype": "fp7"}]}))
     with pytest.raises(KvplanError) as caught:

@@ -140,16 +140,29 @@ def test_report_and_gate_read_a_simulated_run_unchanged(tmp_path, smoke_run):
         (["--model", "llama-3.1-8b", "--gpu", "H100-SXM", "--step-times", "exact"], "error: --step-times: unknown"),
         # --ep is checked whatever times the steps (the roofline splits experts too)
         (
-            ["--model", "llama-3.1-8b", "--gpu", "H100-SXM", "--tp", "4", "--ep", "3", "--step-times", "roofline"],
-            "error: --ep: must divide tp = 4 (got 3); give 1 or a divisor of --tp",
+            ["--model", "qwen3-30b-a3b", "--gpu", "H100-SXM", "--tp", "4", "--ep", "3", "--step-times", "roofline"],
+            "error: --ep: must divide tp = 4 (got 3); give 1 or a divisor of tp",
         ),
         (
             ["--model", "llama-3.1-8b", "--gpu", "H100-SXM", "--tp", "2", "--ep", "2"],
-            "error: --ep: Llama-3.1-8B-Instruct has no experts to split (got 2); drop --ep for a dense model",
+            "error: --ep: Llama-3.1-8B-Instruct has no experts to split (got 2); leave ep at 1 for a dense model",
         ),
         (
             ["--model", "mixtral-8x7b", "--gpu", "H100-SXM", "--tp", "16", "--ep", "16", "--step-times", "roofline"],
             "error: --ep: must divide Mixtral-8x7B-Instruct-v0.1's 8 experts (got 16); give a divisor of both",
+        ),
+        (
+            ["--model", "llama-3.1-8b", "--gpu", "H100-SXM", "--ep", "4"],  # tp 1: the dense model is the problem
+            "error: --ep: Llama-3.1-8B-Instruct has no experts to split (got 4)",
+        ),
+        (
+            ["--model", "llama-3.1-8b", "--gpu", "L4", "--backend", "sglang", "--backend-version", "9.9.9"],
+            "error: --backend-version: aiconfigurator-core has no sglang data for this GPU (got 9.9.9); leave it out:"
+            " the roofline times this GPU",
+        ),
+        (
+            ["--model", "llama-3.1-8b", "--gpu", "H100-SXM", "--backend-version", " "],
+            "error: --backend-version: is empty; give a database version, or leave it out",
         ),
         # the capacity arithmetic's fix names simulate's own options (it has no --pp or --kv-memory-gib)
         (
@@ -277,6 +290,14 @@ def test_a_plan_entry_names_its_backend_and_expert_parallel_size(tmp_path):
                 "plan[1].backend: unknown backend 'tgi'; use one of vllm, sglang, trtllm",
             ),
             ("ep: 2", "ep: 3", "plan[1].ep: must divide tp = 2 (got 3)"),
+            ("model: qwen3-30b-a3b", "model: ''", "plan[1].model: the model name is empty"),
+            (
+                "model: qwen3-30b-a3b, gpu: H100-SXM, tp: 2, ep: 2",
+                "model: llama-3.1-70b, gpu: L4, tp: 1, ep: 1",
+                # the entry's fp8 weights: half the 131.42 GiB of bf16 Llama-3.1-70B
+                "plan[1]: weights 65.71 GiB + overhead 2.00 GiB = 67.71 GiB exceed 22.03 GiB x 0.9 = 19.83 GiB by"
+                " 47.88 GiB; use a larger gpu, a higher tp or a smaller weight_dtype in this plan entry",
+            ),
         )
     ):
         workload.write_text(SMOKE.read_text().replace(entry, entry + moe.replace(good, bad)))
