@@ -6,7 +6,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.kvplan-installed
 
-.PHONY: demo test check docs install clean
+.PHONY: demo test fuzz check docs install clean
 
 install: $(STAMP)
 
@@ -23,6 +23,19 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(PY) -m pytest -q
+
+# The deep property-test profile (CONTRIBUTING.md, "Property tests"): every hypothesis test with
+# FUZZ_FACTOR x its own examples; FUZZ_RUNS runs, each from a new random seed (or FUZZ_SEED, to repeat one).
+# A case it finds is printed with its seed and blob: add it to the test as an @example.
+FUZZ_RUNS   ?= 1
+FUZZ_FACTOR ?= 20
+FUZZ_SEED   ?=
+fuzz: $(STAMP)
+	@for i in $$(seq 1 $(FUZZ_RUNS)); do \
+	  seed=$${FUZZ_SEED:-$$(od -An -N4 -tu4 /dev/urandom | tr -d ' ')}; echo "fuzz run $$i of $(FUZZ_RUNS): --hypothesis-seed=$$seed"; \
+	  KVPLAN_FUZZ_FACTOR=$(FUZZ_FACTOR) $(PY) -m pytest -q -m hypothesis -p no:cacheprovider \
+	    --hypothesis-profile=fuzz --hypothesis-seed=$$seed || exit 1; \
+	done
 
 # ruff (lint + format), mypy and the docs site; .ci/run runs this before the tests
 check: $(STAMP)

@@ -6,7 +6,8 @@ Iteration-level continuous batching counted in tokens (vLLM v1's scheduler desig
 in order until ``max_num_batched_tokens`` is spent; then waiting requests are admitted first come,
 first served while blocks, budget and ``max_num_seqs`` allow. A prompt longer than the remaining
 budget is prefilled in chunks over several steps (chunked prefill). With ``prefill_first`` (SGLang's;
-engine.config) a step with prefill to do computes prefills only; decodes wait for one without.
+engine.config) a step with prefill to do computes prefills only; decodes wait for one without; a step
+that can schedule no prefill (no blocks for the next admission) decodes only and admits nothing.
 
 When a running request needs a block and none is free, the most recently admitted running request
 is preempted by recompute (Kwon et al., "PagedAttention", SOSP 2023, section 4.5): its blocks are
@@ -64,8 +65,7 @@ class Scheduler:
         self._requests: dict[str, Request] = {}
         self._finished: list[Request] = []
         # Prefix-cache lookups of admitted requests (cumulative): tokens looked up, tokens found.
-        self.num_prefix_queried_tokens = 0
-        self.num_prefix_hit_tokens = 0
+        self.num_prefix_queried_tokens = self.num_prefix_hit_tokens = 0
         self._blocks_held = 0  # used blocks once the last schedule() allocated: the step's peak
         self.admission = Admission.of(config, num_blocks)
         self.prefill_first = config.prefill_first
@@ -208,12 +208,13 @@ class Scheduler:
         preempted: list[Request] = []
         queried0, hit0 = self.num_prefix_queried_tokens, self.num_prefix_hit_tokens
         budget, num_decode, decode_context = self.max_num_batched_tokens, 0, 0
-        passes: tuple = (None,)  # the running requests to schedule (None: all), until a pass schedules any
-        if self.prefill_first and (self.waiting or self._last_in_prefill()):  # first, a step of prefills only
-            passes = (self.running[-1:] if self._last_in_prefill() else (), None)
-        for requests in passes:
+        # (running requests to schedule, None: all; whether to admit), until a pass schedules any
+        passes: tuple[tuple[Sequence[Request] | None, bool], ...] = ((None, True),)
+        if self.prefill_first and (self.waiting or self._last_in_prefill()):  # prefills only, else decodes only
+            passes = ((self.running[-1:] if self._last_in_prefill() else (), True), (None, False))
+        for requests, admit in passes:
             budget, num_decode, decode_context = self._schedule_running(budget, scheduled, preempted, requests)
-            if not preempted:  # no request is admitted in a step that preempted
+            if admit and not preempted:  # no request is admitted in a step that preempted
                 budget, num_decode, decode_context = self._admit_waiting(
                     now, budget, num_decode, decode_context, scheduled
                 )

@@ -119,7 +119,8 @@ def simulate(
         print_calibration(calibrated, console)
     elif calibrated is not None:  # the drift warning goes to stderr whatever else is quiet
         warn([d.describe() for d in calibrated.drift], str(calibrate))
-    run_dir = run_simulate(spec, setup, out, plan=plan, attainment=attainment, charts=charts)
+    note = lambda line: warn([line], spec.source)  # noqa: E731
+    run_dir = run_simulate(spec, setup, out, plan=plan, attainment=attainment, charts=charts, note=note)
     result = read_result(run_dir)
     if json_output:
         import json

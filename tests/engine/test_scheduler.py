@@ -4,7 +4,7 @@ block_size 4 throughout. A fake model "samples" token 1000 + (the request's toke
 every output is predictable by hand.
 """
 
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from engine.config import EngineConfig
@@ -200,6 +200,16 @@ def test_prefill_first_decodes_while_the_waiting_request_cannot_be_admitted():
     budget=st.integers(1, 24),
     shared=st.booleans(),
     prefill_first=st.booleans(),
+)
+# found by this test (issue 31): the prefill step could not admit r2 (2 blocks, 1 free), so the decode pass ran
+# and admitted a 4-token chunk of r2 beside r0's and r1's decodes: a mixed step under prefill_first
+@example(
+    ops=[("add", 13, 2, False), ("step", 0), ("step", 0), ("add", 17, 2, True), ("step", 1), ("step", 0)]
+    + [("step", 0), ("add", 5, 1, False), ("step", 0)],
+    caching=False,
+    budget=6,
+    shared=False,
+    prefill_first=True,
 )
 def test_random_operations_keep_block_invariants(ops, caching, budget, shared, prefill_first):
     s = make(

@@ -23,6 +23,7 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Sequence
 
+from kvplan.load.driver import RunStopped
 from kvplan.load.sim.cost import StepWork
 from kvplan.results.records import RequestRecord, StepRecord
 
@@ -32,8 +33,9 @@ _EPSILON_S = 1e-9  # float rounding of the shift between the two clocks, far bel
 class ReplayClock:
     """A ``StepClock`` (kvplan.load.sim.cost) replaying ``steps`` level by level.
 
-    Raises (from ``step_end``):
-        RuntimeError: the simulation ran more steps in a level than the measured run did.
+    Raises (from ``next_start`` and ``step_end``):
+        RunStopped: the simulation ran more steps in a level than the measured run did (the workload
+            is not the one the run measured): the run stops there, keeping what finished.
     """
 
     def __init__(self, steps: Sequence[StepRecord], requests: Sequence[RequestRecord]):
@@ -57,8 +59,9 @@ class ReplayClock:
     def _measured(self) -> list[tuple[float, float]]:
         steps = self._steps.get(self._level, [])
         if self._k >= len(steps):
-            raise RuntimeError(
-                f"replay: the simulation ran more steps in level {self._level} than the measured run ({len(steps)})"
+            raise RunStopped(
+                f"--replay: the simulation ran more steps in level {self._level} than the measured run"
+                f" ({len(steps)}): replay the workload that run measured"
             )
         return steps
 

@@ -22,7 +22,7 @@ from pathlib import Path
 
 from kvplan.errors import KvplanError
 from kvplan.load.checks import check_requests_fit
-from kvplan.load.driver import plan_levels
+from kvplan.load.driver import Level, plan_levels
 from kvplan.load.lifecycle import finish_run, now_iso, run_levels, start_run
 from kvplan.load.requests import SampledBuckets
 from kvplan.load.run_estimate import compute_estimate
@@ -56,6 +56,12 @@ class SimSetup:
     weight_dtype: str | None = None  # a GPU target's: as given, canonical (auto: the checkpoint's own)
     ep: int = 1  # a GPU target's expert-parallel size
     backend: str | None = None  # a GPU target's serving engine (vllm, sglang, trtllm)
+    levels: frozenset[str] | None = None  # a replay's: the ids of the levels the measured run ran (None: all)
+
+    def own_levels(self, levels: list[Level]) -> list[Level]:
+        """The ``levels`` this setup can simulate: a replay's, those the measured run ran (a load test
+        of a mix bucket without ``interference`` ran no class alone); else all of them."""
+        return levels if self.levels is None else [lv for lv in levels if lv.key.id in self.levels]
 
     def sized(self, workload: Workload) -> Workload:
         """``workload`` with this target's pool (what the estimate reads)."""
@@ -103,12 +109,14 @@ def simulate(
     attainment: float = DEFAULT_ATTAINMENT,
     search: bool = True,
     charts: bool = False,
+    note: Callable[[str], None] = lambda line: None,
 ) -> Path:
     """Simulate ``workload`` on ``setup`` and write its run folder; returns the folder.
 
     plan: more targets (the workload's ``plan:`` entries) to answer the capacity questions for,
         without records. search: False skips the capacity search (knees stay in the estimate).
     charts: draw the report's PNGs too (seconds of matplotlib; ``kvplan report DIR`` draws them later).
+    note: called with each line the user should read (a replay's levels left out).
 
     Raises:
         KvplanError: an ``out`` that cannot be a new run folder, prompts that cannot fill a bucket, a
@@ -162,9 +170,15 @@ def simulate(
             backends[name] = (SimBackend(variants[name], setup.clock(), admission=admission), pricing.step_bytes)
         return backends[name]
 
+    levels = plan_levels(workload, sampled.requests, interference=True)
+    own = setup.own_levels(levels)
+    if len(own) < len(levels):
+        kept = {lv.key.id for lv in own}
+        left_out = ", ".join(lv.key.id for lv in levels if lv.key.id not in kept)
+        note(f"--replay: not simulated, as the measured run did not run them: {left_out}")
     status = run_levels(
         SimBackend(setup.facts, setup.clock(), admission=workload.engine.admission.model_dump()),
-        plan_levels(workload, sampled.requests, interference=True),
+        own,
         run_dir,
         pricing.step_bytes,
         workload.seed,

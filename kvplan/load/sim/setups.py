@@ -75,4 +75,5 @@ def replay_setup(workload: Workload, run_dir: Path) -> SimSetup:
         source=str(run_dir),
         machine=data.result.run.platform,
     )
-    return SimSetup(facts, lambda: ReplayClock(data.steps, data.requests), info, timed=False)
+    measured = frozenset(r.key.id for r in data.requests)
+    return SimSetup(facts, lambda: ReplayClock(data.steps, data.requests), info, timed=False, levels=measured)

@@ -1,6 +1,6 @@
 """Decode runs (kvplan.load.sim.decode_run) equal the engine's scheduler stepping one step at a
 time: on random workloads (hypothesis, 200 of them) with preemption, chunked prefill, prefix
-caching, closed and open loop, every step's stats and every finished request are the same with
+caching, prefill-first steps (SGLang's), closed and open loop, every step's stats and every finished request are the same with
 runs taken together and without."""
 
 from dataclasses import asdict
@@ -46,11 +46,14 @@ class _Capture(Recorder):
             self.submitted.pop(out.request_id)
 
 
-def facts(block_size: int, num_blocks: int, max_num_seqs: int, budget: int, caching: bool) -> EngineFacts:
+def facts(
+    block_size: int, num_blocks: int, max_num_seqs: int, budget: int, caching: bool, prefill_first: bool = False
+) -> EngineFacts:
     return EngineFacts(
         model="simulated", device="cpu", dtype="float32", kv_cache_dtype="fp32", attention_backend="torch",
         block_size=block_size, num_blocks=num_blocks, bytes_per_block=1, max_model_len=num_blocks * block_size,
         max_num_seqs=max_num_seqs, max_num_batched_tokens=budget, enable_prefix_caching=caching, seed=0,
+        prefill_first=prefill_first,
     )  # fmt: skip
 
 
@@ -66,7 +69,9 @@ def workloads(draw):
         requests.append(SampledRequest(tuple(shared + own), draw(st.integers(1, 40)), "random"))
     longest = max(r.num_tokens for r in requests)
     num_blocks = draw(st.integers(-(-longest // block_size), -(-longest // block_size) * 4))  # tight pools preempt
-    engine = facts(block_size, num_blocks, draw(st.integers(1, 8)), draw(st.integers(8, 64)), caching)
+    engine = facts(
+        block_size, num_blocks, draw(st.integers(1, 8)), draw(st.integers(8, 64)), caching, draw(st.booleans())
+    )  # prefill_first drawn too: SGLang's steps (--backend sglang)
     mode = draw(st.sampled_from(["closed", "open"]))
     value = draw(st.integers(1, 10)) if mode == "closed" else draw(st.sampled_from([50.0, 300.0, 2000.0]))
     plan = draw(st.sampled_from([None, LevelPlan(num_requests=num, warmup_requests=2, cooldown_requests=3)]))
