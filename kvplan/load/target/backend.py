@@ -10,15 +10,16 @@
 
 The clock is ``time.perf_counter()`` in every process. The body asks for greedy sampling, a
 stream with a usage chunk, and ``max_tokens``; with ``exact`` also ``ignore_eos`` and
-``min_tokens`` = ``max_tokens`` (vLLM's way to fix the output length), and ``cache_salt`` where
-the server takes it (vLLM, engine.serve), so levels never share prefix-cache blocks; then the
-workload's ``extra_body``. When a request fails because nothing answers and the server's
-``/v1/models`` no longer answers either, ``advance`` raises ``ServerGone``: the run stops there
-and keeps what finished.
+``min_tokens`` = ``max_tokens`` (vLLM's way to fix the output length), and ``cache_salt`` (a
+digest of kvplan's salt: ``wire_salt``) where the server takes it (vLLM, engine.serve), so levels
+never share prefix-cache blocks; then the workload's ``extra_body``. When a request fails because
+nothing answers and the server's ``/v1/models`` no longer answers either, ``advance`` raises
+``ServerGone``: the run stops there and keeps what finished.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import queue
 import sys
@@ -36,6 +37,18 @@ if TYPE_CHECKING:
     from multiprocessing.queues import Queue as MpQueue
 
 SALT_KINDS = ("vllm", "kvplan-engine")  # servers that take vLLM's cache_salt
+# vLLM refuses a cache_salt over 128 characters or holding '@', '/', '\\' or NUL (HTTP 400; vLLM 0.32's
+# request validation, docs/target.md): kvplan's salts hold '/' and the bucket's own name, so the wire
+# carries a digest of each, the same for the same salt, 38 characters of [a-z0-9-].
+WIRE_SALT_PREFIX = "kvplan-"
+
+
+def wire_salt(salt: str) -> str:
+    """The ``cache_salt`` sent for kvplan's salt ``salt``: ``kvplan-`` and the first 32 hex digits of
+    its SHA-256, which every server that takes vLLM's cache_salt accepts. Equal salts give equal wire
+    salts (so the requests that should share prefix blocks still do); distinct ones differ but for a
+    2**-128 chance."""
+    return WIRE_SALT_PREFIX + hashlib.sha256(salt.encode()).hexdigest()[:32]
 
 
 class ServerGone(RunStopped):
@@ -73,7 +86,7 @@ class BodySpec:
         if self.exact:
             body.update(ignore_eos=True, min_tokens=sub.max_tokens)
         if self.salt:
-            body["cache_salt"] = sub.cache_salt
+            body["cache_salt"] = wire_salt(sub.cache_salt)
         if sub.tenant is not None:  # OpenAI's end-user id: engine.serve's tenant (kvplan.load.admission)
             body["user"] = sub.tenant
         body.update(self.extra_body)

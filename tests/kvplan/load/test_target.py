@@ -1,6 +1,7 @@
 """`kvplan loadtest --target` against the fake server: the run result, server metrics per level,
 failures by reason, pre-flight errors before any level, a server dying mid-run, no torch."""
 
+import hashlib
 import http.server
 import json
 import os
@@ -11,6 +12,8 @@ from pathlib import Path
 
 import pytest
 import yaml
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from kvplan.results.run_result import load_run
 from kvplan.results.summary_json import summary_json
@@ -69,7 +72,9 @@ def test_a_target_run_measures_every_request_and_reads_the_servers_metrics(tmp_p
     body = server.bodies[0]
     assert body["ignore_eos"] is True and body["min_tokens"] == 12 == body["max_tokens"]
     assert body["stream_options"] == {"include_usage": True} and body["temperature"] == 0.0
-    assert isinstance(body["prompt"], list) and body["cache_salt"] == "short/closed/1"
+    # the salt of level short/closed/1, as a digest vLLM accepts (it refuses '/': HTTP 400)
+    assert isinstance(body["prompt"], list)
+    assert body["cache_salt"] == "kvplan-" + hashlib.sha256(b"short/closed/1").hexdigest()[:32]
     opened = result.levels[2]
     assert (opened.requested_rate, opened.mode) == (50.0, "open") and opened.achieved_rate > 0
     summary = summary_json(result)
@@ -267,3 +272,35 @@ def test_a_target_run_keeps_warmup_and_cooldown_out_of_its_statistics(tmp_path, 
     e2e = sorted((r.finish_time - r.arrival_time) * 1e3 for r in measured)
     assert level.e2e_ms.count == 8 and level.e2e_ms.mean == pytest.approx(sum(e2e) / 8)
     assert summary_json(data.result)["buckets"][0]["levels"][0]["num_excluded"] == 5
+
+
+# vLLM 0.32's cache_salt rule (docs/target.md): at most 128 characters, no '@', '/', '\' or NUL.
+def vllm_accepts_salt(salt: str) -> bool:
+    return len(salt) <= 128 and not any(c in salt for c in "@/\\\x00")
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    bucket=st.text(min_size=1, max_size=300),
+    mode=st.sampled_from(["closed", "open"]),
+    value=st.one_of(st.integers(1, 10**9), st.floats(0.001, 1e9)),
+    variant=st.sampled_from(["", "cached", "uncached", "alone:chat", "small/steps", "v@1 alone:doc"]),
+    index=st.integers(0, 10**6),
+    tenant=st.one_of(st.none(), st.integers(0, 10**4)),
+    cycle=st.integers(1, 1000),
+)
+def test_every_salt_kvplan_can_make_goes_on_the_wire_as_one_vllm_accepts(
+    bucket, mode, value, variant, index, tenant, cycle
+):
+    from kvplan.load.driver import cache_salt, round_salt
+    from kvplan.load.requests import SampledRequest
+    from kvplan.load.target.backend import wire_salt
+    from kvplan.results.records import LevelKey
+
+    key = LevelKey(bucket, mode, value, variant)
+    request = SampledRequest((1, 2, 3), 4, "random", tenant=tenant)
+    salt = round_salt(cache_salt(key, index, request), index, cycle)
+    wire = wire_salt(salt)
+    assert vllm_accepts_salt(wire)
+    assert wire == "kvplan-" + hashlib.sha256(salt.encode()).hexdigest()[:32]  # one wire salt per salt
+    assert wire_salt(salt + "x") != wire
