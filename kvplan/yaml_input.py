@@ -1,17 +1,56 @@
-"""YAML input as kvplan reads it: one loader, and each failure as one line.
+"""YAML as kvplan reads it: one loader, and each failure as one line.
 
-``read_yaml`` parses a file's bytes with :class:`UniqueKeyLoader` (yaml.SafeLoader that refuses a
-key given twice). The workload YAML and the gate's baseline YAML both read through here; pydantic
-errors on what was read become one line with :func:`kvplan.errors.validation_error`.
+:class:`YamlLoader` is yaml.SafeLoader reading numbers with an exponent as YAML 1.2 does. PyYAML
+resolves plain scalars by YAML 1.1, whose floats need a dot and a signed exponent (``1.0e+9``), so
+``1e9``, ``1.0e9``, ``-2E-3`` or ``1e+3`` -- floats to YAML 1.2, JSON and most editors -- came
+back as strings and were refused as "must be a number". Every YAML file kvplan reads goes through
+it: the workload and the gate baseline with :func:`read_yaml` (:class:`UniqueKeyLoader`, which
+also refuses a key given twice), a prices file (kvplan.plan.prices) and the bundled data files
+with :func:`load_data`. :func:`dump_yaml` writes with the same resolver, so a string that would
+read back as a number (a bucket named ``1e3``) is quoted. Pydantic errors on what was read become
+one line with :func:`kvplan.errors.validation_error`.
 """
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import yaml
 
 from kvplan.errors import KvplanError
+
+FLOAT_TAG = "tag:yaml.org,2002:float"
+# YAML 1.2 core schema floats with an exponent (YAML 1.2.2 spec, 10.3.2 "Tag Resolution": a sign,
+# digits with an optional fraction or a fraction alone, then [eE][-+]?digits), with YAML 1.1's
+# underscores between digits kept. Those without an exponent YAML 1.1 already reads as floats.
+FLOAT_WITH_EXPONENT = re.compile(r"^[-+]?(?:\.[0-9][0-9_]*|[0-9][0-9_]*(?:\.[0-9_]*)?)[eE][-+]?[0-9]+$")
+_FIRST = list("-+0123456789.")
+
+
+class YamlLoader(yaml.SafeLoader):
+    """yaml.SafeLoader that reads ``1e9``, ``1.0e9``, ``-2.5E-3`` and ``1e+3`` as floats (module
+    docstring). Anything else resolves as before: ``1e9x`` and ``0.12.0`` stay strings, ``.inf``
+    is a float and ``inf`` a string, ``1_000`` an int."""
+
+
+class YamlDumper(yaml.SafeDumper):
+    """yaml.SafeDumper that quotes a string :class:`YamlLoader` would read as a float."""
+
+
+for _cls in (YamlLoader, YamlDumper):
+    _cls.add_implicit_resolver(FLOAT_TAG, FLOAT_WITH_EXPONENT, _FIRST)
+
+
+def load_data(text: str) -> Any:
+    """One YAML document of kvplan's own (a bundled table) read with :class:`YamlLoader`; its
+    errors are yaml.YAMLError, as yaml.safe_load's."""
+    return yaml.load(text, Loader=YamlLoader)
+
+
+def dump_yaml(data: Any, **options: Any) -> str:
+    """``data`` as YAML (yaml.safe_dump's ``options``) that :class:`YamlLoader` reads back equal."""
+    return yaml.dump(data, Dumper=YamlDumper, **options)
 
 
 class DuplicateKeyError(yaml.YAMLError):
@@ -22,8 +61,8 @@ class DuplicateKeyError(yaml.YAMLError):
         self.key, self.line, self.first_line = key, line, first_line
 
 
-class UniqueKeyLoader(yaml.SafeLoader):
-    """yaml.SafeLoader that refuses a key given twice in one mapping (SafeLoader keeps the last
+class UniqueKeyLoader(YamlLoader):
+    """:class:`YamlLoader` that refuses a key given twice in one mapping (SafeLoader keeps the last
     one silently, so ``name:`` twice would run under the second name). Keys merged in with
     ``<<`` may still be overridden, as YAML's merge-key spec allows."""
 

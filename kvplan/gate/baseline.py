@@ -13,7 +13,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-import yaml
 from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
 
 from kvplan.errors import KvplanError, validation_error
@@ -21,7 +20,7 @@ from kvplan.gate.values import RUN_SCOPE, CheckKey, read_values
 from kvplan.results.gated import METRICS, METRICS_BY_NAME, Tolerance, check_metric_names
 from kvplan.results.run_result import RunResult
 from kvplan.results.store import write_atomic
-from kvplan.yaml_input import read_yaml
+from kvplan.yaml_input import dump_yaml, read_yaml
 
 BASELINE_SCHEMA = 1
 RECORD = "record one with: kvplan gate RUN_DIR --baseline FILE --update-baseline"
@@ -183,5 +182,5 @@ def write_baseline(result: RunResult, run_dir: Path, path: Path, overrides: dict
         raise KvplanError(
             "baseline", f"cannot make the folder of {path} ({err.strerror or err})", "choose another `baseline` path"
         ) from None
-    write_atomic(path, header + yaml.safe_dump(doc, sort_keys=False, default_flow_style=None, width=110))
+    write_atomic(path, header + dump_yaml(doc, sort_keys=False, default_flow_style=None, width=110))
     return path, sum(len(v) for v in values.values())

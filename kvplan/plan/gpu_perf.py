@@ -55,9 +55,9 @@ class ServingFit:
 
 @lru_cache(maxsize=1)
 def _table() -> dict:
-    import yaml
+    from kvplan.yaml_input import load_data
 
-    return yaml.safe_load(GPU_PERF_FILE.read_text())
+    return load_data(GPU_PERF_FILE.read_text())
 
 
 def lookup_gpu_perf(name: str) -> GpuPerf:

@@ -22,10 +22,9 @@ GPUS_FILE = Path(__file__).parent / "data" / "gpus.yaml"
 def gpu_table() -> dict[str, dict]:
     """Canonical GPU name -> entry of kvplan/plan/data/gpus.yaml (``memory_gib``, ``reported_by``,
     ``source``, optional ``aliases``)."""
-    import yaml
+    from kvplan.yaml_input import load_data
 
-    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
-    return yaml.load(GPUS_FILE.read_text(), Loader=loader)["gpus"]
+    return load_data(GPUS_FILE.read_text())["gpus"]
 
 
 def _key(name: str) -> str:

@@ -76,7 +76,9 @@ _Row = tuple[str, str, dict[str, object]]  # (where: a GPU key or "line N", the 
 def _yaml_rows(text: str, name: str) -> list[_Row]:
     import yaml
 
-    class _Strict(yaml.SafeLoader):
+    from kvplan.yaml_input import YamlLoader
+
+    class _Strict(YamlLoader):
         """PyYAML keeps the last of two equal keys silently; a GPU priced twice must say so."""
 
     def _mapping(loader: yaml.SafeLoader, node: yaml.MappingNode) -> dict:

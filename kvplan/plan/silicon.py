@@ -261,11 +261,11 @@ def silicon_fit(backend: str) -> SiliconFit:
 
 @cache
 def _fits() -> dict[str, Any]:
-    import yaml
+    from kvplan.yaml_input import load_data
 
     if not FIT_FILE.is_file():
         return {}
-    return (yaml.safe_load(FIT_FILE.read_text()) or {}).get("backends", {})
+    return (load_data(FIT_FILE.read_text()) or {}).get("backends", {})
 
 
 def _q(x: int) -> int:

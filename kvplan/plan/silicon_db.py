@@ -84,9 +84,11 @@ def nvlink_domain(system: str) -> int:
 
     import yaml
 
+    from kvplan.yaml_input import load_data
+
     entry = files("aiconfigurator_core") / "systems" / f"{system}.yaml"
     try:
-        node = (yaml.safe_load(entry.read_text()) or {}).get("node") or {}
+        node = (load_data(entry.read_text()) or {}).get("node") or {}
     except (OSError, yaml.YAMLError):
         return 0
     return int(node.get("num_gpus_per_rack") or node.get("num_gpus_per_node") or 0)

@@ -411,3 +411,13 @@ def test_a_baseline_with_a_duplicate_key_is_refused_in_one_line(tmp_path):
     bad.write_text(text.replace("kvplan_gate_baseline: 1\n", "kvplan_gate_baseline: 1\nkvplan_gate_baseline: 1\n", 1))
     with pytest.raises(KvplanError, match=r"dup\.yaml: line \d+: duplicate key 'kvplan_gate_baseline'"):
         load_baseline(bad)
+
+
+def test_a_baseline_edited_with_an_exponent_reads_it_as_a_number(tmp_path):
+    """`rel: 5e-1` was the string '5e-1' to PyYAML (YAML 1.1) and refused."""
+    text = COMMITTED.read_text()
+    line = "  kv_pool_tokens: {worse: lower, abs: 0.0, rel: 0.0}\n"
+    assert line in text
+    edited = tmp_path / "edited.yaml"
+    edited.write_text(text.replace(line, "  kv_pool_tokens: {worse: lower, abs: 1e1, rel: 5e-1}\n", 1))
+    assert load_baseline(edited).tolerances["kv_pool_tokens"] == Tolerance(worse="lower", abs=10.0, rel=0.5)

@@ -156,6 +156,18 @@ def test_a_size_with_an_exponent_is_read_as_a_number():
         memory("1e10GiB")  # 1.07e19 bytes; torch sizes are int64
 
 
+def test_a_number_with_an_exponent_in_the_yaml_is_a_float(tmp_path):
+    """YAML 1.2 floats PyYAML's YAML 1.1 resolver reads as strings: was `slo.ttft_ms: must be a
+    number (got '1.0e9')`."""
+    path = tmp_path / "w.yaml"
+    path.write_text(
+        "name: w\ndataset: random\nslo: {ttft_ms: 1.0e9, tpot_ms: 2.5E1, e2e_ms: 3e+4}\nbuckets:\n"
+        "  - {name: a, input_tokens: 8, output_tokens: 4, concurrency: [1], num_requests: 1}\n"
+    )
+    slo = load_workload(path).slo
+    assert (slo.ttft_ms, slo.tpot_ms, slo.e2e_ms) == (1_000_000_000.0, 25.0, 30_000.0)
+
+
 def test_the_installed_command_prints_no_traceback():
     code = "from kvplan.cli import main; main()"
     missing = BAD / "missing_field.yaml"
