@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from kvplan.cli.app import make_console
+from kvplan.cli.app import make_console, warn
 
 
 def compare_runs(
@@ -22,12 +22,18 @@ def compare_runs(
 
 
 def compare_views(run_a: Path, run_b: Path, quiet: bool = False) -> None:
-    """Write A/compare-<B>/ (tables and PNGs) and, unless ``quiet``, print the two wide tables."""
-    from kvplan.results.report.compare import wide_table, write_comparison
+    """Write A/compare-<B>/ (tables and PNGs) and, unless ``quiet``, print the two wide tables. The
+    levels only one run has are left out of both; a line per run names them, after the tables (on
+    stderr when ``quiet``, where stdout is ``kvplan report --json``'s)."""
+    from kvplan.results.report.compare import left_out_lines, wide_table, write_results_comparison
     from kvplan.results.report.tables import to_rich
+    from kvplan.results.run_result import read_result
 
-    out, frame = write_comparison(run_a, run_b)
+    a, b = read_result(run_a), read_result(run_b)
+    out, frame = write_results_comparison(a, b, run_a, run_b)
+    left_out = left_out_lines(a, b, (str(run_a), str(run_b)))
     if quiet:
+        warn(left_out, "compare")
         return
     console = make_console()
     for title, metrics in (
@@ -35,4 +41,6 @@ def compare_views(run_a: Path, run_b: Path, quiet: bool = False) -> None:
         ("throughput, goodput and KV", ("output tok/s", "goodput req/s", "preemptions", "peak used blocks")),
     ):
         console.print(to_rich(wide_table(frame, metrics), f"A {run_a} vs B {run_b}: {title}; err % = (A - B) / B"))
+    for line in left_out:
+        console.print(line, markup=False, highlight=False, soft_wrap=True)
     console.print(f"comparison: {out}", markup=False, highlight=False)

@@ -17,6 +17,7 @@ from pathlib import Path
 import pandas as pd
 
 from kvplan.results.metrics import LevelSummary
+from kvplan.results.records import LevelKey
 from kvplan.results.report import tables
 from kvplan.results.report.plots import level_axis, no_data
 from kvplan.results.run_result import RunResult, read_result
@@ -50,6 +51,23 @@ def paired_levels(a: RunResult, b: RunResult) -> list[tuple[LevelSummary, LevelS
     """Levels both runs ran, in A's order."""
     theirs = {lv.key: lv for lv in b.levels}
     return [(lv, theirs[lv.key]) for lv in a.levels if lv.key in theirs]
+
+
+def unpaired_levels(a: RunResult, b: RunResult) -> tuple[list[LevelKey], list[LevelKey]]:
+    """The levels only A ran and those only B ran, each in its run's order: the comparison leaves
+    them out, as it has nothing to set them against."""
+    mine, theirs = {lv.key for lv in a.levels}, {lv.key for lv in b.levels}
+    return [lv.key for lv in a.levels if lv.key not in theirs], [lv.key for lv in b.levels if lv.key not in mine]
+
+
+def left_out_lines(a: RunResult, b: RunResult, names: tuple[str, str] = ("A", "B")) -> list[str]:
+    """One line per run that ran levels the other did not (none when every level pairs), e.g.
+    ``left out, only in B (runs/measured): short c=4, long c=3``; ``names`` name the two runs."""
+    lines = []
+    for side, name, keys in zip(("A", "B"), names, unpaired_levels(a, b)):
+        if keys:
+            lines.append(f"left out, only in {side} ({name}): {', '.join(key.name for key in keys)}")
+    return lines
 
 
 def compare_table(a: RunResult, b: RunResult) -> pd.DataFrame:
@@ -107,18 +125,24 @@ def write_comparison(run_a: str | Path, run_b: str | Path) -> tuple[Path, pd.Dat
     Raises:
         KvplanError: either folder holds no readable run result.
     """
+    run_a, run_b = Path(run_a), Path(run_b)
+    return write_results_comparison(read_result(run_a), read_result(run_b), run_a, run_b)
+
+
+def write_results_comparison(a: RunResult, b: RunResult, run_a: Path, run_b: Path) -> tuple[Path, pd.DataFrame]:
+    """:func:`write_comparison` of results already read from the folders ``run_a`` and ``run_b``;
+    compare.md ends with :func:`left_out_lines`, the levels only one run has."""
     from matplotlib.figure import Figure
 
-    run_a, run_b = Path(run_a), Path(run_b)
-    a, b = read_result(run_a), read_result(run_b)
     frame = compare_table(a, b)
     out = run_a / f"compare-{re.sub(r'[^A-Za-z0-9_.-]', '_', run_b.resolve().name)}"
     out.mkdir(exist_ok=True)
     frame.to_csv(out / "compare.csv", index=False)
     labels = (f"A: {a.source} {run_a.name}", f"B: {b.source} {run_b.resolve().name}")
+    left_out = "".join(f"\n{line}\n" for line in left_out_lines(a, b, (run_a.name, run_b.resolve().name)))
     write_atomic(
         out / "compare.md",
-        f"# {labels[0]} against {labels[1]}\n\nerror % = (A - B) / B\n\n" + tables.to_markdown(frame),
+        f"# {labels[0]} against {labels[1]}\n\nerror % = (A - B) / B\n\n" + tables.to_markdown(frame) + left_out,
     )
     pairs = paired_levels(a, b)
     groups = list(dict.fromkeys((x.bucket, x.mode, x.variant) for x, _ in pairs))

@@ -3,8 +3,17 @@ error (A - B) / B in %, and a table and a PNG per metric written beside A."""
 
 import pytest
 
+from kvplan.cli.compare import compare_views
 from kvplan.results.metrics import LatencyStats, LevelSummary
-from kvplan.results.report.compare import METRICS, compare_table, error_pct, wide_table, write_comparison
+from kvplan.results.records import LevelKey
+from kvplan.results.report.compare import (
+    METRICS,
+    compare_table,
+    error_pct,
+    unpaired_levels,
+    wide_table,
+    write_comparison,
+)
 from kvplan.results.run_result import RunInfo, RunResult, WorkloadRef, save_result
 from tests.kvplan.cli_runner import run_cli
 
@@ -117,3 +126,27 @@ def test_the_comparison_is_written_beside_a_and_printed(tmp_path):
     assert "A " in printed and "err % = (A - B) / B" in printed
     code, _, err = run_cli("compare", str(a), str(tmp_path / "nothing"))
     assert code == 2 and err.startswith(f"error: {tmp_path / 'nothing'}: no results.json here")
+
+
+def test_the_levels_only_one_run_has_are_named_as_left_out(tmp_path, capsys):
+    """Was silent: A's 2 req/s and B's c=4 ran on one side only and were dropped without a word."""
+    a, b, same = tmp_path / "sim", tmp_path / "measured", tmp_path / "same"
+    for folder, result in ((a, SIMULATED), (b, MEASURED), (same, SIMULATED)):
+        folder.mkdir()
+        save_result(folder, result)
+    assert unpaired_levels(SIMULATED, MEASURED) == ([LevelKey("short", "open", 2.0)], [LevelKey("short", "closed", 4)])
+    only_a, only_b = f"left out, only in A ({a}): short 2 req/s", f"left out, only in B ({b}): short c=4"
+    code, printed, err = run_cli("compare", str(a), str(b))
+    assert (code, err) == (0, "")
+    assert printed.splitlines()[-3:] == [only_a, only_b, f"comparison: {a / 'compare-measured'}"]
+    md = (a / "compare-measured" / "compare.md").read_text()
+    assert md.endswith("\nleft out, only in A (sim): short 2 req/s\n\nleft out, only in B (measured): short c=4\n")
+    compare_views(a, b, quiet=True)  # `kvplan report A --compare B --json`: stdout is the JSON's
+    captured = capsys.readouterr()
+    assert captured.out == "" and captured.err.splitlines() == [
+        f"warning: compare: {only_a}",
+        f"warning: compare: {only_b}",
+    ]
+    code, printed, err = run_cli("compare", str(a), str(same))  # every level pairs: nothing left out
+    assert (code, err) == (0, "") and "left out" not in printed
+    assert "left out" not in (a / "compare-same" / "compare.md").read_text()
