@@ -11,6 +11,29 @@ from kvplan.cli.app import make_console
 from kvplan.errors import KvplanError
 from kvplan.plan.capacity import DEFAULT_BLOCK_SIZE, DEFAULT_GPU_MEMORY_UTILIZATION, DEFAULT_OVERHEAD_GIB
 
+_NO_BUDGET = "llama.cpp's KV buffer is sized in cells, not from a GPU budget: give `ctx_size` and `parallel`"
+_CONTEXT = "give `ctx_size`, llama.cpp's context of all slots together, instead"
+_WHOLE_BUFFER = "llama.cpp's estimate is its whole KV buffer, however llama-server splits it across GPUs: leave it out"
+# vLLM-only option -> what `kvplan estimate --engine llama.cpp` takes instead (the fix when one is given)
+_LLAMACPP_INSTEAD = {
+    "gpu": _NO_BUDGET,
+    "gpu_memory_gib": _NO_BUDGET,
+    "gpu_memory_utilization": _NO_BUDGET,
+    "kv_memory_gib": _NO_BUDGET,
+    "weights_gib": _NO_BUDGET,
+    "weight_dtype": _NO_BUDGET,
+    "overhead_gib": _NO_BUDGET,
+    "kv_cache_dtype": "give `cache_type_k` and `cache_type_v`, llama.cpp's K and V types, instead",
+    "tp": _WHOLE_BUFFER,
+    "pp": _WHOLE_BUFFER,
+    "block_size": "llama.cpp has no KV blocks (one cell per token): give `ctx_size` instead",
+    "max_model_len": _CONTEXT,
+    "context": _CONTEXT,
+    "batch": "give `parallel`, llama.cpp's slots, instead",
+    "shared_prefix_tokens": "llama.cpp's buffer holds `ctx_size` cells whatever the prompts share: leave it out",
+    "plot": "the llama.cpp estimate draws no plot (--json prints its numbers): leave it out",
+}
+
 
 def _int_list(text: str | None, flag: str) -> tuple[int, ...]:
     """``"8192,32k,1M"`` -> (8192, 32768, 1048576): a ``k`` suffix means x1024 tokens, ``m``
@@ -35,6 +58,7 @@ def _int_list(text: str | None, flag: str) -> tuple[int, ...]:
 
 
 def estimate(
+    ctx: typer.Context,
     model: Annotated[
         str,
         typer.Option(
@@ -139,40 +163,26 @@ def estimate(
     from kvplan.plan.estimate_plot import check_plot_path
     from kvplan.plan.model_source import load_model_spec
 
-    llamacpp = {
-        "ctx_size": (ctx_size, None),
-        "parallel": (parallel, None),
-        "cache_type_k": (cache_type_k, "f16"),
-        "cache_type_v": (cache_type_v, "f16"),
-        "kv_unified": (kv_unified, None),
-        "swa_full": (swa_full, False),
-        "ubatch_size": (ubatch_size, 512),
+    llamacpp_settings = {
+        "ctx_size": ctx_size,
+        "parallel": parallel,
+        "cache_type_k": cache_type_k,
+        "cache_type_v": cache_type_v,
+        "kv_unified": kv_unified,
+        "swa_full": swa_full,
+        "ubatch_size": ubatch_size,
     }
     if engine.lower() in ("llama.cpp", "llamacpp"):
-        vllm = {
-            "gpu": (gpu, None),
-            "gpu_memory_gib": (gpu_memory_gib, None),
-            "gpu_memory_utilization": (gpu_memory_utilization, None),
-            "kv_memory_gib": (kv_memory_gib, None),
-            "weights_gib": (weights_gib, None),
-            "weight_dtype": (weight_dtype, "auto"),
-            "overhead_gib": (overhead_gib, None),
-            "kv_cache_dtype": (kv_cache_dtype, "auto"),
-            "tp": (tp, 1),
-            "pp": (pp, 1),
-            "block_size": (block_size, DEFAULT_BLOCK_SIZE),
-            "max_model_len": (max_model_len, None),
-            "context": (context, None),
-            "batch": (batch, "1"),
-            "shared_prefix_tokens": (shared_prefix_tokens, 0),
-            "plot": (plot, None),
-        }
-        _refuse_others(vllm, "does not apply to --engine llama.cpp", "use --ctx-size, --parallel, --cache-type-k/-v")
-        _llamacpp_estimate(model, {name: value for name, (value, _) in llamacpp.items()}, json_output)
+        given = _typed(ctx, _LLAMACPP_INSTEAD)
+        if given:  # typed at its default value too: a silently ignored flag would mislead
+            raise KvplanError(given[0], "does not apply to --engine llama.cpp", _LLAMACPP_INSTEAD[given[0]])
+        _llamacpp_estimate(model, llamacpp_settings, json_output)
         return
     if engine.lower() != "vllm":
         raise KvplanError("engine", f"unknown engine {engine!r}", "use vllm or llama.cpp")
-    _refuse_others(llamacpp, "applies to --engine llama.cpp only", "add --engine llama.cpp")
+    given = _typed(ctx, llamacpp_settings)
+    if given:
+        raise KvplanError(given[0], "applies to --engine llama.cpp only", "add --engine llama.cpp")
     if plot is not None:
         check_plot_path(plot)  # before the work, so a bad path costs nothing
     spec = load_model_spec(model)
@@ -210,11 +220,15 @@ def estimate(
         typer.echo(f"plot: {plot}", err=json_output)
 
 
-def _refuse_others(options: dict, problem: str, fix: str) -> None:
-    """KvplanError naming the first option of ``options`` (name -> (value, default)) not at its default."""
-    for name, (value, default) in options.items():
-        if value != default:
-            raise KvplanError(name, problem, fix)
+def _typed(ctx: typer.Context, names) -> list[str]:
+    """The options of ``names`` the user gave, in order, whatever the value: an option left at its
+    default is not given, one typed with its default value is. The context's parameter source tells
+    them apart (compared by name: typer 0.29 carries its own copy of click's ParameterSource)."""
+    return [
+        name
+        for name in names
+        if getattr(ctx.get_parameter_source(name), "name", "DEFAULT") not in ("DEFAULT", "DEFAULT_MAP")
+    ]
 
 
 def _llamacpp_estimate(model: str, settings: dict, json_output: bool) -> None:

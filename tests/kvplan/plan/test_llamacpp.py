@@ -193,6 +193,40 @@ def test_bad_llama_cpp_input_is_one_line_and_exit_2(monkeypatch, capsys, args, m
     assert err.startswith(f"error: {message}") and err.count("\n") == 1, err  # before the model is read
 
 
+# vLLM-only flags typed with the value they default to (vLLM's 0.9 and 16 tokens per block, one
+# rank, auto dtypes, a batch of one, no shared prefix), and what llama.cpp takes instead
+VLLM_FLAGS_AT_DEFAULT = [
+    (["--gpu-memory-utilization", "0.9"], "not from a GPU budget: give --ctx-size and --parallel"),
+    (["--weight-dtype", "auto"], "not from a GPU budget: give --ctx-size and --parallel"),
+    (["--block-size", "16"], "llama.cpp has no KV blocks (one cell per token): give --ctx-size instead"),
+    (["--tp", "1"], "llama.cpp's estimate is its whole KV buffer"),
+    (["--pp", "1"], "llama.cpp's estimate is its whole KV buffer"),
+    (["--kv-cache-dtype", "auto"], "give --cache-type-k and --cache-type-v, llama.cpp's K and V types, instead"),
+    (["--batch", "1"], "give --parallel, llama.cpp's slots, instead"),
+    (["--shared-prefix-tokens", "0"], "llama.cpp's buffer holds --ctx-size cells"),
+]
+
+
+@pytest.mark.parametrize(("args", "instead"), VLLM_FLAGS_AT_DEFAULT, ids=[a[0] for a, _ in VLLM_FLAGS_AT_DEFAULT])
+def test_a_vllm_flag_typed_at_its_default_is_refused_with_llama_cpp(monkeypatch, capsys, args, instead):
+    """Was accepted and silently ignored (the check compared values with the defaults)."""
+    code, out, err = run(monkeypatch, capsys, "--model", "no-such-model", "--engine", "llama.cpp", *args)
+    assert code == 2 and out == ""
+    assert err.startswith(f"error: {args[0]}: does not apply to --engine llama.cpp; ") and err.count("\n") == 1, err
+    assert instead in err
+
+
+def test_a_llama_cpp_flag_typed_at_its_default_needs_the_engine(monkeypatch, capsys):
+    for args, flag in (
+        (["--cache-type-k", "f16"], "--cache-type-k"),
+        (["--ubatch-size", "512"], "--ubatch-size"),
+        (["--no-swa-full"], "--swa-full"),
+    ):
+        code, out, err = run(monkeypatch, capsys, "--model", "no-such-model", *args)
+        assert code == 2 and out == ""
+        assert err == f"error: {flag}: applies to --engine llama.cpp only; add --engine llama.cpp\n"
+
+
 def test_llama_cpp_flags_need_the_engine_and_engines_are_known(monkeypatch, capsys):
     code, _, err = run(monkeypatch, capsys, "--model", "smollm2-135m", "--parallel", "2")
     assert code == 2 and err.startswith("error: --parallel: applies to --engine llama.cpp only")
