@@ -92,7 +92,7 @@ class LevelSummary(_Summary):
     error_reasons: dict[str, int] = {}  # finish_detail -> count, for errors
     num_short_outputs: int = 0  # completed with fewer tokens than asked (a server that stopped early)
     requested_rate: float | None = None  # open loop: the level's requests/s
-    achieved_rate: float | None = None  # open loop: requests/s as actually sent
+    achieved_rate: float | None = None  # open loop: requests/s as actually sent (a session level: sessions/s)
     max_send_delay_ms: float | None = None  # open loop, target: latest send after its scheduled arrival
     server_output_tokens: int | None = None  # the server's generated-token counter across the level
     ttfo_ms: LatencyStats | None = Field(
@@ -178,7 +178,8 @@ def summarize_level(
     # steps without KV sizes (a simulation's search probes keep the scheduler's stats) count them as 0
     peak = lambda key: max((getattr(s, key, 0) for s in steps), default=0)  # noqa: E731
     errors = [r for r in requests if r.finish_reason == "error"]
-    sent = sorted(r.sent_time if r.sent_time is not None else r.arrival_time for r in requests)
+    # sent as the level's rate counts them: requests, or in a session level sessions (their first turns)
+    sent = sorted(r.sent_time if r.sent_time is not None else r.arrival_time for r in requests if (r.turn or 1) == 1)
     is_open = key.mode == "open" and any(r.sent_time is not None for r in requests)  # a target's send times
     delays = [r.sent_time - r.arrival_time for r in requests if r.sent_time is not None]
     return LevelSummary(

@@ -41,7 +41,7 @@ otherwise) and ``client`` (a target level's client cost: ``lag_p99_ms``, ``stamp
 ``ttft_p50_ms``, ``send_delay_p99_ms``, ``mean_interarrival_ms``, ``cpu_s``, ``wall_s``,
 ``behind``, ``behind_reason``, ``workers``; null in-process). Every
 run also gives per level ``num_errors``, ``error_reasons``, ``requested_rate`` and
-``achieved_rate`` (open loop, requests/s), ``slo_attainment`` (0..1), and admission's
+``achieved_rate`` (open loop, requests/s; sessions/s in a session level), ``slo_attainment`` (0..1), and admission's
 ``num_rejected``, ``shed_fraction``, ``rejected_reasons`` and ``tenants`` (per tenant ``name``,
 ``num_requests``, ``num_rejected``, ``shed_fraction``, ``num_completed``, ``ttft_ms``).
 ``server`` is null for an in-process run. A

@@ -17,11 +17,13 @@ import pandas as pd
 
 from kvplan.results import metrics
 from kvplan.results.metrics import LatencyStats, LevelSummary
+from kvplan.results.prefix_metrics import VARIANTS as PREFIX_VARIANTS
 from kvplan.results.records import RequestRecord, StepRecord
 from kvplan.results.run_result import RunResult
 from kvplan.results.shed import TENANT_COLUMNS, tenant_step_cells
 from kvplan.results.simulated import SloPoint
 from kvplan.results.store import write_atomic
+from kvplan.results.variants import is_alone
 
 MIB = 2**20
 
@@ -66,26 +68,39 @@ def estimate_table(result: RunResult) -> pd.DataFrame:
 
 
 def knee_table(result: RunResult) -> pd.DataFrame:
-    """Per bucket: the estimate's max concurrency for its P95 request (the P95 bound), the knee the
-    engine's scheduler shows when simulated at every concurrency, and the knee of the levels run
-    (measured in a load test). A target run's says where the server hides it
+    """Per bucket (and engine variant, where the workload has more than one): the estimate's max
+    concurrency for its P95 request (the P95 bound), the knee the engine's scheduler shows when
+    simulated at every concurrency, and the knee of the levels run (measured in a load test;
+    ``none up to c=N`` where no closed-loop level preempted). A target run's says where the server hides it
     (kvplan.results.report.target.knee_table)."""
     if result.server is not None:
         from kvplan.results.report.target_tables import knee_table as target_knee_table
 
         return target_knee_table(result)
     measured = "measured knee" if result.source == "measured" else f"knee of the {result.source} levels"
-    rows = [
-        {
-            "bucket": b.name,
-            "P95 request tokens": b.p95_request_tokens,
-            "predicted max concurrency": b.predicted_max_concurrency,
-            "simulated knee": b.simulated_knee,
-            measured: b.measured_knee,
-            "highest level without preemption": b.max_clean_concurrency,
-        }
-        for b in result.buckets
-    ]
+    rows = []
+    for b in result.buckets:
+        # one row per engine variant (kvplan.load.variants): each engine has a knee of its own
+        closed = [
+            lv for lv in result.levels if lv.bucket == b.name and lv.mode == "closed" and not is_alone(lv.variant)
+        ]
+        engines = list(dict.fromkeys(lv.variant for lv in closed if lv.variant not in PREFIX_VARIANTS))
+        for engine in engines if len(engines) > 1 else [None]:
+            own = closed if engine is None else [lv for lv in closed if lv.variant == engine]
+            knee = b.measured_knee if engine is None else metrics.measured_knee(own)
+            top = max((int(lv.level) for lv in own if metrics.preemptions(lv) is not None), default=None)
+            rows.append(
+                {
+                    "bucket": b.name if engine is None else f"{b.name} {engine}",
+                    "P95 request tokens": b.p95_request_tokens,
+                    "predicted max concurrency": b.predicted_max_concurrency,
+                    "simulated knee": b.simulated_knee,
+                    measured: knee if knee is not None or top is None else f"none up to c={top}",
+                    "highest level without preemption": (
+                        b.max_clean_concurrency if engine is None else metrics.max_clean_concurrency(own)
+                    ),
+                }
+            )
     return pd.DataFrame(rows)
 
 

@@ -173,3 +173,35 @@ def test_the_gate_reads_every_variants_levels(measured, tmp_path):
         assert f"support c=4 {variant}" in values and f"support 200 req/s {variant}" in values
     code, out, _ = run_cli("gate", str(measured.run_dir), "--baseline", str(baseline))
     assert code == 0 and "0 failed" in out
+
+
+def test_the_knee_table_has_a_row_per_engine_variant_and_says_when_no_level_preempted(tmp_path):
+    """Two engines on one 24-block pool: ``capped`` runs at most 2 requests at once (2 x 8 blocks fit:
+    never preempts), ``open`` runs all 6 at c=6 (6 x up to 8 blocks do not fit). Each row's knee is
+    the lowest closed level whose steps preempted, counted here from steps.csv."""
+    data = {
+        "name": "knees",
+        "seed": 0,
+        "engine": {"model": "tiny-random-llama", "dtype": "float32", "block_size": 4, "num_blocks": 24},
+        "dataset": "random",
+        "buckets": [
+            {"name": "chat", "input_tokens": [20, 24], "output_tokens": 8, "concurrency": [1, 6], "num_requests": 6}
+        ],
+        "variants": [
+            {"name": "capped", "engine": {"max_num_seqs": 2}},
+            {"name": "open", "engine": {"max_num_seqs": 8}},
+        ],
+    }
+    path = tmp_path / "knees.yaml"
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    code, out, err = run_cli("simulate", str(path), "--out", str(tmp_path / "run"), "--quiet")
+    assert code == 0, err
+    steps = pd.read_csv(tmp_path / "run" / "steps.csv", keep_default_na=False)
+    closed = steps[steps["mode"] == "closed"]
+    preempting = closed[closed.num_preemptions > 0].groupby("variant")["level"].min().to_dict()
+    assert "capped" not in preempting and preempting["open"] == 6
+    code, out, err = run_cli("report", str(tmp_path / "run"))
+    summary = (tmp_path / "run" / "summary.md").read_text()
+    rows = {line.split(" | ")[0].lstrip("| "): line.split(" | ") for line in summary.splitlines() if "chat " in line}
+    assert rows["chat capped"][4] == "none up to c=6"  # the knee column
+    assert rows["chat open"][4] == "6"

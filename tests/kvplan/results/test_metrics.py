@@ -191,3 +191,20 @@ def test_peak_blocks_count_the_blocks_held_during_a_step():
     # steps recorded before the field existed (None) give their after-step count
     old = metrics.summarize_level(LevelKey("b", "closed", 4.0), [R2], [step(0, 3), step(1, 5)], Slo())
     assert (old.peak_used_blocks, old.peak_kv_usage) == (5, 0.5)
+
+
+def test_a_session_levels_achieved_rate_counts_sessions_as_its_requested_rate_does():
+    """An open level of 2 sessions/s: sessions start at 0, 0.5, 1.0 s (sent then), each with a second
+    turn 0.2 s later. Sessions: (3 - 1) / (1.0 - 0) = 2.0/s; counting turns would give 5 / 1.2 = 4.17/s."""
+    records = []
+    for s, start in enumerate((0.0, 0.5, 1.0)):
+        for turn, at in ((1, start), (2, start + 0.2)):
+            r = req(f"b/open/2/{s}/{turn}", at, [at + 0.05, at + 0.1])
+            records.append(
+                RequestRecord(
+                    **{**r.__dict__, "mode": "open", "level": 2.0, "sent_time": at, "session": s, "turn": turn}
+                )
+            )
+    summary = metrics.summarize_level(LevelKey("b", "open", 2.0), records, [], Slo())
+    assert summary.requested_rate == 2.0
+    assert summary.achieved_rate == pytest.approx(2.0)

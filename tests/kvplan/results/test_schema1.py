@@ -16,7 +16,7 @@ from tests.kvplan.cli_runner import run_cli
 
 FIXTURE = Path(__file__).resolve().parents[1] / "data" / "schema1"
 # What the summary says differently today: one label for an open-loop level everywhere, the fp8
-# scales' place in schema 2, and the knee table's simulated knee (empty in these runs).
+# scales' place in schema 2, and the knee table's simulated knee (empty in these runs),
 RENAMED = (
     ("50/s", "50 req/s"),
     ("run.kv_scales", "engine.kv_scales"),
@@ -26,8 +26,9 @@ RENAMED = (
         " scheduler, replayed on the bucket's requests at every concurrency, preempts. Measured knee:",
     ),
     ("| predicted max concurrency | measured knee |", "| predicted max concurrency | simulated knee | measured knee |"),
-    ("|---|---|---|---|---|\n| short | 22 | 5 |  |", "|---|---|---|---|---|---|\n| short | 22 | 5 |  |  |"),
-    ("|---|---|---|---|---|\n| short | 19 | 6 |  |", "|---|---|---|---|---|---|\n| short | 19 | 6 |  |  |"),
+    # and a knee no level reached is said: none up to the highest closed-loop level (c=4, c=2)
+    ("|---|---|---|---|---|\n| short | 22 | 5 |  |", "|---|---|---|---|---|---|\n| short | 22 | 5 |  | none up to c=4 |"),
+    ("|---|---|---|---|---|\n| short | 19 | 6 |  |", "|---|---|---|---|---|---|\n| short | 19 | 6 |  | none up to c=2 |"),
 )
 
 

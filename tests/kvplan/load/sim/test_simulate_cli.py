@@ -99,10 +99,11 @@ def test_report_and_gate_read_a_simulated_run_unchanged(tmp_path, smoke_run):
     code, out, err = run_cli("simulate", str(SMOKE), "--calibrate", str(smoke_run), "--out", str(run_dir), "--quiet")
     # smoke.yaml's plan entry is an L4, which aiconfigurator-core's database lacks: one line says so
     roofline = f"warning: {SMOKE}: plan[0]: Llama-3.1-8B-Instruct on L4 timed by the roofline: no vllm data for l4"
-    # (and a busy machine may have slowed the measured run part-way: the calibration's drift warning)
+    # (and a busy machine may have slowed the measured run part-way: the calibration's drift warnings,
+    # in any order beside it: the smoke run is measured on this machine while other tests run)
     lines = err.splitlines()
-    assert code == 0 and lines[0].startswith(roofline), err
-    assert all("the machine slowed down part-way" in line for line in lines[1:]), err
+    assert code == 0 and sum(line.startswith(roofline) for line in lines) == 1, err
+    assert all("the machine slowed down part-way" in line for line in lines if not line.startswith(roofline)), err
     assert out.strip() == f"report: {run_dir}"
     code, out, err = run_cli("report", str(run_dir))
     assert (code, err) == (0, "") and (run_dir / "kv_over_time.png").is_file()
