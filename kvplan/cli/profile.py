@@ -7,8 +7,8 @@ from typing import Annotated
 
 import typer
 
-from engine.config import DEFAULT_MODEL
-from kvplan.cli.app import make_console
+from engine.config import DEFAULT_MODEL, TINY_RANDOM_MODEL
+from kvplan.cli.app import make_console, warn
 
 
 def _lazy_tokenizer(model: str):
@@ -28,6 +28,38 @@ def _lazy_tokenizer(model: str):
         return built[0](texts)
 
     return tokenize
+
+
+def _check_model(model: str) -> None:
+    """``--model`` as estimate and simulate check theirs (kvplan.plan.model_source.load_model_spec: a
+    preset or Hugging Face id, a config.json or its folder, a .gguf), or the engine's test model
+    tiny-random-llama. Raises KvplanError (``model``: unknown, with the closest names)."""
+    if model != TINY_RANDOM_MODEL:
+        from kvplan.plan.model_source import load_model_spec
+
+        load_model_spec(model)
+
+
+def _check_sharegpt(data: dict, out: Path, model: str) -> str | None:
+    """kvplan.load.profile_sharegpt.check_sharegpt, drawing through the simulator's sample cache
+    (the key ``kvplan simulate`` uses: the engine model's vocabulary and tokenizer), so simulating
+    the written workload does not draw its ShareGPT prompts again."""
+    from kvplan.load.profile_sharegpt import check_sharegpt
+    from kvplan.load.sim.facts import model_config
+    from kvplan.load.sim.samples import cached_sample
+    from kvplan.load.sim.tokenizer import tokenize_function, tokenizer_identity
+
+    vocab: list[int] = []
+
+    def tokenizer():  # what cannot be built (a KvplanError) leaves the workload unchecked, not refused
+        tokenize = tokenize_function(model)
+        vocab.append(model_config(model).get("vocab_size") or 1)
+        return tokenize
+
+    def sample(workload, tokenize):
+        return cached_sample(workload, lambda: tokenize, vocab[0], tokenizer_identity(model))
+
+    return check_sharegpt(data, str(out), tokenizer, sample)
 
 
 def profile(
@@ -51,9 +83,19 @@ def profile(
     ] = None,
     block_size: Annotated[int, typer.Option(help="Tokens per block for the prefix reuse (engine default).")] = 16,
     out: Annotated[Path | None, typer.Option(help="Write a workload YAML reproducing the traffic here.")] = None,
-    model: Annotated[str, typer.Option(help="The written workload's engine.model.")] = DEFAULT_MODEL,
+    model: Annotated[
+        str,
+        typer.Option(
+            help="The written workload's engine.model: a model kvplan knows (a preset, a config.json or its"
+            " folder, a .gguf) or tiny-random-llama."
+        ),
+    ] = DEFAULT_MODEL,
     dataset: Annotated[
-        str, typer.Option(help="The written workload's dataset: random (lengths drawn) or sharegpt (real prompts).")
+        str,
+        typer.Option(
+            help="The written workload's dataset: random (lengths drawn) or sharegpt (real prompts; refused when"
+            " ShareGPT holds too few prompts for a length range)."
+        ),
     ] = "random",
     num_requests: Annotated[
         int | None, typer.Option(help="The written workload's num_requests (default: the log's requests or sessions).")
@@ -85,6 +127,7 @@ def profile(
         raise KvplanError("dataset", f"must be random or sharegpt (got {dataset!r})")
     if num_requests is not None and num_requests < 1:
         raise KvplanError("num_requests", f"must be >= 1 (got {num_requests})")
+    _check_model(model)
     parsed = read_log(log, log_format, _lazy_tokenizer(tokenizer), level)
     result = profile_log(parsed, block_size)
     written = None
@@ -101,8 +144,12 @@ def profile(
             data = workload_from_profile(
                 result, model=model, dataset=dataset, name=workload_name(log), num_requests=num_requests
             )
+            if dataset == "sharegpt":
+                unchecked = _check_sharegpt(data, out, model)
+                warn([unchecked] if unchecked else [], str(out))
         write_workload(data, out, str(log))
         written = str(out)
+    warn(parsed.notes, str(log))
     if plots is not None:
         from kvplan.load.profile_plots import write_plots
 

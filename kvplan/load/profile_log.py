@@ -14,19 +14,24 @@ Each line is read on its own, its format told by its keys (or forced with ``fmt`
   ``input_length``.
 - ``openai``: any other line, an OpenAI-style request log: ``timestamp`` (s, or an ISO 8601 string)
   or ``created`` (s); ``prompt`` (text) or ``messages`` ([{role, content}], laid out in ChatML,
-  SmolLM2-135M-Instruct's chat template, so a conversation's history is a shared prefix);
+  SmolLM2-135M-Instruct's chat template, so a conversation's history is a shared prefix; a
+  ``content`` is text or the OpenAI chat API's list of content parts: its ``text`` parts joined with
+  a newline, as vLLM joins them for a text-only chat template, its other parts, such as
+  ``image_url``, left out);
   ``output``/``completion`` (text) or ``usage: {prompt_tokens, completion_tokens}`` (used for the
   lengths when given); optional ``session_id``/``conversation_id``, and ``latency_s`` or
   ``e2e_ms`` for the finish time. Text is tokenized with the ``tokenize`` given.
 
-A line that cannot be read becomes a ``BadLine`` (``line N: field: problem``), never an error;
-only a log without one good line is (``KvplanError``, exit 2).
+The file is UTF-8, a byte order mark at its start allowed, lines ended by LF or CRLF. A line that
+cannot be read becomes a ``BadLine`` (``line N: field: problem``), never an error; only a log
+without one good line is (``KvplanError``, exit 2).
 """
 
 from __future__ import annotations
 
 import json
 import math
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -85,6 +90,7 @@ class ParsedLog:
     bad_lines: tuple[BadLine, ...] = field(default=())
     levels: tuple[str, ...] = ()  # a kvplan run's load levels, in file order (() for other logs)
     level: str | None = None  # the one kept
+    notes: tuple[str, ...] = ()  # what the numbers leave out, one line each (the CLI warns with them)
 
 
 class _Bad(Exception):
@@ -187,23 +193,51 @@ def _timestamp(row: dict) -> float:
     return _number(row, key, minimum=None)
 
 
-def chatml(messages: list) -> str:
-    """``messages`` in ChatML (SmolLM2-135M-Instruct's chat template), ending with the assistant's cue."""
-    parts = []
+def message_text(i: int, message: object) -> tuple[str, tuple[str, ...]]:
+    """Message ``i``'s text and the types of the content parts left out of it. ``content`` is text,
+    or a list of content parts ``{"type": "text", "text": ...}``, ``{"type": "image_url", ...}``
+    (the OpenAI chat API's): the text parts joined with a newline, as vLLM joins them for a
+    text-only chat template (vllm/entrypoints/chat_utils.py); every other part left out."""
+    content = message.get("content", "") if isinstance(message, dict) else None
+    if isinstance(content, str):
+        return content, ()
+    if not isinstance(content, list):
+        raise _Bad(f"messages[{i}]", "must be {role, content} with content text or a list of content parts")
+    texts: list[str] = []
+    left_out: list[str] = []
+    for j, part in enumerate(content):
+        kind = part.get("type") if isinstance(part, dict) else None
+        if not isinstance(kind, str):
+            raise _Bad(f"messages[{i}].content[{j}]", "must be a content part {type, ...}")
+        if kind != "text":
+            left_out.append(kind)
+        elif isinstance(part.get("text"), str):
+            texts.append(part["text"])
+        else:
+            raise _Bad(f"messages[{i}].content[{j}].text", "must be text")
+    return "\n".join(texts), tuple(left_out)
+
+
+def chatml(messages: list) -> tuple[str, tuple[str, ...]]:
+    """``messages`` in ChatML (SmolLM2-135M-Instruct's chat template), ending with the assistant's
+    cue, and the types of the content parts left out (message_text)."""
+    parts: list[str] = []
+    left_out: list[str] = []
     for i, message in enumerate(messages):
-        if not isinstance(message, dict) or not isinstance(message.get("content", ""), str):
-            raise _Bad(f"messages[{i}]", "must be {role, content} with text content")
-        parts.append(f"<|im_start|>{message.get('role', 'user')}\n{message.get('content', '')}<|im_end|>\n")
-    return "".join(parts) + "<|im_start|>assistant\n"
+        text, skipped = message_text(i, message)
+        left_out.extend(skipped)
+        parts.append(f"<|im_start|>{message.get('role', 'user')}\n{text}<|im_end|>\n")
+    return "".join(parts) + "<|im_start|>assistant\n", tuple(left_out)
 
 
-def _openai(line: int, row: dict) -> tuple[LoggedRequest, str | None, str | None]:
-    """The request (lengths 0 where text is still to be tokenized), its prompt text and output text."""
+def _openai(line: int, row: dict) -> tuple[LoggedRequest, str | None, str | None, tuple[str, ...]]:
+    """The request (lengths -1 where text is still to be tokenized), its prompt text, its output
+    text and the types of the content parts left out of the prompt."""
     arrival = _timestamp(row)
     messages = row.get("messages")
     if messages is not None and not isinstance(messages, list):
         raise _Bad("messages", "must be a list of {role, content}")
-    prompt = chatml(messages) if messages is not None else row.get("prompt")
+    prompt, left_out = chatml(messages) if messages is not None else (row.get("prompt"), ())
     if prompt is not None and not isinstance(prompt, str):
         raise _Bad("prompt", "must be text")
     raw_usage = row.get("usage")
@@ -229,7 +263,7 @@ def _openai(line: int, row: dict) -> tuple[LoggedRequest, str | None, str | None
         finish_s=_finish(row, arrival),
         user_turns=turns,
     )
-    return request, prompt, output if num_output is None else None
+    return request, prompt, output if num_output is None else None, left_out
 
 
 def read_log(
@@ -249,7 +283,7 @@ def read_log(
     """
     source = str(path)
     try:
-        text = Path(path).read_text(encoding="utf-8")
+        text = Path(path).read_text(encoding="utf-8-sig")  # a byte order mark at the start is not JSON
     except (OSError, UnicodeDecodeError) as err:
         problem = err.strerror if isinstance(err, OSError) and err.strerror else str(err)
         raise KvplanError("", f"cannot read the log ({problem})", source=source) from None
@@ -257,7 +291,10 @@ def read_log(
     bad: list[BadLine] = []
     texts: list[tuple[int, str | None, str | None]] = []  # index in requests, prompt, output
     blocks: dict[int, tuple[int, ...]] = {}
-    lines = [(n, raw) for n, raw in enumerate(text.splitlines(), 1) if raw.strip()]
+    left_out: Counter[str] = Counter()  # content parts left out of prompts whose length is their text's
+    # lines end at LF (a CRLF's CR is whitespace to JSON): str.splitlines would also cut at the U+2028,
+    # U+0085 or form feed a JSON string may hold unescaped
+    lines = [(n, raw) for n, raw in enumerate(text.split("\n"), 1) if raw.strip()]
     if not lines:
         raise KvplanError("", "empty log", "give a JSONL file, one request a line", source=source)
     for n, raw in lines:
@@ -274,11 +311,13 @@ def read_log(
             elif kind == "mooncake":
                 requests.append(_mooncake(n, row, blocks))
             else:
-                request, prompt, output = _openai(n, row)
+                request, prompt, output, skipped = _openai(n, row)
                 if (prompt is not None or output is not None) and tokenize is None:
                     raise _Bad("prompt", "text needs a tokenizer to count its tokens (give --tokenizer)")
                 if prompt is not None or output is not None:
                     texts.append((len(requests), prompt, output))
+                if request.input_tokens < 0:  # the length is the text's: what was left out matters
+                    left_out.update(skipped)
                 requests.append(request)
         except _Bad as err:
             bad.append(BadLine(n, err.field, err.problem))
@@ -295,7 +334,18 @@ def read_log(
         requests = [r for r in requests if r.level in (None, kept)]
         level = kept
     order = sorted(range(len(requests)), key=lambda i: (requests[i].arrival_s, requests[i].line))
-    return ParsedLog(source, tuple(requests[i] for i in order), tuple(bad), levels, level if levels else None)
+    notes = (_left_out_note(left_out),) if left_out else ()
+    return ParsedLog(source, tuple(requests[i] for i in order), tuple(bad), levels, level if levels else None, notes)
+
+
+def _left_out_note(left_out: Counter[str]) -> str:
+    """One line on the non-text content parts left out of prompts whose length is their text's."""
+    total = sum(left_out.values())
+    kinds = ", ".join(f"{kind}: {n}" for kind, n in left_out.most_common())
+    return (
+        f"prompts measured by their text leave out {total} non-text content part{'s' if total != 1 else ''}"
+        f" ({kinds}); a line's usage.prompt_tokens counts them"
+    )
 
 
 def _tokenized(requests: list[LoggedRequest], texts: list[tuple[int, str | None, str | None]], tokenize: Tokenize):

@@ -85,7 +85,8 @@ class TrafficProfile:
     input_tokens: np.ndarray
     output_tokens: np.ndarray
     prefix: PrefixStats
-    sessions: tuple[tuple[int, ...], ...] = field(default=())  # request indices of each multi-turn session
+    # request indices of each session (one-turn sessions included), when lines carry session ids
+    sessions: tuple[tuple[int, ...], ...] = field(default=())
     think_times_s: np.ndarray = field(default_factory=lambda: np.zeros(0))
 
 
@@ -151,7 +152,8 @@ def prefix_stats(requests: Sequence[LoggedRequest], block_size: int) -> PrefixSt
 
 
 def _sessions(requests: Sequence[LoggedRequest]) -> tuple[dict[str, Any] | None, list[list[int]]]:
-    """The turns summary and each multi-line session's request indices (arrival order)."""
+    """The turns summary and each session's request indices (arrival order; a session of one turn
+    is a session too, and so is a line without a session id beside lines with one)."""
     if any(r.session is not None for r in requests):
         groups: dict[str, list[int]] = defaultdict(list)
         for i, r in enumerate(requests):
@@ -232,5 +234,5 @@ def profile_log(log: ParsedLog, block_size: int = 16) -> TrafficProfile:
             for k, n in key_counts.most_common(NUM_TOP_PREFIXES)
         ],
     }
-    sessions = tuple(tuple(g) for g in groups if len(g) > 1)
+    sessions = tuple(tuple(g) for g in groups)  # one-turn sessions too: each is a session, its turn a request
     return TrafficProfile(data, arrivals, inputs, outputs, prefix, sessions, _think_times(requests, groups))

@@ -4,7 +4,8 @@ From a kvplan.load.profile_stats.TrafficProfile:
 
 - ``engine``: ``model`` as asked, the profile's ``block_size``, prefix caching on;
 - ``dataset``: ``random`` (token ids from the engine's vocab, lengths drawn as below) or ``sharegpt``
-  (real prompts filtered by the ranges);
+  (real prompts filtered by the ranges; kvplan.load.profile_sharegpt refuses ranges ShareGPT
+  cannot fill);
 - one bucket ``traffic``, its lengths a ``mix`` of up to three classes split at the P50 and P90 of
   the requests' own input lengths (the prompt less its shared prefix when ``shared_prefix`` is
   written): ``short`` (<= P50), ``medium`` (<= P90), ``long``; weights = their shares of the
@@ -21,7 +22,9 @@ From a kvplan.load.profile_stats.TrafficProfile:
 - with multi-turn sessions (turns mean > 1, session ids): ``dataset.sessions`` instead of the mix
   and the prefix (sessions refuse both): ``max_turns`` = the rounded mean turns, ``think_time_s`` =
   [P10, P90] of the gaps between a turn's finish (else arrival) and the next turn's arrival, each
-  turn's ``input_tokens`` its new message (prompt less the previous turn's prompt and reply).
+  turn's ``input_tokens`` its new message (prompt less the previous turn's prompt and reply);
+  every session counts, one of one turn too: in ``num_requests``, the rate of session starts and
+  the turns' lengths.
 
 The result is validated by the workload schema (kvplan.load.workload_file.parse_workload) before
 it is written, so ``kvplan simulate`` and ``kvplan loadtest`` read it.
