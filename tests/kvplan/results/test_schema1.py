@@ -27,8 +27,14 @@ RENAMED = (
     ),
     ("| predicted max concurrency | measured knee |", "| predicted max concurrency | simulated knee | measured knee |"),
     # and a knee no level reached is said: none up to the highest closed-loop level (c=4, c=2)
-    ("|---|---|---|---|---|\n| short | 22 | 5 |  |", "|---|---|---|---|---|---|\n| short | 22 | 5 |  | none up to c=4 |"),
-    ("|---|---|---|---|---|\n| short | 19 | 6 |  |", "|---|---|---|---|---|---|\n| short | 19 | 6 |  | none up to c=2 |"),
+    (
+        "|---|---|---|---|---|\n| short | 22 | 5 |  |",
+        "|---|---|---|---|---|---|\n| short | 22 | 5 |  | none up to c=4 |",
+    ),  # noqa: E501
+    (
+        "|---|---|---|---|---|\n| short | 19 | 6 |  |",
+        "|---|---|---|---|---|---|\n| short | 19 | 6 |  | none up to c=2 |",
+    ),
 )
 
 

@@ -1,7 +1,7 @@
 """Decode runs (kvplan.load.sim.decode_run) equal the engine's scheduler stepping one step at a
 time: on random workloads (hypothesis, 200 of them) with preemption, chunked prefill, prefix
-caching, prefill-first steps (SGLang's), closed and open loop, every step's stats and every finished request are the same with
-runs taken together and without."""
+caching, prefill-first steps (SGLang's), closed and open loop, every step's stats and every
+finished request are the same with runs taken together and without."""
 
 from dataclasses import asdict
 
