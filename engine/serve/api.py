@@ -129,6 +129,8 @@ def parse_body(raw: bytes, kind: JobKind, limits: Limits, tokenizer) -> Job:
         data = json.loads(raw)
     except (UnicodeDecodeError, json.JSONDecodeError) as err:
         raise BadRequest(f"malformed JSON body ({err})") from None
+    except RecursionError:  # json's decoder recurses once per nesting level: [[[[...]]]] 3,000 deep
+        raise BadRequest("malformed JSON body (nested too deeply)") from None
     if not isinstance(data, dict):
         raise BadRequest("the body must be a JSON object")
     try:

@@ -35,6 +35,9 @@ from kvplan.load.lengths import StrictModel
 
 ArrivalProcess = Literal["poisson", "gamma", "constant"]
 PROCESSES: tuple[str, ...] = get_args(ArrivalProcess)
+# Gamma's scale 1/(r*B) overflows to inf for a B near 0 (1e-320); 1e-6 is a CV of 1000, far past any real burst
+MIN_BURSTINESS = 1e-6
+MAX_RAMP_S = 24 * 3600  # a ramp longer than a level may last (kvplan.load.workload.MAX_LEVEL_S) is a typo
 
 
 class Arrival(StrictModel):
@@ -51,13 +54,14 @@ class Arrival(StrictModel):
         1.0,
         gt=0,
         allow_inf_nan=False,
-        description="Gamma's shape B (> 0; for process gamma only, though the default 1 is accepted with any):"
+        description="Gamma's shape B (>= 1e-6; for process gamma only, though the default 1 is accepted with any):"
         " gaps Gamma(shape=B, scale=1/(r*B)) s, coefficient of variation 1/sqrt(B); B < 1 is burstier"
         " than Poisson, 1 is Poisson in distribution, B > 1 more regular.",
     )
     ramp_up_s: float = Field(
         0.0,
         ge=0,
+        le=MAX_RAMP_S,
         allow_inf_nan=False,
         description="The rate rises linearly from 0 to the level's rate over its first ramp_up_s seconds, s, then"
         " stays (about rate x ramp_up_s / 2 requests arrive during the ramp); 0 = the full rate from"
@@ -67,6 +71,10 @@ class Arrival(StrictModel):
     @field_validator("burstiness")
     @classmethod
     def _gamma_only(cls, value: float, info: ValidationInfo) -> float:
+        if value < MIN_BURSTINESS:
+            raise ValueError(
+                f"must be >= {MIN_BURSTINESS:g} (got {value:g}): gamma's scale 1/(rate x burstiness) overflows"
+            )
         process = info.data.get("process")  # absent when process itself was refused
         if value != 1.0 and process is not None and process != "gamma":
             raise ValueError(

@@ -10,6 +10,10 @@ from pydantic import BaseModel, ConfigDict, Field, GetJsonSchemaHandler, model_v
 from pydantic_core import core_schema
 
 Count = Annotated[int, Field(ge=1)]
+# A token length beyond any published context window (Llama 4 Scout's 10M is the longest) is a
+# typo; bounded so that drawing lengths and random prompts never overflows numpy's int64.
+MAX_TOKENS = 2**24
+Tokens = Annotated[int, Field(ge=1, le=MAX_TOKENS)]
 # Names become file and folder names (<name>-<timestamp>/, latency_<bucket>.png): 200 characters
 # leave room for the suffixes under the usual 255-byte limit of a file name.
 Name = Annotated[str, Field(pattern=r"^[A-Za-z0-9_.-]+$", max_length=200)]
@@ -41,8 +45,8 @@ class Lengths(StrictModel):
     themselves, in tokens), draws clipped to the range. Shorthands: ``128`` and ``[16, 256]``.
     """
 
-    min: Count = Field(description="The shortest length of the range, tokens (inclusive).")
-    max: Count = Field(description="The longest length of the range, tokens (inclusive; >= min, == min for fixed).")
+    min: Tokens = Field(description="The shortest length of the range, tokens (inclusive).")
+    max: Tokens = Field(description="The longest length of the range, tokens (inclusive; >= min, == min for fixed).")
     dist: Distribution = Field(
         "uniform",
         description="How lengths are drawn in [min, max] where kvplan draws them (random prompts, and"

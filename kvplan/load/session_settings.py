@@ -20,7 +20,9 @@ from pydantic import Field, PlainValidator, WithJsonSchema
 
 from kvplan.load.lengths import StrictModel
 
-_SECONDS = {"type": "number", "minimum": 0}
+MAX_THINK_S = 24 * 3600  # a pause longer than a level may last (kvplan.load.workload.MAX_LEVEL_S) is a typo
+MAX_TURNS = 1000  # turn k's prompt holds all k - 1 before it: more turns than this is a typo, not a chat
+_SECONDS = {"type": "number", "minimum": 0, "maximum": MAX_THINK_S}
 
 
 def _think_time(value: Any) -> float | list[float]:
@@ -33,6 +35,8 @@ def _think_time(value: Any) -> float | list[float]:
             raise ValueError(f"give seconds (2.5) or a range [min, max] of seconds (got {item!r})")
         if not math.isfinite(item) or item < 0:
             raise ValueError(f"must be a finite number of seconds >= 0 (got {item!r})")
+        if item > MAX_THINK_S:
+            raise ValueError(f"must be at most {MAX_THINK_S} s, the 24 h a level may last (got {item:g})")
     if isinstance(value, list):
         if value[0] > value[1]:
             raise ValueError(f"min must be <= max (got [{value[0]}, {value[1]}])")
@@ -55,7 +59,7 @@ class Sessions(StrictModel):
     turn k ``think_time_s`` after turn k-1 finished. ``input_tokens`` ranges each new human
     message, ``output_tokens`` each reply (its ``max_tokens``)."""
 
-    max_turns: Annotated[int, Field(ge=1)] = Field(
+    max_turns: Annotated[int, Field(ge=1, le=MAX_TURNS)] = Field(
         description="The most turns (a human message and its reply) a session sends: a ShareGPT session keeps"
         " its conversation's turns while each message fits the bucket's ranges, up to this many (at least"
         " the first); a random session has exactly this many."

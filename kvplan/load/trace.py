@@ -113,7 +113,7 @@ def _request(row: object, number: int, speed: float, block_tokens: int, where: s
 @lru_cache(maxsize=8)
 def _read(path: str, size: int, mtime_ns: int, speed: float, max_requests: int | None, block_tokens: int) -> Trace:
     try:
-        text = Path(path).read_text(encoding="utf-8")
+        text = Path(path).read_text(encoding="utf-8-sig")  # an editor's or spreadsheet's byte-order mark
     except (OSError, UnicodeDecodeError) as err:
         raise KvplanError("", f"cannot read the trace ({err})", source=path) from None
     requests: list[TraceRequest] = []

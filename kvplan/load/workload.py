@@ -131,6 +131,16 @@ class EngineSettings(StrictModel):
     )
     admission: AdmissionSettings = ADMISSION_FIELD
 
+    @field_validator("model")
+    @classmethod
+    def _model_name(cls, value: str) -> str:
+        """A preset name or a folder: one line of text (an error message names it as written)."""
+        if not value.strip():
+            raise ValueError("names no model (got an empty text); give tiny-random-llama, a preset or a folder")
+        if any(ord(ch) < 32 or ord(ch) == 127 for ch in value):
+            raise ValueError(f"must be one line of text without control characters (got {value!r})")
+        return value
+
     @field_validator("kv_cache_dtype", mode="before")
     @classmethod
     def _kv_dtype(cls, value: Any) -> Any:

@@ -73,6 +73,13 @@ def load_prices(path: Path | None = None) -> dict[str, GpuPrice]:
 _Row = tuple[str, str, dict[str, object]]  # (where: a GPU key or "line N", the GPU name, field -> raw value)
 
 
+def _key(key: object) -> str:
+    """A YAML key as an error names it: as written, or quoted when it holds a line break or another
+    unprintable character (the error stays one line)."""
+    text = str(key)
+    return text if text.isprintable() else repr(text)
+
+
 def _yaml_rows(text: str, name: str) -> list[_Row]:
     import yaml
 
@@ -85,7 +92,7 @@ def _yaml_rows(text: str, name: str) -> list[_Row]:
         keys = [loader.construct_object(k) for k, _ in node.value]
         twice = next((k for i, k in enumerate(keys) if k in keys[:i]), None)
         if twice is not None:
-            raise KvplanError(str(twice), f"{twice} is given twice", "keep one entry per GPU", source=name)
+            raise KvplanError(_key(twice), f"{_key(twice)} is given twice", "keep one entry per GPU", source=name)
         return loader.construct_mapping(node)
 
     _Strict.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _mapping)
@@ -103,13 +110,13 @@ def _yaml_rows(text: str, name: str) -> list[_Row]:
         raise KvplanError("prices", "must be a mapping of GPU name -> entry", _FIX, source=name)
     rows: list[_Row] = []
     for key, entry in table.items():
-        where = str(key)
+        where = _key(key)
         if not isinstance(entry, dict):
             raise KvplanError(where, "must be a mapping", _FIX, source=name)
-        unknown = sorted(str(k) for k in entry if k not in _FIELDS)
+        unknown = sorted(_key(k) for k in entry if k not in _FIELDS)
         if unknown:
             raise KvplanError(f"{where}: {unknown[0]}", "unknown field", f"give {', '.join(_FIELDS)}", source=name)
-        rows.append((where, where, {f: entry[f] for f in _FIELDS if f in entry}))
+        rows.append((where, str(key), {f: entry[f] for f in _FIELDS if f in entry}))
     return rows
 
 
