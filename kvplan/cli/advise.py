@@ -54,6 +54,11 @@ def advise(
 
     spec = load_workload(workload)
     warn(spec.warnings, spec.source)
+    if spec.variants or any(b.variants for b in spec.buckets):
+        warn(
+            ["variants: kvplan advise judges the engine section alone; the workload's variants are not used"],
+            spec.source,
+        )
     on_gpu = gpu is not None
     base: list[SimSetup] = []
 

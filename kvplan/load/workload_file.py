@@ -28,7 +28,23 @@ def _deprecations(data: dict[str, Any]) -> tuple[str, ...]:
         f"plan[{i}].kv_dtype: deprecated name; write kv_cache_dtype"
         for i, target in enumerate(plan if isinstance(plan, list) else [])
         if isinstance(target, dict) and "kv_dtype" in target
-    )
+    ) + _empty_variants(data)
+
+
+def _empty_variants(data: dict[str, Any]) -> tuple[str, ...]:
+    """What an empty ``variants: []`` does, said: it names no variant, so the levels run once on the
+    engine section as it is (a bucket's, without the workload's variants)."""
+    notes = []
+    if data.get("variants") == []:
+        notes.append("variants: [] names no variant: every level runs once, on the engine section as it is")
+    buckets = data.get("buckets")
+    for i, bucket in enumerate(buckets if isinstance(buckets, list) else []):
+        if isinstance(bucket, dict) and bucket.get("variants") == [] and data.get("variants"):
+            notes.append(
+                f"buckets[{i}].variants: [] runs this bucket on the engine section alone, without the"
+                " workload's variants"
+            )
+    return tuple(notes)
 
 
 def parse_workload(data: Any, source: str = "<memory>", sha256: str = "") -> Workload:

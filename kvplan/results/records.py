@@ -105,6 +105,9 @@ class RequestRecord:
 class StepRecord:
     """One engine step (its ``StepStats``, field for field) with its level and four KV sizes.
 
+    ``step_index`` counts the steps of the engine that ran it: each engine variant (``variant``) is
+    an engine of its own whose indices start again, so (variant, step_index) names a step of a run.
+
     ``kv_resident_tokens``: per request holding blocks after the step, its tokens with K/V;
     ``kv_resident_request_ids`` names those requests in the same order.
     ``ideal_bytes`` = sum(resident tokens) x bytes per token; ``paged_bytes`` = sum of whole

@@ -205,3 +205,13 @@ def test_the_knee_table_has_a_row_per_engine_variant_and_says_when_no_level_pree
     rows = {line.split(" | ")[0].lstrip("| "): line.split(" | ") for line in summary.splitlines() if "chat " in line}
     assert rows["chat capped"][4] == "none up to c=6"  # the knee column
     assert rows["chat open"][4] == "6"
+
+
+def test_each_engine_variant_counts_its_own_steps(measured):
+    """Step indices restart per engine variant (docs/reports.md): within an engine (a variant and its
+    classes alone) they rise by one a step, so they are unique there, while a bare step_index is not."""
+    steps = pd.read_csv(measured.run_dir / "steps.csv", keep_default_na=False)
+    for variant in ("chunk-16", "whole-prefill"):
+        own = steps[steps.variant.str.split(" ").str[0] == variant].step_index.tolist()
+        assert own == list(range(own[0], own[0] + len(own)))
+    assert steps.step_index.duplicated().any()  # the two engines' indices overlap

@@ -308,3 +308,19 @@ def test_a_plan_entrys_weight_dtype_sizes_its_kv_budget(tmp_path):
     with pytest.raises(KvplanError) as caught:
         load_workload(path)
     assert str(caught.value).startswith(f"{path}: plan[0].weight_dtype: unknown dtype 'fp7'; use one of auto, ")
+
+
+def test_an_empty_variants_list_is_said_not_read_silently():
+    """variants: [] names no variant (the levels run once, on the engine section); a bucket's own []
+    under the workload's variants runs that bucket without them. Both are read so, and said."""
+    plain = parse_workload({**SMALL, "variants": []})
+    assert plain.variants == [] and plain.warnings == (
+        "variants: [] names no variant: every level runs once, on the engine section as it is",
+    )
+    two = [{"name": "a1", "engine": {"max_num_seqs": 2}}, {"name": "a2", "engine": {"max_num_seqs": 4}}]
+    bucket = {**SMALL["buckets"][0], "variants": []}
+    mixed = parse_workload({**SMALL, "variants": two, "buckets": [bucket, {**bucket, "name": "b", "variants": None}]})
+    assert mixed.warnings == (
+        "buckets[0].variants: [] runs this bucket on the engine section alone, without the workload's variants",
+    )
+    assert parse_workload({**SMALL, "variants": two}).warnings == ()

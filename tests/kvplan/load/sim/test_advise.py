@@ -139,3 +139,20 @@ def test_fp8_quality_measures_the_condition_on_the_bundled_engine():
     )
     code, _, err = run_cli("advise", str(SMOKE), "--model", "llama-3.1-8b", "--gpu", "H100-SXM", "--fp8-quality")
     assert code == 2 and "--fp8-quality: runs on the bundled engine" in err
+
+
+def test_advise_says_a_workloads_variants_are_not_used(tmp_path):
+    data = yaml.safe_load(SMOKE.read_text())
+    data["variants"] = [
+        {"name": "small", "engine": {"max_num_seqs": 2}},
+        {"name": "big", "engine": {"max_num_seqs": 8}},
+    ]
+    path = tmp_path / "variants.yaml"
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    code, out, err = run_cli("advise", str(path), "--json")
+    assert code == 0, err
+    assert err.splitlines()[0] == (
+        f"warning: {path}: variants: kvplan advise judges the engine section alone;"
+        " the workload's variants are not used"
+    )
+    assert json.loads(out)["alternatives"]  # the advice itself is the engine section's, as without variants
