@@ -74,6 +74,25 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
+def wait_healthy(proc: subprocess.Popen, port: int, log: Path, timeout_s: float, name: str) -> None:
+    """Return once ``http://127.0.0.1:PORT/health`` answers 200.
+
+    Raises:
+        RuntimeError: ``proc`` exited, or ``timeout_s`` passed first (with the log's tail).
+    """
+    deadline = time.monotonic() + timeout_s
+    while True:
+        if proc.poll() is not None or time.monotonic() > deadline:
+            raise RuntimeError(f"{name} did not start (exit {proc.returncode}): {log.read_text()[-3000:]}")
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as response:
+                if response.status == 200:
+                    return
+        except OSError:
+            pass
+        time.sleep(0.2)
+
+
 @contextlib.contextmanager
 def serve(path: str, model: str, settings: dict, log: Path, timeout_s: float = 120.0) -> Iterator[str]:
     """Run ``path -m model`` with ``flags(settings)``, ``--metrics``, 1 thread (CI machines are
@@ -91,17 +110,7 @@ def serve(path: str, model: str, settings: dict, log: Path, timeout_s: float = 1
         args += ["--threads", "1", "--no-webui", "--log-verbosity", "4"]
         proc = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT)
     try:
-        deadline = time.monotonic() + timeout_s
-        while True:
-            if proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"llama-server did not start (exit {proc.returncode}): {log.read_text()[-2000:]}")
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as response:
-                    if response.status == 200:
-                        break
-            except OSError:
-                pass
-            time.sleep(0.2)
+        wait_healthy(proc, port, log, timeout_s, "llama-server")
         yield f"http://127.0.0.1:{port}/v1"
     finally:
         proc.terminate()

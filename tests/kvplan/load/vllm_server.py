@@ -16,12 +16,10 @@ import contextlib
 import os
 import re
 import subprocess
-import time
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
-from tests.kvplan.load.llama_server import free_port
+from tests.kvplan.load.llama_server import free_port, wait_healthy
 
 ROOT = Path(__file__).resolve().parents[3]
 KV_SPACE_GIB = 1
@@ -80,17 +78,7 @@ def serve(
     with open(log, "w") as out:
         proc = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
     try:
-        deadline = time.monotonic() + timeout_s
-        while True:
-            if proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"vLLM did not start (exit {proc.returncode}): {log.read_text()[-3000:]}")
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as response:
-                    if response.status == 200:
-                        break
-            except OSError:
-                pass
-            time.sleep(0.5)
+        wait_healthy(proc, port, log, timeout_s, "vLLM")
         yield f"http://127.0.0.1:{port}/v1"
     finally:
         with contextlib.suppress(ProcessLookupError):
