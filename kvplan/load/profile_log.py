@@ -23,12 +23,14 @@ Each line is read on its own, its format told by its keys (or forced with ``fmt`
   ``e2e_ms`` for the finish time. Text is tokenized with the ``tokenize`` given.
 
 The file is UTF-8, a byte order mark at its start allowed, lines ended by LF or CRLF. A line that
-cannot be read becomes a ``BadLine`` (``line N: field: problem``), never an error; only a log
+cannot be read (not UTF-8, not JSON, nested too deeply, a length above ``MAX_TOKENS``, a time beyond
+``MAX_SECONDS``) becomes a ``BadLine`` (``line N: field: problem``), never an error; only a log
 without one good line is (``KvplanError``, exit 2).
 """
 
 from __future__ import annotations
 
+import codecs
 import json
 import math
 from collections import Counter
@@ -108,7 +110,16 @@ def _number(row: dict, key: str, *, minimum: float | None = 0) -> float:
     return float(value)
 
 
-MAX_TOKENS = 10**9  # a length beyond any context window is a broken line, not a request
+# a length beyond any context window is a broken line, not a request: the workload schema's cap
+# (kvplan.load.lengths.MAX_TOKENS), which also bounds a Mooncake line's hash ids to 32,768 blocks
+MAX_TOKENS = 2**24
+MAX_SECONDS = 1e15  # a time beyond 30 million years is a broken line; keeps differences of times finite
+
+
+def _seconds(value: float, key: str) -> float:
+    if abs(value) > MAX_SECONDS:
+        raise _Bad(key, f"must be within +-{MAX_SECONDS:g} s (got {value:.3g})")
+    return value
 
 
 def _count(row: dict, key: str) -> int:
@@ -135,7 +146,7 @@ def mooncake_block(hash_id: int) -> tuple[int, ...]:
 
 
 def _kvplan(line: int, row: dict) -> LoggedRequest:
-    arrival = _number(row, "arrival_time", minimum=None)
+    arrival = _seconds(_number(row, "arrival_time", minimum=None), "arrival_time")
     finish = row.get("finish_time")
     session = row.get("session")
     value = row.get("level")
@@ -147,7 +158,7 @@ def _kvplan(line: int, row: dict) -> LoggedRequest:
         arrival,
         _count(row, "num_prompt_tokens"),
         _count(row, "max_tokens") if "max_tokens" in row else _count(row, "num_output_tokens"),
-        finish_s=_number(row, "finish_time", minimum=arrival) if finish is not None else None,
+        finish_s=_seconds(_number(row, "finish_time", minimum=arrival), "finish_time") if finish is not None else None,
         cached_tokens=_count(row, "num_cached_tokens") if "num_cached_tokens" in row else None,
         session=f"{level}/{session}" if session is not None else None,
         level=level,
@@ -155,7 +166,7 @@ def _kvplan(line: int, row: dict) -> LoggedRequest:
 
 
 def _mooncake(line: int, row: dict, blocks: dict[int, tuple[int, ...]]) -> LoggedRequest:
-    arrival = _number(row, "timestamp", minimum=None) / 1000.0
+    arrival = _seconds(_number(row, "timestamp", minimum=None) / 1000.0, "timestamp")
     num_input, num_output = _count(row, "input_length"), _count(row, "output_length")
     hash_ids = row.get("hash_ids", [])
     if not isinstance(hash_ids, list) or not all(isinstance(h, int) and h >= 0 for h in hash_ids):
@@ -174,9 +185,9 @@ def _mooncake(line: int, row: dict, blocks: dict[int, tuple[int, ...]]) -> Logge
 
 def _finish(row: dict, arrival: float) -> float | None:
     if row.get("latency_s") is not None:
-        return arrival + _number(row, "latency_s")
+        return _seconds(arrival + _number(row, "latency_s"), "latency_s")
     if row.get("e2e_ms") is not None:
-        return arrival + _number(row, "e2e_ms") / 1000.0
+        return _seconds(arrival + _number(row, "e2e_ms") / 1000.0, "e2e_ms")
     return None
 
 
@@ -185,12 +196,12 @@ def _timestamp(row: dict) -> float:
     value = row.get(key)
     if isinstance(value, str):
         try:
-            return datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
-        except ValueError:
+            return _seconds(datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp(), key)
+        except (ValueError, OverflowError):
             raise _Bad(key, f"is not an ISO 8601 time (got {value!r})") from None
     if value is None:
         raise _Bad("timestamp", "missing (give timestamp or created)")
-    return _number(row, key, minimum=None)
+    return _seconds(_number(row, key, minimum=None), key)
 
 
 def message_text(i: int, message: object) -> tuple[str, tuple[str, ...]]:
@@ -278,15 +289,16 @@ def read_log(
     every one) is kept.
 
     Raises:
-        KvplanError: an unreadable file, an empty log, a log without one good line (the first bad
+        KvplanError: an unreadable or gzip-compressed file, an empty log, a log without one good line (the first bad
         line named), or a ``level`` the run does not hold.
     """
     source = str(path)
     try:
-        text = Path(path).read_text(encoding="utf-8-sig")  # a byte order mark at the start is not JSON
-    except (OSError, UnicodeDecodeError) as err:
-        problem = err.strerror if isinstance(err, OSError) and err.strerror else str(err)
-        raise KvplanError("", f"cannot read the log ({problem})", source=source) from None
+        data = Path(path).read_bytes()
+    except OSError as err:
+        raise KvplanError("", f"cannot read the log ({err.strerror or err})", source=source) from None
+    if data.startswith(b"\x1f\x8b"):
+        raise KvplanError("", "is gzip-compressed", "gunzip it and give the JSONL file", source=source)
     requests: list[LoggedRequest] = []
     bad: list[BadLine] = []
     texts: list[tuple[int, str | None, str | None]] = []  # index in requests, prompt, output
@@ -294,15 +306,14 @@ def read_log(
     left_out: Counter[str] = Counter()  # content parts left out of prompts whose length is their text's
     # lines end at LF (a CRLF's CR is whitespace to JSON): str.splitlines would also cut at the U+2028,
     # U+0085 or form feed a JSON string may hold unescaped
-    lines = [(n, raw) for n, raw in enumerate(text.split("\n"), 1) if raw.strip()]
+    # (UTF-8 bytes split at LF are its lines: no other character's bytes hold 0x0a); each line is
+    # decoded on its own, so one line that is not UTF-8 is a bad line, not an unreadable log
+    lines = [(n, raw) for n, raw in enumerate(data.removeprefix(codecs.BOM_UTF8).split(b"\n"), 1) if raw.strip()]
     if not lines:
         raise KvplanError("", "empty log", "give a JSONL file, one request a line", source=source)
     for n, raw in lines:
         try:
-            try:
-                row = json.loads(raw)
-            except json.JSONDecodeError as err:
-                raise _Bad("json", f"not JSON ({err.msg})") from None
+            row = _json_line(raw)
             if not isinstance(row, dict):
                 raise _Bad("json", f"must be an object (got {type(row).__name__})")
             kind = detect(row) if fmt == "auto" else fmt
@@ -336,6 +347,17 @@ def read_log(
     order = sorted(range(len(requests)), key=lambda i: (requests[i].arrival_s, requests[i].line))
     notes = (_left_out_note(left_out),) if left_out else ()
     return ParsedLog(source, tuple(requests[i] for i in order), tuple(bad), levels, level if levels else None, notes)
+
+
+def _json_line(raw: bytes) -> object:
+    try:
+        return json.loads(raw.decode("utf-8"))
+    except UnicodeDecodeError as err:
+        raise _Bad("utf-8", f"not UTF-8 text (byte 0x{raw[err.start]:02x} at column {err.start + 1})") from None
+    except json.JSONDecodeError as err:
+        raise _Bad("json", f"not JSON ({err.msg})") from None
+    except RecursionError:  # json's decoder recurses once per nesting level
+        raise _Bad("json", "nested too deeply to read") from None
 
 
 def _left_out_note(left_out: Counter[str]) -> str:

@@ -203,10 +203,15 @@ def write_workload(data: dict[str, Any], path: str | Path, log: str) -> Workload
     """Validate ``data`` with the workload schema, then write it as YAML to ``path``.
 
     Raises:
-        KvplanError: the workload the profile gives is invalid (a bug: the message names the field),
-        or ``path`` cannot be written.
+        KvplanError: the workload the profile gives is invalid (named as the log's, the workload's
+        field after ``out:``: the log's traffic is beyond what a workload holds, such as a think time
+        over 24 h), or ``path`` cannot be written.
     """
-    workload = parse_workload(data, source=str(path))
+    try:
+        workload = parse_workload(data, source=str(path))
+    except KvplanError as err:  # the fault is the log's (its times, its lengths), not the file not yet written
+        fix = "check the log's times (one clock, seconds) and lengths, or profile it without --out"
+        raise KvplanError(f"out: {err.field}", err.problem, fix, source=log) from None
     text = f"# kvplan profile {log}: a workload reproducing the log's traffic (docs/profile.md)\n"
     text += yaml.safe_dump(data, sort_keys=False, default_flow_style=None, width=120)
     try:
