@@ -1,5 +1,5 @@
 """How many streams and chunks/s kvplan's load client holds, and how far its per-chunk timestamps
-are from the truth, against the fast fake server (tests/kvplan/load/fake_server.py) in a process of
+are from the truth, against the fast fake server (tests/kvplan/run/server/fake_server.py) in a process of
 its own.
 
 Every chunk the fake server writes carries ``t`` = ``time.perf_counter()`` just before the write
@@ -55,11 +55,11 @@ def main() -> None:
     args = parser.parse_args()
     spread_s = (args.interval_ms if args.spread_ms is None else args.spread_ms) / 1e3
 
-    from kvplan.load.driver import Submission
-    from kvplan.load.target.backend import BodySpec, HttpBackend
+    from kvplan.run.driver import Submission
+    from kvplan.run.server.backend import BodySpec, HttpBackend
 
     server = subprocess.Popen(
-        [sys.executable, "tests/kvplan/load/fake_server.py", "--interval-ms", str(args.interval_ms)],
+        [sys.executable, "tests/kvplan/run/server/fake_server.py", "--interval-ms", str(args.interval_ms)],
         cwd=ROOT,
         stdout=subprocess.PIPE,
         text=True,

@@ -34,7 +34,7 @@ from engine.config import DEFAULT_MODEL, EngineConfig
 from engine.llm_engine import LLMEngine
 from engine.models.loader import load_model
 from engine.request import SamplingParams
-from kvplan.load.prompts import read_sharegpt, sharegpt_pairs
+from kvplan.traffic.prompts import read_sharegpt, sharegpt_pairs
 
 
 def sample_requests(tokenizer, num_prompts: int, max_output: int) -> list[tuple[list[int], int]]:

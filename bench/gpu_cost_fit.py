@@ -1,14 +1,14 @@
 """kvplan simulate's GPU roofline against public measured serving results: predict, print, fit.
 
 Every record of tests/kvplan/data/public_serving_benchmarks.yaml (bench/public_cases.py says how
-each becomes a simulation) is simulated on its GPU with the roofline of kvplan.plan.step_cost, and
+each becomes a simulation) is simulated on its GPU with the roofline of kvplan.sizing.gpus.step_cost, and
 the predicted output tok/s, TPOT and TTFT are printed beside the published ones with the % error
 (``(predicted - published) / published``), then the median |error| of output tok/s and of TPOT.
 
 ``--fit`` searches the three shared constants (compute efficiency, memory efficiency, per-step
 overhead) that minimise the mean squared log error of output tok/s and TPOT over all records, by
 coordinate descent (each constant in turn by golden-section search in its range, two rounds);
-``--write`` stores them in kvplan/plan/data/gpu_perf.yaml's ``serving_fit``. About 15 s per
+``--write`` stores them in kvplan/sizing/data/gpu_perf.yaml's ``serving_fit``. About 15 s per
 evaluation of the 13 records on the 2-core machine. The records are simulated with the roofline
 (``step_times="roofline"``) when fitting and when printed; the default step times (measured
 silicon where aiconfigurator-core's database covers the record, the roofline elsewhere) are
@@ -43,10 +43,10 @@ import numpy as np  # noqa: E402
 
 from bench.public_cases import Case, load_cases  # noqa: E402
 from bench.silicon_check import ROWS_FILE, load_rows, simulate_row  # noqa: E402
-from kvplan.load.sim.gpu_target import gpu_setup  # noqa: E402
-from kvplan.load.sim.run import sample  # noqa: E402
-from kvplan.load.sim.search import Prober  # noqa: E402
-from kvplan.plan.gpu_perf import GPU_PERF_FILE, ServingFit, serving_fit  # noqa: E402
+from kvplan.run.sim.gpu_target import gpu_setup  # noqa: E402
+from kvplan.run.sim.run import sample  # noqa: E402
+from kvplan.run.sim.search import Prober  # noqa: E402
+from kvplan.sizing.gpus.gpu_perf import GPU_PERF_FILE, ServingFit, serving_fit  # noqa: E402
 
 RANGES = {"compute_efficiency": (0.2, 1.0), "memory_efficiency": (0.4, 1.0), "step_overhead_s": (0.0, 0.006)}
 MAX_PUBLIC_MEDIAN = 20.0  # --fit-on silicon --write: the public records' roofline medians may not pass this

@@ -1,5 +1,5 @@
 """What an fp8 (e4m3) KV cache costs in quality: our engine with fp8 KV against the same bf16 model
-with bf16 KV, same run, same prompts (kvplan.load.bundled.fp8_quality has the definitions).
+with bf16 KV, same run, same prompts (kvplan.run.bundled.fp8_quality has the definitions).
 
 Prompts: the first ``--num-prompts`` ShareGPT conversations (file order) whose first human turn,
 in SmolLM2's chat template, is at most ``--max-prompt-tokens`` tokens and whose real reply has at
@@ -23,7 +23,7 @@ import torch
 
 from engine.config import DEFAULT_MODEL, EngineConfig
 from engine.models.loader import load_model
-from kvplan.load.bundled.fp8_quality import run_fp8_quality, sharegpt_quality_prompts
+from kvplan.run.bundled.fp8_quality import run_fp8_quality, sharegpt_quality_prompts
 
 
 def main() -> None:

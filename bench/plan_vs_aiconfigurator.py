@@ -65,7 +65,7 @@ def peer_bin(given: str | None) -> Path:
 
 
 def system_of(gpu: str) -> str:
-    from kvplan.plan.gpu_perf import lookup_gpu_perf
+    from kvplan.sizing.gpus.gpu_perf import lookup_gpu_perf
 
     return str(lookup_gpu_perf(gpu).silicon_system)
 
@@ -163,10 +163,10 @@ def peer_estimate(peer: Path, model: str, gpu: str, tp: int, batch: int) -> dict
 def kvplan_attainment(workload: Path, model: str, gpu: str, tp: int, users: int) -> tuple[float, float, float]:
     """kvplan's simulated SLO attainment, mean TTFT and mean TPOT (ms) of one replica of ``tp``
     GPUs with ``users`` in a closed loop (steady state; ``max_num_seqs`` 1024, vLLM's default)."""
-    from kvplan.load.sim.gpu_target import gpu_setup
-    from kvplan.load.sim.run import sample
-    from kvplan.load.sim.search import Prober
-    from kvplan.load.workload_file import load_workload
+    from kvplan.run.sim.gpu_target import gpu_setup
+    from kvplan.run.sim.run import sample
+    from kvplan.run.sim.search import Prober
+    from kvplan.workload.file import load_workload
 
     spec = load_workload(workload)
     spec = spec.model_copy(update={"engine": spec.engine.model_copy(update={"max_num_seqs": max(1024, users)})})
@@ -223,10 +223,10 @@ def questions(peer: Path, folder: Path) -> None:
 
 
 def speed(peer: Path, folder: Path) -> None:
-    from kvplan.load.sim.facts import model_config
-    from kvplan.load.sim.samples import cached_sample
-    from kvplan.load.sim.tokenizer import tokenize_function, tokenizer_identity
-    from kvplan.load.workload_file import load_workload
+    from kvplan.run.sim.facts import model_config
+    from kvplan.traffic.samples import cached_sample
+    from kvplan.traffic.tokenizer import tokenize_function, tokenizer_identity
+    from kvplan.workload.file import load_workload
 
     chat = ROOT / "workloads" / "chat.yaml"
     spec = load_workload(chat)

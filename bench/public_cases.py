@@ -25,8 +25,8 @@ from pathlib import Path
 
 import yaml
 
-from kvplan.load.workload import Workload
-from kvplan.load.workload_file import parse_workload
+from kvplan.workload.file import parse_workload
+from kvplan.workload.schema import Workload
 
 CASES_FILE = Path(__file__).resolve().parents[1] / "tests" / "kvplan" / "data" / "public_serving_benchmarks.yaml"
 SHAREGPT_IN = {"min": 4, "max": 1024, "dist": "lognormal", "mean": 233, "std": 250}

@@ -5,7 +5,7 @@ Workload (../shared/ENVIRONMENT.md's measurement of transformers serve): the fir
 turns that pass bench/engine_throughput.py's filter, chat-templated by SmolLM2's tokenizer and sent as
 that text to ``/v1/completions``; ``max_tokens`` 128, greedy (temperature 0, EOS allowed: transformers
 serve has no ignore_eos), 32 streams in flight (closed loop), bf16, 2912 KV blocks of 16 tokens on
-both servers. The client is kvplan's own (kvplan.load.target.backend, one event loop); output tokens
+both servers. The client is kvplan's own (kvplan.run.server.backend, one event loop); output tokens
 are each server's usage counts. The in-process engine runs the same requests with ``max_num_seqs`` 32,
 all queued at once (32 in flight). Servers run one at a time, as subprocesses. Prints each side's
 tokens/s and the ratios (targets: engine.serve >= 2.5x transformers serve; engine.serve within 15%
@@ -32,7 +32,7 @@ NUM_BLOCKS, BLOCK_SIZE, MAX_TOKENS = 2912, 16, 128
 
 def wait_ready(url: str, proc: subprocess.Popen, timeout_s: float = 300) -> str:
     """The first model id once ``url``/models answers."""
-    from kvplan.load.target.preflight import get
+    from kvplan.run.server.preflight import get
 
     deadline = time.time() + timeout_s
     while time.time() < deadline:
@@ -56,8 +56,8 @@ def free_port() -> int:
 
 def drive(url: str, model: str, requests, decode, concurrency: int) -> tuple[int, float, int]:
     """Closed loop of ``concurrency`` streams; (output tokens, seconds, failed requests)."""
-    from kvplan.load.driver import Submission
-    from kvplan.load.target.backend import BodySpec, HttpBackend
+    from kvplan.run.driver import Submission
+    from kvplan.run.server.backend import BodySpec, HttpBackend
 
     spec = BodySpec(url, "completions", model, exact=False, salt=False, extra_body={}, decode=decode)
     backend = HttpBackend(spec, {}, 900.0, 1, None)

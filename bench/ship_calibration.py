@@ -1,4 +1,4 @@
-"""Fit a calibration on a measured run and ship it with kvplan (kvplan/load/sim/data/NAME.json and
+"""Fit a calibration on a measured run and ship it with kvplan (kvplan/run/sim/calibration/data/NAME.json and
 NAME.steps.csv.gz): the default step-time model of ``kvplan simulate`` for that engine.
 
 The machine is named from this machine (CPU model, cores, memory, platform): run it where the run
@@ -20,9 +20,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from rich.console import Console  # noqa: E402
 
-from kvplan.load.sim import calibrations  # noqa: E402
-from kvplan.load.sim.fit import StepSample, fit_samples  # noqa: E402
-from kvplan.load.sim.views import print_calibration  # noqa: E402
+from kvplan.run.sim import calibrations  # noqa: E402
+from kvplan.run.sim.calibration.fit import StepSample, fit_samples  # noqa: E402
+from kvplan.run.sim.calibration.view import print_calibration  # noqa: E402
 
 
 def this_machine() -> str:

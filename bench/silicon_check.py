@@ -13,11 +13,11 @@ The peer, measured in the same run: aiconfigurator's ``cli estimate`` (its Pytho
 own virtual environment (``--peer-python``; made in a temporary folder with
 ``pip install aiconfigurator==0.12.0`` when not given; ``--no-peer`` skips it).
 
-``--fit`` finds each backend's five silicon constants (kvplan.plan.silicon.SiliconFit: decode and
+``--fit`` finds each backend's five silicon constants (kvplan.sizing.gpus.silicon.SiliconFit: decode and
 prefill scales of the summed operation times, overheads per step, per sequence and per layer)
 minimising the mean absolute log error of TPOT and TTFT over that backend's rows (four
 simulations per row: see ``fit_backend``); ``--fit-every K`` fits on every K-th row only (the check still runs on
-all); ``--write`` stores them in kvplan/plan/data/silicon_fit.yaml. ``--step-times roofline``
+all); ``--write`` stores them in kvplan/sizing/data/silicon_fit.yaml. ``--step-times roofline``
 checks the roofline instead.
 
     flock /tmp/kvplan-cpu.lock .venv/bin/python bench/silicon_check.py [--limit N] [--fit [--write]]
@@ -58,7 +58,7 @@ def load_rows(limit: int | None = None) -> list[dict]:
 def row_workload(row: dict):
     """The row's load as a workload (tiny-random-llama names the engine section; the GPU setup
     replaces its model and pool)."""
-    from kvplan.load.workload_file import parse_workload
+    from kvplan.workload.file import parse_workload
 
     c, isl, osl = row["batch_size"], row["isl"], row["osl"]
     data = {
@@ -87,14 +87,14 @@ def row_workload(row: dict):
 def simulate_row(args: tuple[dict, str, Any]) -> dict:
     """kvplan's mean TTFT and TPOT (ms) for one row, or the reason it could not simulate. The
     third element: the silicon fits by backend (a dict), or with ``roofline`` the roofline's
-    constants (a kvplan.plan.gpu_perf.ServingFit), or None for the stored ones."""
+    constants (a kvplan.sizing.gpus.gpu_perf.ServingFit), or None for the stored ones."""
     row, step_times, fit = args
     from kvplan.errors import KvplanError
-    from kvplan.load.sim.gpu_target import gpu_setup
-    from kvplan.load.sim.run import sample
-    from kvplan.load.sim.search import Prober
-    from kvplan.plan.gpu_perf import ServingFit
-    from kvplan.plan.silicon import SiliconFit
+    from kvplan.run.sim.gpu_target import gpu_setup
+    from kvplan.run.sim.run import sample
+    from kvplan.run.sim.search import Prober
+    from kvplan.sizing.gpus.gpu_perf import ServingFit
+    from kvplan.sizing.gpus.silicon import SiliconFit
 
     started = time.perf_counter()
     out = {"id": row["id"]}
@@ -159,8 +159,8 @@ def peer_python(given: str | None) -> str:
 
 def peer_rows(rows: list[dict], python: str) -> dict[str, dict]:
     """aiconfigurator's estimate of every row, by id (its quant modes as the row records them)."""
-    from kvplan.plan.model_source import load_model_config
-    from kvplan.plan.silicon import match_model
+    from kvplan.sizing.gpus.silicon import match_model
+    from kvplan.sizing.models.model_source import load_model_config
 
     jobs = []
     for row in rows:
@@ -289,7 +289,7 @@ def fit_backend(rows: list[dict], backend: str, jobs: int) -> tuple[float, ...]:
     from scipy.optimize import minimize
     from scipy.special import expit
 
-    from kvplan.plan.model_source import load_model_config
+    from kvplan.sizing.models.model_source import load_model_config
 
     mine = [r for r in rows if r["backend"] == backend]
     parts = [run_rows(mine, "silicon", {backend: unit}, jobs) for unit in UNITS]
@@ -327,14 +327,14 @@ def fit_backend(rows: list[dict], backend: str, jobs: int) -> tuple[float, ...]:
 
 
 def write_fit(fits: dict[str, tuple[float, ...]], rows: list[dict], refit: list[str]) -> None:
-    """Store ``fits`` in kvplan/plan/data/silicon_fit.yaml (the backends not in ``refit`` keep
+    """Store ``fits`` in kvplan/sizing/data/silicon_fit.yaml (the backends not in ``refit`` keep
     their ``fitted_on``)."""
-    from kvplan.plan.silicon import FIT_FILE, silicon_fit
+    from kvplan.sizing.gpus.silicon import FIT_FILE, silicon_fit
 
     counts = {b: sum(r["backend"] == b for r in rows) for b in fits}
     kept = {b: silicon_fit(b).fitted_on for b in fits if b not in refit}
     lines = [
-        "# Per-backend corrections of kvplan.plan.silicon's summed operation times: step seconds =",
+        "# Per-backend corrections of kvplan.sizing.gpus.silicon's summed operation times: step seconds =",
         "# scale x (aiconfigurator-core's operation times, ms) / 1000 + step_overhead_ms / 1000",
         "#   + layer_overhead_ms / 1000 x the model's layers + seq_overhead_ms / 1000 x the step's",
         "#   sequences (scale: decode_scale on a decode-only step, prefill_scale on a step with prefill).",
@@ -380,7 +380,7 @@ def main() -> None:
     if args.fit:
         fit_rows = rows[:: args.fit_every]
         wanted = sorted({r["backend"] for r in fit_rows} & set((args.backends or "vllm,sglang,trtllm").split(",")))
-        from kvplan.plan.silicon import silicon_fit
+        from kvplan.sizing.gpus.silicon import silicon_fit
 
         fits = {
             b: (f.decode_scale, f.prefill_scale, f.step_overhead_s, f.seq_overhead_s, f.layer_overhead_s)
@@ -391,7 +391,7 @@ def main() -> None:
         print("fitted:", {b: tuple(round(v, 6) for v in f) for b, f in fits.items()})
         if args.write:
             write_fit(fits, fit_rows, wanted)
-            from kvplan.plan import silicon
+            from kvplan.sizing.gpus import silicon
 
             silicon._fits.cache_clear()
     started = time.perf_counter()

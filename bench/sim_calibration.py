@@ -19,11 +19,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from kvplan.load.sim import calibrations  # noqa: E402
-from kvplan.load.sim.run import simulate  # noqa: E402
-from kvplan.load.sim.setups import calibrated_setup  # noqa: E402
-from kvplan.load.workload_file import load_workload  # noqa: E402
 from kvplan.results.run_result import load_run, read_result  # noqa: E402
+from kvplan.run.sim import calibrations  # noqa: E402
+from kvplan.run.sim.run import simulate  # noqa: E402
+from kvplan.run.sim.setups import calibrated_setup  # noqa: E402
+from kvplan.workload.file import load_workload  # noqa: E402
 
 METRICS = (("TTFT", "ttft_ms"), ("TPOT", "tpot_ms"))
 
@@ -68,7 +68,7 @@ def main() -> int:
     else:
         from rich.console import Console
 
-        from kvplan.load.sim.views import print_calibration
+        from kvplan.run.sim.calibration.view import print_calibration
 
         calibrated = calibrations.from_run(args.calibrate_run)
         print_calibration(calibrated, Console(width=140))

@@ -1,7 +1,7 @@
 """The simulator against a measured SmolLM2 run, level by level: preemptions and peak used blocks.
 
 Simulates the measured run's own workload (its run folder's workload.yaml) twice: replaying the
-measured step times (kvplan.load.sim.replay: open-loop arrivals meet the same steps) and with the
+measured step times (kvplan.run.sim.replay: open-loop arrivals meet the same steps) and with the
 shipped calibration (closed-loop levels never depend on the clock). Prints, per level, the
 measured and simulated preemptions and peak used blocks and whether every step agreed (used
 blocks, preemptions, requests holding KV), and the knee each shows. Exits 1 on any difference.
@@ -19,10 +19,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from kvplan.load.sim.run import simulate  # noqa: E402
-from kvplan.load.sim.setups import engine_setup, replay_setup  # noqa: E402
-from kvplan.load.workload_file import load_workload  # noqa: E402
 from kvplan.results.run_result import load_run  # noqa: E402
+from kvplan.run.sim.run import simulate  # noqa: E402
+from kvplan.run.sim.setups import engine_setup, replay_setup  # noqa: E402
+from kvplan.workload.file import load_workload  # noqa: E402
 
 SAME = (
     "num_used_blocks",

@@ -65,10 +65,10 @@ def workload(name: str, concurrency: int, requests: int, max_num_seqs: int, leng
 
 LEVEL = """
 import json, sys, time
-from kvplan.load.sim.cli_setup import setups_for
-from kvplan.load.sim.run import sample
-from kvplan.load.sim.search import Prober
-from kvplan.load.workload_file import load_workload
+from kvplan.run.sim.cli_setup import setups_for
+from kvplan.run.sim.run import sample
+from kvplan.run.sim.search import Prober
+from kvplan.workload.file import load_workload
 path, model, gpu, kv = sys.argv[1:5]
 w = load_workload(path)
 setup = setups_for(w, calibrate=None, model=model, gpu=gpu, tp=1, kv_cache_dtype=kv, weight_dtype="auto",
@@ -76,7 +76,7 @@ setup = setups_for(w, calibrate=None, model=model, gpu=gpu, tp=1, kv_cache_dtype
 sampled = sample(w, setup.facts).requests
 prober = Prober(w, setup.facts, setup.clock, sampled)
 steps = []
-import kvplan.load.sim.search as search
+import kvplan.run.sim.search as search
 real = search._Records.record
 def record(self, finished, stats):
     steps.extend(stats)

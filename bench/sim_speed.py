@@ -26,11 +26,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from kvplan.load.sim.facts import simulated_facts  # noqa: E402
-from kvplan.load.sim.gpu_target import gpu_setup  # noqa: E402
-from kvplan.load.sim.run import sample  # noqa: E402
-from kvplan.load.sim.search import Prober  # noqa: E402
-from kvplan.load.workload_file import parse_workload  # noqa: E402
+from kvplan.run.sim.facts import simulated_facts  # noqa: E402
+from kvplan.run.sim.gpu_target import gpu_setup  # noqa: E402
+from kvplan.run.sim.run import sample  # noqa: E402
+from kvplan.run.sim.search import Prober  # noqa: E402
+from kvplan.workload.file import parse_workload  # noqa: E402
 
 PROBE = """
 import sys, time
@@ -109,7 +109,7 @@ def peer(engine_steps: int) -> None:
     print(f"simulated: 256 x (128 + 127) tokens: {level.num_steps:,} steps at {rate:,.0f} steps/s")
 
     from engine.request import SamplingParams
-    from kvplan.load.bundled.backend import build_engine
+    from kvplan.run.bundled.backend import build_engine
 
     workload = parse_workload(PEER)
     engine = build_engine(workload)

@@ -5,7 +5,7 @@ resolves plain scalars by YAML 1.1, whose floats need a dot and a signed exponen
 ``1e9``, ``1.0e9``, ``-2E-3`` or ``1e+3`` -- floats to YAML 1.2, JSON and most editors -- came
 back as strings and were refused as "must be a number". Every YAML file kvplan reads goes through
 it: the workload and the gate baseline with :func:`read_yaml` (:class:`UniqueKeyLoader`, which
-also refuses a key given twice), a prices file (kvplan.plan.prices) and the bundled data files
+also refuses a key given twice), a prices file (kvplan.sizing.gpus.prices) and the bundled data files
 with :func:`load_data`. :func:`dump_yaml` writes with the same resolver, so a string that would
 read back as a number (a bucket named ``1e3``) is quoted. Pydantic errors on what was read become
 one line with :func:`kvplan.errors.validation_error`.

@@ -1,15 +1,16 @@
-"""kvplan's parts import one way, with no cycle anywhere, and no module grows past 400 lines.
+"""kvplan's parts import one way, with no cycle anywhere, no module past 400 lines, no room too full.
 
 The import graph is read from every module's AST (imports inside functions count too), so a
 lazy import cannot hide a cycle. Direction rules (docs/architecture.md)::
 
-    cli, schemas -> gate -> load -> results -> plan          engine imports nothing of kvplan
-    plan: no torch, transformers, triton or engine; results: no torch, transformers or triton
+    cli -> optimize -> run -> traffic -> workload -> results -> sizing     (each only downwards)
+    gate: workload, results, sizing; profile: traffic, workload, results, sizing; schemas: workload, results
+    errors, yaml_input: shared by all; engine imports nothing of kvplan
+    sizing: no torch, transformers, triton or engine; results: no torch, transformers or triton
 
-Inside load, one folder per kind of run (bundled engine, remote target, simulation); the kinds
-import none of each other, and the stages every run shares import none of them, but for the
-workload schema's ``target:`` section (load.target.settings). load.loadtest, the bundled engine's
-run, is the one module where two kinds meet (the simulated knee beside the measured one).
+Inside run, one folder per kind of run (bundled engine, remote server, simulation); the kinds
+import none of each other, and run's shared stages import none of them. run.loadtest, the bundled
+engine's run, is the one module where two kinds meet (the simulated knee beside the measured one).
 """
 
 from __future__ import annotations
@@ -22,29 +23,37 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("kvplan", "engine")
 MAX_LINES = 400
-# part -> parts (and third-party packages) it must never import
-FORBIDDEN = {
-    "kvplan.plan": (
-        "kvplan.load",
-        "kvplan.results",
-        "kvplan.gate",
-        "kvplan.cli",
-        "engine",
-        "torch",
-        "transformers",
-        "triton",
-    ),
-    "kvplan.results": ("kvplan.load", "kvplan.gate", "kvplan.cli", "torch", "transformers", "triton"),
-    "kvplan.load": ("kvplan.gate", "kvplan.cli"),
-    "kvplan.gate": ("kvplan.cli",),
+# the layers, top to bottom: a part may import the parts below it, never one above
+ORDER = (
+    "kvplan.cli",
+    "kvplan.optimize",
+    "kvplan.run",
+    "kvplan.traffic",
+    "kvplan.workload",
+    "kvplan.results",
+    "kvplan.sizing",
+)
+# parts beside the layers: what each may import (of kvplan's parts)
+BESIDE = {
+    "kvplan.schemas": ("kvplan.workload", "kvplan.results"),
+    "kvplan.gate": ("kvplan.workload", "kvplan.results", "kvplan.sizing"),
+    "kvplan.profile": ("kvplan.traffic", "kvplan.workload", "kvplan.results", "kvplan.sizing"),
+}
+SHARED = ("kvplan", "kvplan.errors", "kvplan.yaml_input")  # any part may import these
+# part -> third-party packages (and engine) it must never import
+NEVER = {
+    "kvplan.sizing": ("engine", "torch", "transformers", "triton"),
+    "kvplan.results": ("torch", "transformers", "triton"),
     "engine": ("kvplan",),
 }
+PARTS = ORDER + tuple(BESIDE)
+MAX_MODULES = 15  # modules in one folder, its __init__ included
+MAX_FOLDER_SHARE = 0.15  # of kvplan's lines in one folder's own modules
+MAX_PART_SHARE = 1 / 3  # of kvplan's lines in one part, its subfolders included
 
-
-KINDS = ("kvplan.load.bundled", "kvplan.load.target", "kvplan.load.sim")
-# shared stages may import these of a kind: the workload's target: section is part of the schema
-SHARED_MAY_IMPORT = {"kvplan.load.target", "kvplan.load.target.settings"}
-KINDS_MEET = {"kvplan.load.loadtest"}
+KINDS = ("kvplan.run.bundled", "kvplan.run.server", "kvplan.run.sim")
+SHARED_MAY_IMPORT: set[str] = set()
+KINDS_MEET = {"kvplan.run.loadtest"}
 
 
 def _modules() -> dict[str, Path]:
@@ -77,7 +86,7 @@ def _imports(name: str, path: Path) -> set[str]:
 
 
 def _resolve(target: str) -> str | None:
-    """The module of ours that an import lands in (``kvplan.load.workload.Workload`` -> its module)."""
+    """The module of ours that an import lands in (``kvplan.workload.schema.Workload`` -> its module)."""
     while target and target not in MODULES:
         target = target.rpartition(".")[0]
     return target or None
@@ -87,21 +96,74 @@ GRAPH = {name: {r for t in _imports(name, path) if (r := _resolve(t)) and r != n
 EXTERNAL = {name: {t.split(".")[0] for t in _imports(name, path)} for name, path in MODULES.items()}
 
 
-def test_the_parts_are_packages():
-    for part in ("plan", "load", "results", "gate"):
-        assert MODULES[f"kvplan.{part}"].name == "__init__.py"
+def part_of(name: str) -> str | None:
+    """The part (ORDER or BESIDE) a module belongs to, or None (shared modules, the engine)."""
+    return next((p for p in PARTS if name == p or name.startswith(p + ".")), None)
 
 
-@pytest.mark.parametrize("part", sorted(FORBIDDEN))
-def test_imports_run_one_way(part):
+def may_import(part: str) -> set[str]:
+    """The parts ``part`` may import besides itself and SHARED."""
+    if part in BESIDE:
+        return set(BESIDE[part])
+    if part == "kvplan.cli":
+        return set(PARTS) - {part}
+    return set(ORDER[ORDER.index(part) + 1 :])
+
+
+def wrong_way(graph: dict[str, set[str]]) -> list[str]:
+    """The imports of ``graph`` between kvplan's parts that the layer rules forbid, one line each."""
     broken = []
-    for name in MODULES:
-        if name != part and not name.startswith(part + "."):
+    for name, targets in graph.items():
+        part = part_of(name)
+        if part is None:
             continue
-        reached = GRAPH[name] | EXTERNAL[name]
-        bad = sorted(t for t in reached for f in FORBIDDEN[part] if t == f or t.startswith(f + "."))
+        allowed = may_import(part) | {part}
+        bad = sorted(t for t in targets if (p := part_of(t)) is not None and p not in allowed)
+        bad += sorted(t for t in targets if t.startswith("kvplan") and part_of(t) is None and t not in SHARED)
         if bad:
             broken.append(f"{name} imports {bad}")
+    return broken
+
+
+def test_the_parts_are_packages():
+    for part in PARTS:
+        if part != "kvplan.schemas":
+            assert MODULES[part].name == "__init__.py"
+    assert set(ORDER) | set(BESIDE) | set(SHARED) >= {
+        n for n in MODULES if n.startswith("kvplan.") and n.count(".") == 1
+    }
+
+
+def test_imports_run_one_way():
+    assert wrong_way(GRAPH) == []
+
+
+def test_the_layer_rules_catch_a_wrong_way():
+    graph = {
+        "kvplan.workload.schema": {"kvplan.traffic.prompts", "kvplan.results.store", "kvplan.errors"},
+        "kvplan.sizing.kv_math": {"kvplan.results.metrics"},
+        "kvplan.gate.gate": {"kvplan.run.driver", "kvplan.workload.schema"},
+        "kvplan.profile.log": {"kvplan.traffic.prompts", "kvplan.optimize.plan"},
+        "kvplan.cli.plan": {"kvplan.optimize.plan", "kvplan.gate.view"},
+        "kvplan.run.driver": {"kvplan.nowhere"},
+    }
+    assert wrong_way(graph) == [
+        "kvplan.workload.schema imports ['kvplan.traffic.prompts']",
+        "kvplan.sizing.kv_math imports ['kvplan.results.metrics']",
+        "kvplan.gate.gate imports ['kvplan.run.driver']",
+        "kvplan.profile.log imports ['kvplan.optimize.plan']",
+        "kvplan.run.driver imports ['kvplan.nowhere']",
+    ]
+
+
+@pytest.mark.parametrize("part", sorted(NEVER))
+def test_no_forbidden_package(part):
+    broken = []
+    for name in MODULES:
+        if name == part or name.startswith(part + "."):
+            bad = sorted(t for t in EXTERNAL[name] if any(t == f or t.startswith(f + ".") for f in NEVER[part]))
+            if bad:
+                broken.append(f"{name} imports {bad}")
     assert not broken, "\n".join(broken)
 
 
@@ -121,7 +183,7 @@ def crossings(graph: dict[str, set[str]], modules) -> list[str]:
         kind = _kind(name)
         if kind is not None:
             bad = {t for t in graph.get(name, ()) if _kind(t) not in (None, kind)}
-        elif name.startswith("kvplan.load.") and name not in KINDS_MEET:
+        elif name.startswith("kvplan.run.") and name not in KINDS_MEET:
             bad = {t for t in graph.get(name, ()) if _kind(t) is not None} - SHARED_MAY_IMPORT
         else:
             bad = set()
@@ -131,20 +193,20 @@ def crossings(graph: dict[str, set[str]], modules) -> list[str]:
 
 
 def test_kinds_of_run_import_none_of_each_other_and_shared_stages_none_of_them():
-    assert {"kvplan.load.driver", "kvplan.load.workload", "kvplan.load.lifecycle"} <= set(MODULES)
+    assert {"kvplan.run.driver", "kvplan.workload.schema", "kvplan.run.lifecycle"} <= set(MODULES)
     assert crossings(GRAPH, MODULES) == []
 
 
 def test_the_kind_rules_catch_a_crossing():
     graph = {
-        "kvplan.load.sim.x": {"kvplan.load.target.backend", "kvplan.load.driver", "kvplan.load.sim.cost"},
-        "kvplan.load.driver": {"kvplan.load.bundled.backend"},
-        "kvplan.load.workload": {"kvplan.load.target.settings"},
-        "kvplan.load.loadtest": {"kvplan.load.sim.search", "kvplan.load.bundled.backend"},
+        "kvplan.run.sim.x": {"kvplan.run.server.backend", "kvplan.run.driver", "kvplan.run.sim.cost"},
+        "kvplan.run.driver": {"kvplan.run.bundled.backend"},
+        "kvplan.workload.schema": {"kvplan.workload.server"},
+        "kvplan.run.loadtest": {"kvplan.run.sim.search", "kvplan.run.bundled.backend"},
     }
     assert crossings(graph, graph) == [
-        "kvplan.load.sim.x imports ['kvplan.load.target.backend']",
-        "kvplan.load.driver imports ['kvplan.load.bundled.backend']",
+        "kvplan.run.sim.x imports ['kvplan.run.server.backend']",
+        "kvplan.run.driver imports ['kvplan.run.bundled.backend']",
     ]
 
 
@@ -189,6 +251,38 @@ def test_the_cycle_finder_finds_cycles():
     assert cycles(graph) == [["a", "b", "c"]]
     assert cycles({"x": {"y"}, "y": {"x"}, "z": set()}) == [["x", "y"]]
     assert cycles({"x": {"y"}, "y": set()}) == []
+
+
+def _lines(path: Path) -> int:
+    return len(path.read_text(encoding="utf-8").splitlines())
+
+
+def test_no_folder_holds_too_much():
+    """Small rooms: a folder holds at most MAX_MODULES modules and MAX_FOLDER_SHARE of kvplan's lines
+    in its own modules, a part at most MAX_PART_SHARE with its subfolders."""
+    ours = {n: p for n, p in MODULES.items() if n.startswith("kvplan")}
+    total = sum(_lines(p) for p in ours.values())
+    folders: dict[Path, list[Path]] = {}
+    for path in ours.values():
+        folders.setdefault(path.parent, []).append(path)
+    crowded = {str(f): len(ps) for f, ps in folders.items() if len(ps) > MAX_MODULES}
+    full = {
+        str(f): round(s / total, 3)
+        for f, ps in folders.items()
+        if (s := sum(map(_lines, ps))) > MAX_FOLDER_SHARE * total
+    }
+    parts = {p: sum(_lines(q) for n, q in ours.items() if part_of(n) == p) / total for p in PARTS}
+    assert (crowded, full, {p: round(v, 3) for p, v in parts.items() if v > MAX_PART_SHARE}) == ({}, {}, {})
+
+
+def test_every_package_says_what_it_holds():
+    """Each package's __init__ has a docstring, and docs/architecture.md names every package's folder."""
+    architecture = (ROOT / "docs" / "architecture.md").read_text(encoding="utf-8")
+    packages = [n for n, p in MODULES.items() if p.name == "__init__.py" and n.startswith("kvplan")]
+    said = {n: (ast.get_docstring(ast.parse(MODULES[n].read_text(encoding="utf-8"))) or "").strip() for n in packages}
+    silent = [n for n, doc in said.items() if len(doc) < 40]
+    unnamed = [n for n in packages if "`" + n.replace(".", "/") + "/`" not in architecture]
+    assert (silent, unnamed) == ([], [])
 
 
 def test_no_module_over_400_lines():

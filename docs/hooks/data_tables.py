@@ -3,10 +3,10 @@
 Each marker below, where a page holds it, is replaced by a Markdown table read from kvplan's own
 data files:
 
-- ``<!-- gpu-table -->``: ``kvplan/plan/data/gpus.yaml`` and ``gpu_perf.yaml``, the GPUs
+- ``<!-- gpu-table -->``: ``kvplan/sizing/data/gpus.yaml`` and ``gpu_perf.yaml``, the GPUs
   ``kvplan estimate --gpu`` accepts and the speeds ``kvplan simulate`` uses;
-- ``<!-- model-presets -->``: ``kvplan/plan/data/models/*.json``, the presets ``--model`` accepts;
-- ``<!-- calibrations -->``: ``kvplan/load/sim/data/*.json``, the shipped step-time calibrations.
+- ``<!-- model-presets -->``: ``kvplan/sizing/data/models/*.json``, the presets ``--model`` accepts;
+- ``<!-- calibrations -->``: ``kvplan/run/sim/calibration/data/*.json``, the shipped step-time calibrations.
 
 Needs kvplan importable (the project's .venv); a data file that cannot be read fails the build.
 """
@@ -30,8 +30,8 @@ def gpu_table() -> str:
     system that is the same GPU (``silicon_system``; blank where there is none)."""
     import yaml
 
-    from kvplan.plan.gpu_perf import GPU_PERF_FILE
-    from kvplan.plan.gpus import gpu_table as gpus
+    from kvplan.sizing.gpus.gpu_perf import GPU_PERF_FILE
+    from kvplan.sizing.gpus.gpus import gpu_table as gpus
 
     perf = yaml.safe_load(GPU_PERF_FILE.read_text())["gpus"]
     rows = [
@@ -60,7 +60,7 @@ def gpu_table() -> str:
 
 def preset_table() -> str:
     """One row per bundled preset: the short name and the Hugging Face id it was read from."""
-    from kvplan.plan.model_source import PRESETS_DIR
+    from kvplan.sizing.models.model_source import PRESETS_DIR
 
     rows = ["| preset | model | Hugging Face id |", "|---|---|---|"]
     for path in sorted(PRESETS_DIR.glob("*.json")):
@@ -72,7 +72,7 @@ def preset_table() -> str:
 def calibration_table() -> str:
     """One row per shipped calibration: the engine it is valid for, its fit, and the run it was
     fitted on (coefficients in ms per unit of work)."""
-    from kvplan.load.sim.calibrations import DATA_DIR
+    from kvplan.run.sim.calibration.store import DATA_DIR
 
     rows = ["| calibration | engine | fit | step time | fitted on |", "|---|---|---|---|---|"]
     for path in sorted(DATA_DIR.glob("*.json")):

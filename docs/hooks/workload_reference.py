@@ -31,7 +31,7 @@ def _workload_schema() -> dict[str, Any]:
 
         return json_schema("workload")
     except (ImportError, TypeError):  # json_schema moved or changed: the model itself
-        from kvplan.load.workload import Workload
+        from kvplan.workload.schema import Workload
 
         return Workload.model_json_schema(mode="validation")
 

@@ -1,4 +1,4 @@
-"""``kvplan advise``: which KV optimisation pays for this traffic (kvplan.load.sim.advise)."""
+"""``kvplan advise``: which KV optimisation pays for this traffic (kvplan.optimize.advise)."""
 
 from __future__ import annotations
 
@@ -45,12 +45,12 @@ def advise(
 ) -> None:
     # one line: `kvplan --help` shows this paragraph's line breaks as they are written
     """Simulate the workload's traffic as it is and with each KV optimisation (prefix caching, fp8 KV, the chunked-prefill budget, max_num_seqs, block size) and say which pays: SLO capacity, goodput and KV pool side by side."""  # noqa: E501
-    from kvplan.load.sim.advise import advise as run_advise
-    from kvplan.load.sim.cli_setup import setups_for
-    from kvplan.load.sim.facts import simulated_facts
-    from kvplan.load.sim.run import SimSetup
-    from kvplan.load.workload import Workload
-    from kvplan.load.workload_file import load_workload
+    from kvplan.optimize.advise import advise as run_advise
+    from kvplan.run.sim.cli_setup import setups_for
+    from kvplan.run.sim.facts import simulated_facts
+    from kvplan.run.sim.run import SimSetup
+    from kvplan.workload.file import load_workload
+    from kvplan.workload.schema import Workload
 
     spec = load_workload(workload)
     warn(spec.warnings, spec.source)
@@ -103,17 +103,17 @@ def advise(
     if json_output:
         print(advice.model_dump_json(indent=2))
         return
-    from kvplan.load.sim.advise_view import print_advice
+    from kvplan.optimize.advise_view import print_advice
 
     print_advice(advice, make_console())
 
 
 def _with_fp8_quality(advice, spec):
     """``advice`` with the fp8 row's condition measured: the bundled engine's fp8 quality check on
-    the workload (kvplan.load.bundled.fp8_quality, at its ``fp8_quality`` size)."""
-    from kvplan.load.bundled.backend import build_engine, tokenizer_function
-    from kvplan.load.bundled.fp8_quality import check_for_run
-    from kvplan.load.prompts import sample_buckets
+    the workload (kvplan.run.bundled.fp8_quality, at its ``fp8_quality`` size)."""
+    from kvplan.run.bundled.backend import build_engine, tokenizer_function
+    from kvplan.run.bundled.fp8_quality import check_for_run
+    from kvplan.traffic.prompts import sample_buckets
 
     engine = build_engine(spec)
     sampled = sample_buckets(spec, tokenizer_function(engine), engine.hf_config.vocab_size).requests

@@ -9,7 +9,7 @@ import typer
 
 from kvplan.cli.app import make_console
 from kvplan.errors import KvplanError
-from kvplan.plan.capacity import DEFAULT_BLOCK_SIZE, DEFAULT_GPU_MEMORY_UTILIZATION, DEFAULT_OVERHEAD_GIB
+from kvplan.sizing.capacity import DEFAULT_BLOCK_SIZE, DEFAULT_GPU_MEMORY_UTILIZATION, DEFAULT_OVERHEAD_GIB
 
 _NO_BUDGET = "llama.cpp's KV buffer is sized in cells, not from a GPU budget: give `ctx_size` and `parallel`"
 _CONTEXT = "give `ctx_size`, llama.cpp's context of all slots together, instead"
@@ -159,9 +159,9 @@ def estimate(
 ) -> None:
     """KV bytes per token, per request and per batch, and what fits on a GPU (per GPU rank); or
     llama.cpp's KV buffer (--engine llama.cpp)."""
-    from kvplan.plan.estimate import estimate as run_estimate
-    from kvplan.plan.estimate_plot import check_plot_path
-    from kvplan.plan.model_source import load_model_spec
+    from kvplan.sizing.estimate import estimate as run_estimate
+    from kvplan.sizing.estimate_plot import check_plot_path
+    from kvplan.sizing.models.model_source import load_model_spec
 
     llamacpp_settings = {
         "ctx_size": ctx_size,
@@ -205,7 +205,7 @@ def estimate(
         kv_memory_gib=kv_memory_gib,
     )
     if plot is not None:
-        from kvplan.plan.estimate_plot import save_estimate_plot
+        from kvplan.sizing.estimate_plot import save_estimate_plot
 
         save_estimate_plot(result, plot)
     if json_output:
@@ -213,7 +213,7 @@ def estimate(
 
         print(json.dumps(result.to_dict(), indent=2))
     else:
-        from kvplan.plan.estimate_view import render_estimate
+        from kvplan.sizing.estimate_view import render_estimate
 
         render_estimate(result, spec, make_console())
     if plot is not None:  # on stderr with --json, so that stdout stays one JSON object
@@ -233,8 +233,8 @@ def _typed(ctx: typer.Context, names) -> list[str]:
 
 def _llamacpp_estimate(model: str, settings: dict, json_output: bool) -> None:
     """``kvplan estimate --engine llama.cpp``: the flags checked first, then llama.cpp's KV buffer."""
-    from kvplan.plan.llamacpp import SWA_MODEL_TYPES, LlamaCppSettings, check_settings, ggml_type, llamacpp_kv
-    from kvplan.plan.model_source import load_model_config, load_model_spec
+    from kvplan.sizing.llamacpp import SWA_MODEL_TYPES, LlamaCppSettings, check_settings, ggml_type, llamacpp_kv
+    from kvplan.sizing.models.model_source import load_model_config, load_model_spec
 
     parsed = LlamaCppSettings(**settings)
     check_settings(parsed)  # bad flags cost no model read
@@ -251,6 +251,6 @@ def _llamacpp_estimate(model: str, settings: dict, json_output: bool) -> None:
 
         print(json.dumps(result.to_dict(), indent=2))
     else:
-        from kvplan.plan.llamacpp_view import render_llamacpp
+        from kvplan.sizing.llamacpp_view import render_llamacpp
 
         render_llamacpp(result, make_console())

@@ -31,21 +31,21 @@ def loadtest(
 ) -> None:
     # one line: `kvplan --help` shows this paragraph's line breaks as they are written
     """Run a workload's buckets and load levels on the bundled engine, or on a remote server (--target); write the report folder (Ctrl-C keeps what finished, exit 130)."""  # noqa: E501
-    from kvplan.load.workload_file import load_workload
     from kvplan.results.report.render import print_summary
     from kvplan.results.run_result import read_result
+    from kvplan.workload.file import load_workload
 
     console = make_console()
     spec = load_workload(workload)
     warn(spec.warnings, spec.source)
     if target is not None or model is not None or spec.target is not None:
-        from kvplan.load.target.run import run_target_loadtest
-        from kvplan.load.workload_file import with_target
+        from kvplan.run.server.run import run_target_loadtest
+        from kvplan.workload.file import with_target
 
         spec, url_field = with_target(spec, target, model)
         run_dir = run_target_loadtest(spec, out, url_field=url_field, console=None if quiet else console)
     else:
-        from kvplan.load.loadtest import run_loadtest
+        from kvplan.run.loadtest import run_loadtest
 
         run_dir = run_loadtest(spec, out, console=None if quiet else console)
     result = read_result(run_dir)

@@ -1,5 +1,5 @@
 """``kvplan plan``: the cheapest deployment that serves a load of the workload's traffic within its SLO
-(kvplan.load.sim.plan)."""
+(kvplan.optimize.plan)."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ import typer
 from kvplan.cli.app import make_console, warn
 
 if TYPE_CHECKING:
-    from kvplan.load.sim.plan import ConfigResult
+    from kvplan.optimize.plan import ConfigResult
 
 
 def _ints(text: str, field: str) -> list[int]:
@@ -33,13 +33,13 @@ def _ints(text: str, field: str) -> list[int]:
 
 
 def _dtypes(text: str, field: str) -> list[str]:
-    """Comma-separated dtypes, canonical (kvplan.plan.dtypes), each once.
+    """Comma-separated dtypes, canonical (kvplan.sizing.dtypes), each once.
 
     Raises:
         KvplanError: naming ``field``: an unknown dtype (with the known ones), or none given.
     """
     from kvplan.errors import KvplanError
-    from kvplan.plan import dtypes
+    from kvplan.sizing import dtypes
 
     read = dtypes.canonical_weight if field == "weight_dtype" else dtypes.canonical
     values = [read(d.strip(), field) for d in text.split(",") if d.strip()]
@@ -102,16 +102,16 @@ def plan(
     # one line: `kvplan --help` shows this paragraph's line breaks as they are written
     """Search GPU kind, TP, dtypes and scheduler limits for the cheapest deployment that serves --rate (or --users) of the workload's traffic within its SLO: per-replica SLO capacity by simulation, replicas, GPUs, cost."""  # noqa: E501
     from kvplan.errors import KvplanError
-    from kvplan.load.sim import plan as planning
-    from kvplan.load.sim.facts import model_config
-    from kvplan.load.sim.plan_pool import search
-    from kvplan.load.sim.plan_run import PlanRun, write_plan
-    from kvplan.load.sim.samples import cached_sample
-    from kvplan.load.sim.tokenizer import tokenize_function, tokenizer_identity
-    from kvplan.load.workload_file import load_workload
-    from kvplan.plan.gpus import canonical_gpu
-    from kvplan.plan.prices import load_prices
+    from kvplan.optimize import plan as planning
+    from kvplan.optimize.plan_pool import search
+    from kvplan.optimize.plan_run import PlanRun, write_plan
     from kvplan.results.store import check_out, create_run_dir
+    from kvplan.run.sim.facts import model_config
+    from kvplan.sizing.gpus.gpus import canonical_gpu
+    from kvplan.sizing.gpus.prices import load_prices
+    from kvplan.traffic.samples import cached_sample
+    from kvplan.traffic.tokenizer import tokenize_function, tokenizer_identity
+    from kvplan.workload.file import load_workload
 
     spec = load_workload(workload)
     warn(spec.warnings, spec.source)
@@ -202,13 +202,13 @@ def plan(
     )
     write_plan(run_dir, run)
     if pareto is not None:
-        from kvplan.load.sim.plan_view import plot_pareto
+        from kvplan.optimize.plan_view import plot_pareto
 
         plot_pareto(results, spec.slo.tpot_ms, pareto)
     if interrupted:
         print(f"interrupted: {len(results)} of {len(work)} configurations finished, kept in {run_dir}", file=sys.stderr)
     elif not any(r.feasible for r in results):
-        from kvplan.plan.gpus import lookup_gpu
+        from kvplan.sizing.gpus.gpus import lookup_gpu
 
         largest = max(results, key=lambda r: r.tp * lookup_gpu(r.gpu)[1])
         raise KvplanError(
@@ -219,7 +219,7 @@ def plan(
     if json_output:
         print(run.model_dump_json(indent=2))
     else:
-        from kvplan.load.sim.plan_view import print_plan
+        from kvplan.optimize.plan_view import print_plan
 
         print_plan(results, model, load, console, interrupted=(len(results), len(work)) if interrupted else None)
         console.print(f"report: {run_dir}", markup=False, highlight=False)
@@ -230,7 +230,7 @@ def plan(
 @contextmanager
 def _progress(console, total: int, quiet: bool) -> Iterator[Callable[[ConfigResult], None]]:
     """A callback printing one line per finished configuration, under a rich bar on a terminal."""
-    from kvplan.load.sim.plan import progress_line
+    from kvplan.optimize.plan import progress_line
 
     if quiet:
         yield lambda r: None

@@ -12,14 +12,14 @@ from kvplan.cli.app import make_console, warn
 
 
 def _lazy_tokenizer(model: str):
-    """``model``'s tokenizer (kvplan.load.sim.tokenizer), built at its first call only: a Mooncake or
+    """``model``'s tokenizer (kvplan.traffic.tokenizer), built at its first call only: a Mooncake or
     kvplan log never loads one."""
     built: list = []
 
     def tokenize(texts: list[str]) -> list[list[int]]:
         if not built:
             from kvplan.errors import KvplanError
-            from kvplan.load.sim.tokenizer import tokenize_function
+            from kvplan.traffic.tokenizer import tokenize_function
 
             function = tokenize_function(model)
             if function is None:
@@ -31,23 +31,23 @@ def _lazy_tokenizer(model: str):
 
 
 def _check_model(model: str) -> None:
-    """``--model`` as estimate and simulate check theirs (kvplan.plan.model_source.load_model_spec: a
+    """``--model`` as estimate and simulate check theirs (kvplan.sizing.models.model_source.load_model_spec: a
     preset or Hugging Face id, a config.json or its folder, a .gguf), or the engine's test model
     tiny-random-llama. Raises KvplanError (``model``: unknown, with the closest names)."""
     if model != TINY_RANDOM_MODEL:
-        from kvplan.plan.model_source import load_model_spec
+        from kvplan.sizing.models.model_source import load_model_spec
 
         load_model_spec(model)
 
 
 def _check_sharegpt(data: dict, out: Path, model: str) -> str | None:
-    """kvplan.load.profile_sharegpt.check_sharegpt, drawing through the simulator's sample cache
+    """kvplan.profile.sharegpt.check_sharegpt, drawing through the simulator's sample cache
     (the key ``kvplan simulate`` uses: the engine model's vocabulary and tokenizer), so simulating
     the written workload does not draw its ShareGPT prompts again."""
-    from kvplan.load.profile_sharegpt import check_sharegpt
-    from kvplan.load.sim.facts import model_config
-    from kvplan.load.sim.samples import cached_sample
-    from kvplan.load.sim.tokenizer import tokenize_function, tokenizer_identity
+    from kvplan.profile.sharegpt import check_sharegpt
+    from kvplan.run.sim.facts import model_config
+    from kvplan.traffic.samples import cached_sample
+    from kvplan.traffic.tokenizer import tokenize_function, tokenizer_identity
 
     vocab: list[int] = []
 
@@ -116,8 +116,8 @@ def profile(
 ) -> None:
     """Profile a request log: length percentiles, prefix reuse, arrival rate and burstiness, turns, requests in flight; optionally write a workload that reproduces it."""  # noqa: E501
     from kvplan.errors import KvplanError
-    from kvplan.load.profile_log import FORMATS, read_log
-    from kvplan.load.profile_stats import profile_log
+    from kvplan.profile.log import FORMATS, read_log
+    from kvplan.profile.stats import profile_log
 
     if log_format not in FORMATS:
         raise KvplanError("log_format", f"must be one of {', '.join(FORMATS)} (got {log_format!r})")
@@ -134,10 +134,10 @@ def profile(
     if replay and out is None:
         raise KvplanError("replay", "writes a workload, and no --out was given", "give --out workload.yaml")
     if out is not None:
-        from kvplan.load.profile_workload import workload_from_profile, workload_name, write_workload
+        from kvplan.profile.workload import workload_from_profile, workload_name, write_workload
 
         if replay:
-            from kvplan.load.profile_replay import replay_workload
+            from kvplan.profile.replay import replay_workload
 
             data = replay_workload(parsed, out, model=model, name=workload_name(log), block_size=block_size)
         else:
@@ -151,7 +151,7 @@ def profile(
         written = str(out)
     warn(parsed.notes, str(log))
     if plots is not None:
-        from kvplan.load.profile_plots import write_plots
+        from kvplan.profile.plots import write_plots
 
         write_plots(result, plots)
     if json_output:
@@ -159,7 +159,7 @@ def profile(
 
         print(json.dumps({**result.data, "workload": written}, indent=2))
         return
-    from kvplan.load.profile_view import print_profile
+    from kvplan.profile.view import print_profile
 
     console = make_console()
     print_profile(result.data, console)

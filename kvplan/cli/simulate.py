@@ -88,10 +88,10 @@ def simulate(
 ) -> None:
     # one line: `kvplan --help` shows this paragraph's line breaks as they are written
     """Replay the workload's requests through the engine's own scheduler on a cost-model clock: the knee, latency and SLO capacity, in seconds, without a model or a GPU."""  # noqa: E501
-    from kvplan.load.sim.cli_setup import setups_for
-    from kvplan.load.sim.run import simulate as run_simulate
-    from kvplan.load.workload_file import load_workload
     from kvplan.results.run_result import read_result
+    from kvplan.run.sim.cli_setup import setups_for
+    from kvplan.run.sim.run import simulate as run_simulate
+    from kvplan.workload.file import load_workload
 
     console = make_console()
     spec = load_workload(workload)
@@ -114,7 +114,7 @@ def simulate(
     )
     warn([note for s in (setup, *plan) for note in s.notes], spec.source)
     if calibrated is not None and not (json_output or quiet):
-        from kvplan.load.sim.views import print_calibration
+        from kvplan.run.sim.calibration.view import print_calibration
 
         print_calibration(calibrated, console)
     elif calibrated is not None:  # the drift warning goes to stderr whatever else is quiet

@@ -27,9 +27,9 @@ from pydantic import ValidationError
 from kvplan.errors import KvplanError, describe_error
 from kvplan.gate.baseline import RECORD, Baseline, load_baseline, write_baseline
 from kvplan.gate.values import CheckKey, read_values
-from kvplan.load.workload import Workload
 from kvplan.results.gated import METRICS_BY_NAME, Tolerance
 from kvplan.results.run_result import RESULTS_FILE, RunResult, read_result
+from kvplan.workload.schema import Workload
 
 # Workload sections that are not the traffic: what the gate judges (engine, or the remote server
 # under test: target), views (plan), the gate's own tolerances and the fp8 quality check. Every

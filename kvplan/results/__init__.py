@@ -2,5 +2,5 @@
 
 records (LevelKey, RequestRecord, StepRecord) -> store (the run folder on disk) -> metrics (pure)
 -> summarize -> run_result (RunResult: save, load, migrate) -> report (tables, charts, summary.md).
-Imports nothing of kvplan.load or kvplan.gate.
+Imports nothing of kvplan.run or kvplan.gate.
 """

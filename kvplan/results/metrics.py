@@ -1,6 +1,6 @@
 """Load-test metrics: pure functions of the recorded requests and steps.
 
-The definitions are kvplan.results.latency's ``DEFINITIONS`` (vLLM's benchmark definitions, pinned
+The definitions are kvplan.results.stats.latency's ``DEFINITIONS`` (vLLM's benchmark definitions, pinned
 in docs/metrics.md); the report prints them. A request is *completed* when it finished with
 reason stop or length; latency statistics cover completed requests only. A request that
 produced no token is a *failure*: counted, and kept out of TTFT. Rates divide by the level's
@@ -15,9 +15,10 @@ from itertools import chain
 import numpy as np
 from pydantic import Field, computed_field
 
-from kvplan.results.arrival_stats import ArrivalSettings, level_arrival
-from kvplan.results.classes import ClassSummary, class_summaries
-from kvplan.results.latency import (  # noqa: F401  (re-exported: kvplan.results.metrics is their old home)
+from kvplan.results.records import LevelKey, RequestRecord, StepRecord
+from kvplan.results.stats.arrival_stats import ArrivalSettings, level_arrival
+from kvplan.results.stats.classes import ClassSummary, class_summaries
+from kvplan.results.stats.latency import (  # noqa: F401  (re-exported: kvplan.results.metrics is their old home)
     DEFINITIONS,
     PERCENTILES,
     TARGET_DEFINITIONS,
@@ -35,11 +36,10 @@ from kvplan.results.latency import (  # noqa: F401  (re-exported: kvplan.results
     ttfo_s,
     ttft_s,
 )
-from kvplan.results.records import LevelKey, RequestRecord, StepRecord
-from kvplan.results.shed import TenantShed, is_rejected, shed_fields
-from kvplan.results.steady import LevelPlan, window_steps
-from kvplan.results.turns import TurnSummary, turn_summaries
-from kvplan.results.variants import is_alone
+from kvplan.results.stats.shed import TenantShed, is_rejected, shed_fields
+from kvplan.results.stats.steady import LevelSchedule, window_steps
+from kvplan.results.stats.turns import TurnSummary, turn_summaries
+from kvplan.results.stats.variants import is_alone
 
 
 class LevelSummary(_Summary):
@@ -98,12 +98,12 @@ class LevelSummary(_Summary):
     ttfo_ms: LatencyStats | None = Field(
         None, description="Time to first output (first answer, not reasoning, chunk), ms; null without reasoning."
     )
-    # A steady-state level (kvplan.results.steady): requests kept out of every statistic (warm-up,
+    # A steady-state level (kvplan.results.stats.steady): requests kept out of every statistic (warm-up,
     # cool-down) and the measured window, seconds from the level's first arrival
     num_excluded: int = 0
     window_start_s: float | None = None
     window_end_s: float | None = None
-    # An open-loop level's arrivals (kvplan.results.arrival_stats); None for closed loop: the process,
+    # An open-loop level's arrivals (kvplan.results.stats.arrival_stats); None for closed loop: the process,
     # the inter-arrival CV it asks for (poisson 1, gamma 1/sqrt(burstiness), constant 0) and the CV of
     # the gaps between its requests' sorted arrival times (numpy std, ddof=0, / mean; None under 3)
     arrival_process: str | None = Field(None, description="Open loop: poisson, gamma or constant; null closed.")
@@ -111,7 +111,7 @@ class LevelSummary(_Summary):
     achieved_cv: float | None = Field(None, description="Open loop: the inter-arrival CV sent (std/mean, ddof 0).")
     classes: list[ClassSummary] = Field([], description="A mixed level's request classes; [] without a mix.")
     turns: list[TurnSummary] | None = Field(None, description="A session level's turns; null without sessions.")
-    # admission (kvplan.results.shed): requests refused at the entry, none unless admission is on
+    # admission (kvplan.results.stats.shed): requests refused at the entry, none unless admission is on
     num_rejected: int = Field(0, description="Requests refused at the entry (admission; a target's HTTP 429).")
     shed_fraction: float | None = Field(None, description="num_rejected / num_requests, 0..1; null without requests.")
     rejected_reasons: dict[str, int] = Field({}, description="Refusal reason (kv_budget, queue_full, ...) -> count.")
@@ -134,14 +134,14 @@ def summarize_level(
     steps: Sequence[StepRecord],
     slo: Slo,
     num_planned: int | None = None,
-    plan: LevelPlan | None = None,
+    plan: LevelSchedule | None = None,
     class_slos: Mapping[str, Slo] | None = None,
     arrival: ArrivalSettings | None = None,
 ) -> LevelSummary:
     """Summarise one level (one variant of it) from its own request and step records;
     ``num_planned``: the requests the level was to run (the bucket's num_requests). ``plan``: a
     steady-state level's, whose warm-up and cool-down requests, and the steps outside the measured
-    window, are kept out of every statistic (kvplan.results.steady). ``class_slos``: mix class ->
+    window, are kept out of every statistic (kvplan.results.stats.steady). ``class_slos``: mix class ->
     its SLO, for the classes judged by their own (the others by ``slo``). ``arrival``: the bucket's
     open-loop arrival settings (None: Poisson), whose CVs an open-loop level gets from all its
     requests, warm-up and cool-down included."""
@@ -246,13 +246,13 @@ def summarize_levels(
     steps: Sequence[StepRecord],
     slo: Slo,
     num_planned: dict[str, int] | None = None,
-    plans: dict[str, LevelPlan] | None = None,
+    plans: dict[str, LevelSchedule] | None = None,
     class_slos: Mapping[str, Mapping[str, Slo]] | None = None,
     arrivals: Mapping[str, ArrivalSettings] | None = None,
 ) -> list[LevelSummary]:
     """One summary per (bucket, mode, level, variant), in the order the levels first appear.
     ``num_planned``: bucket name -> its num_requests, the requests each of its levels was to run;
-    ``plans``: bucket name -> its steady-state LevelPlan (plain buckets absent); ``class_slos``:
+    ``plans``: bucket name -> its steady-state LevelSchedule (plain buckets absent); ``class_slos``:
     bucket name -> mix class -> its own SLO; ``arrivals``: bucket name -> its open-loop arrival settings
     (absent: Poisson)."""
     by_key: dict[LevelKey, tuple[list[RequestRecord], list[StepRecord]]] = {}

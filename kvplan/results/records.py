@@ -22,7 +22,7 @@ class LevelKey:
 
     ``value`` is the concurrency N (mode ``closed``: N requests in flight) or the request rate in
     requests/s (mode ``open``: Poisson arrivals). ``variant`` is "" or, in a shared_prefix run,
-    ``cached`` / ``uncached`` (kvplan.results.prefix_metrics).
+    ``cached`` / ``uncached`` (kvplan.results.stats.prefix_metrics).
     """
 
     bucket: str
@@ -82,7 +82,7 @@ class RequestRecord:
     finish_detail: str = ""
     num_preemptions: int = 0
     num_cached_tokens: int = 0
-    variant: str = ""  # "cached" | "uncached" in a shared_prefix run (see kvplan.results.prefix_metrics)
+    variant: str = ""  # "cached" | "uncached" in a shared_prefix run (see kvplan.results.stats.prefix_metrics)
     prefix_group: int | None = None  # the shared prefix it carried; None: none
     tenant: int | None = None
     cache_salt: str | None = None  # requests share prefix blocks only under the same salt
@@ -94,7 +94,7 @@ class RequestRecord:
     # an HTTP target whose stream carried reasoning: when its first answer chunk (content, not
     # reasoning text) arrived, the end of TTFO; None when the stream carried no reasoning
     first_output_time: float | None = None
-    tenant_name: str | None = None  # the tenant admission counted it under (kvplan.load.admission); None: none
+    tenant_name: str | None = None  # the tenant admission counted it under (kvplan.workload.admission); None: none
 
     @property
     def key(self) -> LevelKey:

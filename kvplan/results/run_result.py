@@ -29,11 +29,11 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, computed_fie
 
 from kvplan.errors import KvplanError, validation_error
 from kvplan.results.metrics import LevelSummary, Slo
-from kvplan.results.prefix_metrics import PrefixComparison
 from kvplan.results.records import RequestRecord, StepRecord
-from kvplan.results.server_samples import ServerSample
 from kvplan.results.simulated import CostModelInfo, TargetCapacity
-from kvplan.results.steady import LevelPlan
+from kvplan.results.stats.prefix_metrics import PrefixComparison
+from kvplan.results.stats.server_samples import ServerSample
+from kvplan.results.stats.steady import LevelSchedule
 from kvplan.results.store import REQUESTS_FILE, STEPS_FILE, read_jsonl, write_atomic
 from kvplan.results.target_facts import ClientLevel, ServerInfo  # noqa: F401  (re-exported: their old home)
 
@@ -143,12 +143,12 @@ class BucketEstimate(_Part):
     simulated_knee: int | None = None  # the lowest concurrency the engine's scheduler preempts at (simulated)
 
 
-class PlanBucket(_Part):
+class DeploymentBucket(_Part):
     name: str
     max_concurrency: int
 
 
-class PlanEstimate(_Part):
+class DeploymentEstimate(_Part):
     """The buckets sized on one production target (the workload's ``plan:``)."""
 
     model: str
@@ -159,7 +159,7 @@ class PlanEstimate(_Part):
     bytes_per_token: int
     num_blocks: int | None
     kv_capacity_tokens: int | None
-    buckets: list[PlanBucket] = []
+    buckets: list[DeploymentBucket] = []
 
 
 class SharedPrefixEstimate(_Part):
@@ -185,7 +185,7 @@ class RunEstimate(_Part):
     pool_tokens: int
     pool_bytes: int
     buckets: list[BucketEstimate] = []
-    plan: list[PlanEstimate] = []
+    plan: list[DeploymentEstimate] = []
     shared_prefix: SharedPrefixEstimate | None = None
 
 
@@ -214,7 +214,7 @@ class KvSummary(_Part):
 
 
 class Fp8QualityResult(_Part):
-    """The fp8 KV quality check (definitions: kvplan.load.bundled.fp8_quality)."""
+    """The fp8 KV quality check (definitions: kvplan.run.bundled.fp8_quality)."""
 
     model: str
     dtype: str
@@ -234,7 +234,7 @@ class Fp8QualityResult(_Part):
 
 class RecordFiles(_Part):
     """Where the raw records are, relative to the run folder (``server_metrics``: a target run's
-    /metrics reads, kvplan.results.server_samples)."""
+    /metrics reads, kvplan.results.stats.server_samples)."""
 
     requests: str = REQUESTS_FILE
     steps: str = STEPS_FILE
@@ -268,7 +268,7 @@ class RunResult(BaseModel):
     stop_reason: str | None = None  # why a run stopped early other than Ctrl-C (a server that went away)
     cost_model: CostModelInfo | None = None  # a simulation's step timing (kvplan.results.simulated)
     capacity: list[TargetCapacity] = []  # a simulation's knee and SLO capacity answers, per target
-    level_plans: dict[str, LevelPlan] = {}  # bucket -> its steady-state levels (plain buckets absent)
+    level_plans: dict[str, LevelSchedule] = {}  # bucket -> its steady-state levels (plain buckets absent)
     class_slos: dict[str, dict[str, Slo]] = Field({}, description="Bucket -> mix class -> its own SLO.")
     variant_engines: dict[str, EngineFacts] = Field({}, description="Engine variant -> the engine it ran on.")
 

@@ -6,7 +6,7 @@ workload's engine, and each ``plan:`` entry the GPU model can time) and per buck
 
 - ``knee``: the closed-loop concurrency at which the engine's scheduler starts to preempt (one that
   preempts while the one below does not), found by bisection up to ``max_num_seqs``
-  (kvplan.load.sim.search; None: ``max_num_seqs`` in flight never preempt);
+  (kvplan.run.sim.search; None: ``max_num_seqs`` in flight never preempt);
 - ``max_concurrency`` / ``max_request_rate``: the highest closed-loop concurrency (at most
   ``max_num_seqs``) and open-loop request rate (Poisson) at which at least ``attainment_target`` of
   the measured requests of a steady-state level meet every SLO, with the output tokens/s and

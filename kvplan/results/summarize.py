@@ -3,19 +3,20 @@
 ``summarize`` fills ``levels`` (one LevelSummary per bucket x level x variant), ``buckets``
 (predicted max concurrency vs measured knee), ``kv`` (paging exactness over the steps where no
 block could be shared: all but a shared_prefix run's cached variant) and, for a shared_prefix
-run, ``prefix_caching`` (kvplan.results.prefix_metrics.compare_variants).
+run, ``prefix_caching`` (kvplan.results.stats.prefix_metrics.compare_variants).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
-from kvplan.results import metrics, prefix_metrics
-from kvplan.results.arrival_stats import bucket_arrivals
+from kvplan.results import metrics
 from kvplan.results.records import RequestRecord, StepRecord
 from kvplan.results.run_result import BucketSummary, KvSummary, RunResult
-from kvplan.results.server_samples import ServerSample, level_server_stats
-from kvplan.results.variants import is_alone
+from kvplan.results.stats import prefix_metrics
+from kvplan.results.stats.arrival_stats import bucket_arrivals
+from kvplan.results.stats.server_samples import ServerSample, level_server_stats
+from kvplan.results.stats.variants import is_alone
 
 
 def prefix_pricing(result: RunResult) -> prefix_metrics.PrefixPricing | None:

@@ -52,17 +52,17 @@ arrival (null for a plain level: all its requests are measured). An open-loop le
 ``arrival_process`` (poisson, gamma, constant), ``requested_cv`` (the inter-arrival coefficient of
 variation it asks for: 1, 1/sqrt(burstiness), 0) and ``achieved_cv`` (std / mean of the gaps
 between its requests' sorted arrival times, numpy's ddof=0; null under 3 requests); all three are
-null for a closed-loop level (kvplan.results.arrival_stats). A level of multi-turn sessions
+null for a closed-loop level (kvplan.results.stats.arrival_stats). A level of multi-turn sessions
 (``dataset.sessions``) gives ``turns``: per turn ``turn`` (1-based), ``num_completed``, ``ttft_ms``,
 ``prefix_hit_tokens`` (its requests' prompt tokens served by the prefix cache) and
-``prompt_tokens``; null for other levels (kvplan.results.turns). A level of a ``mix`` bucket gives
+``prompt_tokens``; null for other levels (kvplan.results.stats.turns). A level of a ``mix`` bucket gives
 ``classes``: per request class ``name``, ``num_requests``, ``num_completed``, ``ttft_ms``,
 ``tpot_ms``, ``itl_ms``, ``e2e_ms``, ``slo_attainment`` (against the class's own SLO) and
-``goodput_req_s`` ([] for other levels; kvplan.results.classes); a class run alone at its share of
+``goodput_req_s`` ([] for other levels; kvplan.results.stats.classes); a class run alone at its share of
 the load (interference) is a level of its own, variant ``alone:<class>`` (``<variant>
 alone:<class>`` on an engine variant), and each mixed level gives ``interference``: per class
 ``name``, ``ttft_p99_ms_mixed``, ``ttft_p99_ms_alone``, ``tpot_p99_ms_mixed``,
-``tpot_p99_ms_alone`` ([] where no class ran alone; kvplan.results.interference). Engine variants
+``tpot_p99_ms_alone`` ([] where no class ran alone; kvplan.results.stats.interference). Engine variants
 (``variants:``) are levels of their own too, ``variant`` naming each.
 """
 
@@ -70,10 +70,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from kvplan.results.interference import ClassInterference, interference
 from kvplan.results.metrics import LatencyStats, LevelSummary, preemptions
 from kvplan.results.run_result import RunResult
 from kvplan.results.simulated import BucketCapacity, SloPoint
+from kvplan.results.stats.interference import ClassInterference, interference
 
 _STATS = ("mean", "p50", "p95", "p99")
 
@@ -149,7 +149,7 @@ def level_json(level: LevelSummary) -> dict[str, Any]:
 
 
 def _turns(level: LevelSummary) -> list[dict[str, Any]] | None:
-    """A session level's per-turn statistics (kvplan.results.turns); None for other levels."""
+    """A session level's per-turn statistics (kvplan.results.stats.turns); None for other levels."""
     if level.turns is None:
         return None
     keys = ("turn", "num_completed", "prefix_hit_tokens", "prompt_tokens")
@@ -157,7 +157,7 @@ def _turns(level: LevelSummary) -> list[dict[str, Any]] | None:
 
 
 def _interference(level: LevelSummary, rows: list[ClassInterference]) -> list[dict[str, Any]]:
-    """A mixed level's classes, P99 mixed against alone (kvplan.results.interference)."""
+    """A mixed level's classes, P99 mixed against alone (kvplan.results.stats.interference)."""
     keys = ("ttft_p99_ms_mixed", "ttft_p99_ms_alone", "tpot_p99_ms_mixed", "tpot_p99_ms_alone")
     return [
         {"name": r.request_class, **{k: getattr(r, k) for k in keys}}

@@ -57,7 +57,7 @@ class ServerInfo(_Part):
 class ClientLevel(_Part):
     """The load client's own overhead during one level of a target run: its event loops' lag
     (how late a 5 ms timer fired: an upper bound on how late a chunk's timestamp can be) and the
-    CPU its workers used. ``behind`` (kvplan.load.target.client_lag): the client's own delay is a
+    CPU its workers used. ``behind`` (kvplan.run.server.client_lag): the client's own delay is a
     material share of what the level measured: the time-weighted loop lag P99
     (``stamp_delay_p99_ms``) above 5 % of the level's TTFT P50, or, open loop, the P99 of its sends'
     delays after their scheduled arrivals above a tenth of the mean inter-arrival time;

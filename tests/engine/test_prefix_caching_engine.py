@@ -146,7 +146,7 @@ SMOL_BLOCK = 16
 def smollm2_case():
     """A long real ShareGPT turn as the system prompt in front of three real first user turns,
     chat-templated: (engine with caching on, prompts)."""
-    from kvplan.load.prompts import read_sharegpt, sharegpt_pairs
+    from kvplan.traffic.prompts import read_sharegpt, sharegpt_pairs
 
     pairs = sharegpt_pairs(read_sharegpt())
     engine = smollm2_engine(enable_prefix_caching=True)

@@ -11,8 +11,8 @@ from importlib.metadata import packages_distributions
 from pathlib import Path
 
 from kvplan.results.run_result import load_run
-from tests.kvplan.load.fake_server import FakeServer, Options
-from tests.kvplan.plan.test_layer_kinds import write_gguf
+from tests.kvplan.run.server.fake_server import FakeServer, Options
+from tests.kvplan.sizing.test_layer_kinds import write_gguf
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -140,7 +140,7 @@ def test_the_base_install_estimates_reports_gates_and_load_tests_a_server(tmp_pa
         "drop it to answer for them\n"
     )
     assert json.loads((sim / "results.json").read_text())["cost_model"]["step_times"] == "roofline"
-    # GGUF read by kvplan.plan.gguf_reader (no gguf package): 2 layers x 2 KV heads x (16 + 16) x 2 bytes
+    # GGUF read by kvplan.sizing.models.gguf_reader (no gguf package): 2 layers x 2 KV heads x (16 + 16) x 2 bytes
     # (f16, llama.cpp's cache type)
     assert json.loads(answers[0][1])["bytes_per_token"] == 2 * 2 * (16 + 16) * 2
     # a preset: Llama-3.1-8B, 32 layers x 8 KV heads x (128 + 128) x 2 bytes (bf16)

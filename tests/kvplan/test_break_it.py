@@ -19,7 +19,7 @@ import pytest
 import yaml
 
 from kvplan.errors import KvplanError
-from kvplan.load.workload_file import load_workload
+from kvplan.workload.file import load_workload
 from tests.kvplan.cli_runner import run_cli
 
 ENGINE = {

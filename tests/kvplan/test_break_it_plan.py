@@ -45,12 +45,12 @@ def stubbed(monkeypatch):
     def stop(*args, **kwargs):
         raise Accepted
 
-    monkeypatch.setattr("kvplan.load.sim.plan_pool.search", stop)
-    monkeypatch.setattr("kvplan.load.sim.advise.advise", _validate_then_stop)
+    monkeypatch.setattr("kvplan.optimize.plan_pool.search", stop)
+    monkeypatch.setattr("kvplan.optimize.advise.advise", _validate_then_stop)
 
 
 def _validate_then_stop(workload, setup_for, **kwargs):
-    setup_for(workload, None)  # the base setup checks every --gpu option (kvplan.load.sim.cli_setup)
+    setup_for(workload, None)  # the base setup checks every --gpu option (kvplan.run.sim.cli_setup)
     raise Accepted
 
 
@@ -166,7 +166,7 @@ def test_250_generated_bad_advise_flags_fail_in_one_line(stubbed, tmp_path):
 )
 def test_a_prices_key_with_a_line_break_is_quoted_in_one_line(tmp_path, text, line):
     """Found by the generator: the key went into the error as written, its line break splitting the
-    error over two lines (kvplan.plan.prices now quotes an unprintable key)."""
+    error over two lines (kvplan.sizing.gpus.prices now quotes an unprintable key)."""
     (prices := tmp_path / "p.yaml").write_text(text)
     code, _, err = run_cli("plan", str(SMOKE), "--rate", "5", "--prices", str(prices), "--out", str(tmp_path / "r"))
     assert code == 2 and err.count("\n") == 1 and err.startswith(f"error: p.yaml: {line}"), err

@@ -114,4 +114,4 @@ def test_every_workload_field_is_described():
     for section, field, unit in units:
         description = defs[section]["properties"][field]["description"]
         assert unit in description, f"{section}.{field}: {description!r} does not say {unit!r}"
-    assert "Old name of kv_cache_dtype" in defs["PlanTarget"]["properties"]["kv_dtype"]["description"]
+    assert "Old name of kv_cache_dtype" in defs["Deployment"]["properties"]["kv_dtype"]["description"]

@@ -8,7 +8,7 @@ import pytest
 import yaml
 
 from kvplan.errors import KvplanError
-from kvplan.plan.prices import GpuPrice, load_prices
+from kvplan.sizing.gpus.prices import GpuPrice, load_prices
 from kvplan.yaml_input import dump_yaml, load_data, read_yaml
 
 

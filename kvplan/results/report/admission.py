@@ -1,4 +1,4 @@
-"""The report's admission tables: what was shed per level and per tenant (kvplan.results.shed),
+"""The report's admission tables: what was shed per level and per tenant (kvplan.results.stats.shed),
 beside the admitted requests' TTFT and the preemptions, the trade admission makes. Absent for a
 run in which nothing was refused, no request had a tenant and admission was off.
 """
@@ -13,7 +13,7 @@ from kvplan.results.run_result import RunResult
 
 
 def _admission_on(result: RunResult) -> bool:
-    """Whether the workload's engine section turned admission on (kvplan.load.admission)."""
+    """Whether the workload's engine section turned admission on (kvplan.workload.admission)."""
     engine = result.workload.config.get("engine")
     admission = engine.get("admission") if isinstance(engine, dict) else None
     return isinstance(admission, dict) and any(v is not None for v in admission.values())

@@ -1,7 +1,7 @@
 """summary.md's FP8 KV cache section: the calibrated scales and the quality check's numbers.
 
 Present only for a run whose engine kept its KV in fp8 (``engine.kv_scales`` in results.json); the
-quality table only when the check ran (``fp8_quality``). Definitions as in kvplan.load.bundled.fp8_quality.
+quality table only when the check ran (``fp8_quality``). Definitions as in kvplan.run.bundled.fp8_quality.
 """
 
 from __future__ import annotations

@@ -19,7 +19,7 @@ if TYPE_CHECKING:  # matplotlib loads only where a chart is drawn
 
 MIB = 2**20
 _PERCENTILE_STYLES = (("p50", "-"), ("p90", "--"), ("p99", ":"))
-_VARIANT_COLORS = {"cached": "tab:blue", "uncached": "tab:red"}  # kvplan.results.prefix_metrics' variants
+_VARIANT_COLORS = {"cached": "tab:blue", "uncached": "tab:red"}  # kvplan.results.stats.prefix_metrics' variants
 
 
 def level_axis(ax: Axes, xs: Sequence[float]) -> None:

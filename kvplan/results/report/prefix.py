@@ -1,6 +1,6 @@
 """The prefix-caching views of a shared_prefix run: summary.md's section, its table and charts.
 
-Present only when the run result has ``prefix_caching`` (kvplan.results.prefix_metrics.compare_variants):
+Present only when the run result has ``prefix_caching`` (kvplan.results.stats.prefix_metrics.compare_variants):
 TTFT with caching effective against defeated per level, the prefix hit rate per level and per
 step, and peak KV against kvplan's paged estimate with and without the prefix counted once.
 Charts follow kvplan.results.report.plots: one ``plot_*(ax, data)`` each, "no data" instead of failing.
@@ -14,11 +14,11 @@ from typing import TYPE_CHECKING, Any
 import pandas as pd
 
 from kvplan.results.metrics import LevelSummary
-from kvplan.results.prefix_metrics import CACHED, UNCACHED, PrefixComparison, hit_rate
 from kvplan.results.records import LevelKey
 from kvplan.results.report import tables
 from kvplan.results.report.plots import MIB, gaps, level_axis, no_data
 from kvplan.results.run_result import RunResult
+from kvplan.results.stats.prefix_metrics import CACHED, UNCACHED, PrefixComparison, hit_rate
 
 if TYPE_CHECKING:  # matplotlib loads only where a chart is drawn
     from matplotlib.axes import Axes

@@ -17,13 +17,13 @@ import pandas as pd
 
 from kvplan.results import metrics
 from kvplan.results.metrics import LatencyStats, LevelSummary
-from kvplan.results.prefix_metrics import VARIANTS as PREFIX_VARIANTS
 from kvplan.results.records import RequestRecord, StepRecord
 from kvplan.results.run_result import RunResult
-from kvplan.results.shed import TENANT_COLUMNS, tenant_step_cells
 from kvplan.results.simulated import SloPoint
+from kvplan.results.stats.prefix_metrics import VARIANTS as PREFIX_VARIANTS
+from kvplan.results.stats.shed import TENANT_COLUMNS, tenant_step_cells
+from kvplan.results.stats.variants import is_alone
 from kvplan.results.store import write_atomic
-from kvplan.results.variants import is_alone
 
 MIB = 2**20
 
@@ -80,7 +80,7 @@ def knee_table(result: RunResult) -> pd.DataFrame:
     measured = "measured knee" if result.source == "measured" else f"knee of the {result.source} levels"
     rows = []
     for b in result.buckets:
-        # one row per engine variant (kvplan.load.variants): each engine has a knee of its own
+        # one row per engine variant (kvplan.workload.variants): each engine has a knee of its own
         closed = [
             lv for lv in result.levels if lv.bucket == b.name and lv.mode == "closed" and not is_alone(lv.variant)
         ]
@@ -183,7 +183,7 @@ def _arrival_cv(level: LevelSummary) -> str | None:
 
 def throughput_table(result: RunResult) -> pd.DataFrame:
     """Throughput and goodput per bucket and level, and for open-loop levels the inter-arrival
-    CV achieved (asked for) (kvplan.results.arrival_stats); a run with no open-loop level, or
+    CV achieved (asked for) (kvplan.results.stats.arrival_stats); a run with no open-loop level, or
     summarized by a kvplan before the CVs, shows no such column."""
     rows = [
         {
@@ -303,7 +303,7 @@ def request_row(rec: RequestRecord) -> dict[str, Any]:
 
 def step_row(rec: StepRecord) -> dict[str, Any]:
     """The steps.csv row: resident tokens summed, KV usage added, per-tenant counts as columns of
-    their own (kvplan.results.shed.tenant_step_cells)."""
+    their own (kvplan.results.stats.shed.tenant_step_cells)."""
     row = {
         f.name: getattr(rec, f.name)
         for f in fields(rec)

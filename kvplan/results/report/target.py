@@ -17,7 +17,7 @@ import pandas as pd
 from kvplan.results.metrics import LevelSummary
 from kvplan.results.report.target_tables import NA, _or_na, target_knee_note  # noqa: F401  (summary.py reads the note here)
 from kvplan.results.run_result import ClientLevel, RunResult, ServerInfo
-from kvplan.results.server_samples import ServerSample
+from kvplan.results.stats.server_samples import ServerSample
 
 if TYPE_CHECKING:  # matplotlib loads only where a chart is drawn
     from matplotlib.axes import Axes

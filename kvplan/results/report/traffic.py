@@ -1,8 +1,8 @@
 """The traffic views of a run: request classes per level, each class mixed against alone
 (interference), and engine variants side by side (summary.md's sections, console tables, a chart).
 
-Present only where the run has them: a bucket with a ``mix`` (kvplan.results.classes), classes run
-alone (kvplan.results.interference) or more than one engine variant (kvplan.load.variants).
+Present only where the run has them: a bucket with a ``mix`` (kvplan.results.stats.classes), classes run
+alone (kvplan.results.stats.interference) or more than one engine variant (kvplan.workload.variants).
 """
 
 from __future__ import annotations
@@ -11,13 +11,13 @@ from typing import TYPE_CHECKING
 
 import pandas as pd
 
-from kvplan.results.interference import ClassInterference, interference
 from kvplan.results.metrics import LatencyStats, LevelSummary
-from kvplan.results.prefix_metrics import VARIANTS as PREFIX_VARIANTS
 from kvplan.results.report import tables
 from kvplan.results.report.plots import no_data
 from kvplan.results.run_result import RunResult
-from kvplan.results.variants import is_alone
+from kvplan.results.stats.interference import ClassInterference, interference
+from kvplan.results.stats.prefix_metrics import VARIANTS as PREFIX_VARIANTS
+from kvplan.results.stats.variants import is_alone
 
 if TYPE_CHECKING:  # matplotlib loads only where a chart is drawn
     from matplotlib.axes import Axes

@@ -1,6 +1,6 @@
 """summary.md's per-turn table of a run with multi-turn sessions (``dataset.sessions``): per session
 level and turn, the requests completed, TTFT and the prompt tokens the prefix cache served
-(kvplan.results.turns). Absent for a run without sessions.
+(kvplan.results.stats.turns). Absent for a run without sessions.
 """
 
 from __future__ import annotations

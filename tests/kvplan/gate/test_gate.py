@@ -23,9 +23,9 @@ from kvplan.gate.baseline import Baseline, load_baseline
 from kvplan.gate.gate import check_same_workload, compare, run_gate
 from kvplan.gate.values import CheckKey
 from kvplan.gate.view import describe_failure
-from kvplan.load.workload_file import parse_workload
 from kvplan.results.gated import METRICS, METRICS_BY_NAME, Tolerance
 from kvplan.results.run_result import load_run
+from kvplan.workload.file import parse_workload
 from tests.kvplan.cli_runner import run_cli
 
 ROOT = Path(__file__).resolve().parents[3]

@@ -1,7 +1,0 @@
-"""A remote OpenAI-compatible server as the thing under load (``kvplan loadtest --target``).
-
-settings (the workload's ``target:`` section) -> preflight (/v1/models, /metrics, what the server
-is) -> tokenizer (the server's model's tokenizer) -> estimate (kvplan's prediction for the server's
-pool) -> backend (HttpBackend over client workers; sse parses their streams) + scraper
-(server_metrics read every interval) -> run (the run folder through kvplan.load.lifecycle).
-"""

@@ -1,0 +1,254 @@
+"""``kvplan plan``: the cheapest deployment that serves a load of this traffic within the SLO.
+
+Every configuration of the grid (GPU x tensor parallelism x KV dtype x weight dtype x
+``max_num_seqs`` x ``max_num_batched_tokens``) is judged on the workload's bucket, the same sampled
+requests for all::
+
+    feasible?     the weights, activations and KV fit (kvplan.run.sim.gpu_target.gpu_setup, the
+                  capacity arithmetic of kvplan estimate) and every request fits the KV pool
+    per replica   the SLO capacity search (kvplan.run.sim.search): the highest request rate
+                  (``--rate``) or number of users (``--users``) at which the attainment target of
+                  requests meet every SLO, timed by measured silicon where covered, else the roofline
+    replicas      ceil(load / per-replica capacity); GPUs = replicas x tp
+    cost          $/hour = GPUs x the GPU's on-demand $/GPU-hour (kvplan.sizing.gpus.prices); $ per 1M output
+                  tokens = $/hour / (rate x mean output tokens x 3,600 / 1e6); $ per 1,000 good
+                  requests = $/hour / (rate x the attainment at the capacity point x 3,600 / 1,000);
+                  with --users, rate = users x the capacity point's requests/s per user
+
+Configurations are independent: they run here, on a process pool (``jobs``) or as Ray tasks
+(kvplan.optimize.plan_pool), each simulated whole in one worker, so the answers do not depend on
+where they ran. Ranked: meeting the SLO first, then priced ones
+by $/hour, then by GPU count (an unpriced GPU ranks by GPU count, and says so).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from itertools import product
+
+from pydantic import BaseModel, ConfigDict
+
+from kvplan.errors import KvplanError
+from kvplan.run.checks import check_requests_fit
+from kvplan.traffic.requests import SampledRequest
+from kvplan.workload.schema import Workload
+
+DEFAULT_GPUS = ("H100-SXM", "H200", "B200", "A100-80GB", "L40S", "L4")  # data-centre GPUs with speed figures
+DEFAULT_TP = (1, 2, 4, 8)
+RATE_MODE_CONCURRENCY_PRECISION = 1.1  # with --rate, slo_max_concurrency is a lower bound within 10 %
+
+
+@dataclass(frozen=True)
+class Config:
+    """One deployment to judge: a replica of ``tp`` GPUs ``gpu`` with these dtypes and limits."""
+
+    gpu: str
+    tp: int
+    kv_cache_dtype: str
+    weight_dtype: str
+    max_num_seqs: int
+    max_num_batched_tokens: int
+
+
+class ConfigResult(BaseModel):
+    """One configuration's answer (the keys of ``kvplan plan --json``'s ``configs``; a contract)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    gpu: str
+    tp: int
+    num_gpus_per_replica: int
+    replicas: int | None
+    num_gpus: int | None
+    kv_cache_dtype: str
+    weight_dtype: str
+    max_num_seqs: int
+    max_num_batched_tokens: int
+    feasible: bool
+    reason: str
+    slo_max_request_rate: float | None
+    slo_max_concurrency: int | None
+    step_times: str
+    cost_source: str | None
+    usd_per_hour: float | None
+    usd_per_m_output_tokens: float | None
+    usd_per_k_good_requests: float | None
+    meets_slo: bool
+    # at the highest concurrency meeting the SLO, per replica: output tok/s per GPU and per user
+    output_tokens_per_s_per_gpu: float | None = None
+    output_tokens_per_s_per_user: float | None = None
+
+
+def grid(
+    gpus: Sequence[str],
+    tps: Sequence[int],
+    kv_cache_dtypes: Sequence[str],
+    weight_dtypes: Sequence[str],
+    max_num_seqs: Sequence[int],
+    max_num_batched_tokens: Sequence[int],
+    max_gpus: int,
+) -> list[Config]:
+    """Every combination with tp <= ``max_gpus`` (GPUs per replica), in the order given."""
+    return [
+        Config(g, t, k, w, s, b)
+        for g, t, k, w, s, b in product(gpus, tps, kv_cache_dtypes, weight_dtypes, max_num_seqs, max_num_batched_tokens)
+        if t <= max_gpus
+    ]
+
+
+@dataclass(frozen=True)
+class Job:
+    """What a worker needs to judge one configuration (picklable)."""
+
+    workload: Workload
+    model: str
+    bucket: int
+    config: Config
+    sampled: dict[str, list[SampledRequest]]
+    rate: float | None
+    users: int | None
+    attainment: float
+    price: tuple[float, str] | None  # $/GPU-hour and its source
+
+
+def judge(job: Job) -> ConfigResult:
+    """One configuration's answer (see the module docstring); never raises for a configuration that
+    cannot run: it comes back infeasible, with the reason."""
+    from kvplan.run.sim.brackets import round_rate
+    from kvplan.run.sim.gpu_target import gpu_setup
+    from kvplan.run.sim.search import CONCURRENCY_PRECISION, search_capacity
+
+    c = job.config
+    engine = job.workload.engine.model_copy(
+        update={"max_num_seqs": c.max_num_seqs, "max_num_batched_tokens": c.max_num_batched_tokens}
+    )
+    bucket = job.workload.buckets[job.bucket]
+    workload = job.workload.model_copy(update={"engine": engine, "buckets": [bucket], "plan": []})
+    base = dict(
+        gpu=c.gpu,
+        tp=c.tp,
+        num_gpus_per_replica=c.tp,
+        kv_cache_dtype=c.kv_cache_dtype,
+        weight_dtype=c.weight_dtype,
+        max_num_seqs=c.max_num_seqs,
+        max_num_batched_tokens=c.max_num_batched_tokens,
+        cost_source=None if job.price is None else job.price[1],
+    )
+    empty = dict(
+        replicas=None,
+        num_gpus=None,
+        slo_max_request_rate=None,
+        slo_max_concurrency=None,
+        usd_per_hour=None,
+        usd_per_m_output_tokens=None,
+        usd_per_k_good_requests=None,
+        meets_slo=False,
+    )
+    try:
+        setup = gpu_setup(workload, job.model, c.gpu, c.tp, c.kv_cache_dtype, c.weight_dtype)
+        sampled = {bucket.name: job.sampled[bucket.name]}
+        check_requests_fit(workload, setup.facts, sampled)
+    except KvplanError as err:
+        return ConfigResult(**base, **empty, feasible=False, reason=f"{err.field}: {err.problem}", step_times="")
+    # --rate: replicas come from the rate (to within 2 %); the concurrency, only the Pareto point's,
+    # to within RATE_MODE_CONCURRENCY_PRECISION. --users: replicas come from it, to within 2 %.
+    precision = RATE_MODE_CONCURRENCY_PRECISION if job.rate is not None else CONCURRENCY_PRECISION
+    cap = search_capacity(workload, setup.facts, sampled, setup.clock, job.attainment, {}, precision)[0]
+    rate_point = cap.max_request_rate
+    if cap.burst_meets_slo and cap.max_concurrency is not None:
+        # a TPOT-only SLO holds at any rate (a queue never breaks it): a replica then serves what
+        # max_num_seqs in flight serve, its saturation rate (requests/s = goodput / attainment)
+        rate_point = cap.max_concurrency
+        done = (rate_point.goodput_rps or 0.0) / (rate_point.slo_attainment or 1.0)
+        rate_point = rate_point.model_copy(update={"level": round_rate(done)}) if done else None
+    rate = None if rate_point is None else float(rate_point.level)
+    users = None if cap.max_concurrency is None else int(cap.max_concurrency.level)
+    per_replica = rate if job.rate is not None else users
+    load = job.rate if job.rate is not None else job.users
+    assert load is not None  # the CLI gives one of rate and users
+    if not per_replica:
+        why = "no level meets the SLO at the attainment target, even one request at a time"
+        return ConfigResult(
+            **base,
+            **{**empty, "slo_max_request_rate": rate, "slo_max_concurrency": users},
+            feasible=True,
+            reason=why,
+            step_times=setup.cost_model.step_times,
+        )
+    replicas = math.ceil(load / per_replica - 1e-9)
+    gpus = replicas * c.tp
+    point = rate_point if job.rate is not None else cap.max_concurrency
+    assert point is not None  # per_replica is its level
+    attained = point.slo_attainment or 0.0
+    if job.rate is not None:  # the load's requests, of which the capacity point's share meet the SLO
+        served_rps, good = job.rate, job.rate * attained
+    else:  # N users, each at the capacity point's goodput per user (Little's law, the same latency)
+        good = (point.goodput_rps or 0.0) / point.level * load
+        served_rps = good / attained if attained else 0.0
+    mean_out = sum(r.max_tokens for r in sampled[bucket.name]) / len(sampled[bucket.name])
+    usd = None if job.price is None else gpus * job.price[0]
+    at_users = cap.max_concurrency
+    throughput = None if at_users is None else at_users.output_tokens_per_s
+    return ConfigResult(
+        **base,
+        output_tokens_per_s_per_gpu=None if throughput is None else throughput / c.tp,
+        output_tokens_per_s_per_user=None if throughput is None or at_users is None else throughput / at_users.level,
+        replicas=replicas,
+        num_gpus=gpus,
+        feasible=True,
+        reason="",
+        slo_max_request_rate=rate,
+        slo_max_concurrency=users,
+        step_times=setup.cost_model.step_times,
+        usd_per_hour=usd,
+        usd_per_m_output_tokens=None if usd is None or not served_rps else usd / (served_rps * mean_out * 3600 / 1e6),
+        usd_per_k_good_requests=None if usd is None or not good else usd / (good * 3600 / 1000),
+        meets_slo=True,
+    )
+
+
+def rank_key(r: ConfigResult) -> tuple:
+    """Meeting the SLO first; then priced by $/hour; then by GPU count (unpriced after priced);
+    then the most per-replica capacity (headroom), then the smaller TP."""
+    capacity = r.slo_max_request_rate if r.slo_max_request_rate is not None else r.slo_max_concurrency
+    return (
+        not r.meets_slo,
+        r.usd_per_hour is None,
+        r.usd_per_hour if r.usd_per_hour is not None else 0.0,
+        r.num_gpus if r.num_gpus is not None else math.inf,
+        -(capacity or 0.0),
+        r.tp,
+    )
+
+
+def progress_line(r: ConfigResult) -> str:
+    """One line per finished configuration (the search's progress)."""
+    weights = "" if r.weight_dtype == "auto" else f" weights {r.weight_dtype}"
+    what = f"{r.gpu} x{r.tp} kv {r.kv_cache_dtype}{weights} seqs {r.max_num_seqs} tokens {r.max_num_batched_tokens}"
+    if not r.feasible:
+        return f"{what}: infeasible ({r.reason})"
+    if not r.meets_slo:
+        return f"{what}: misses the SLO ({r.reason})"
+    return f"{what}: {r.slo_max_request_rate} req/s per replica, {r.replicas} replica(s)"
+
+
+def pareto(results: Sequence[ConfigResult]) -> list[ConfigResult]:
+    """The configurations no other beats on both output tok/s per GPU and per user (the frontier),
+    by tok/s per user ascending; those without both numbers are left out."""
+    points = [
+        r for r in results if r.output_tokens_per_s_per_gpu is not None and r.output_tokens_per_s_per_user is not None
+    ]
+    front = [
+        r
+        for r in points
+        if not any(
+            o.output_tokens_per_s_per_gpu >= r.output_tokens_per_s_per_gpu  # type: ignore[operator]
+            and o.output_tokens_per_s_per_user >= r.output_tokens_per_s_per_user  # type: ignore[operator]
+            and (o.output_tokens_per_s_per_gpu, o.output_tokens_per_s_per_user)
+            != (r.output_tokens_per_s_per_gpu, r.output_tokens_per_s_per_user)
+            for o in points
+        )
+    ]
+    return sorted(front, key=lambda r: r.output_tokens_per_s_per_user or 0.0)

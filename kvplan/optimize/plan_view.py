@@ -1,0 +1,159 @@
+"""The console view of ``kvplan plan`` (kvplan.optimize.plan): the ranked table and the best
+configuration's ``vllm serve`` command."""
+
+from __future__ import annotations
+
+import pandas as pd
+
+from kvplan.optimize.plan import ConfigResult
+
+
+def served_name(model: str) -> str:
+    """The name ``vllm serve`` takes for ``model``: a preset's Hugging Face id, else as given."""
+    from kvplan.errors import KvplanError
+    from kvplan.sizing.models.model_source import load_preset
+
+    try:
+        return str(load_preset(model)[1]["hf_id"])
+    except KvplanError:
+        return model
+
+
+def serve_command(model: str, r: ConfigResult) -> str:
+    """The ``vllm serve`` line of configuration ``r`` (vLLM's flag names; 0.9 GPU memory, its
+    default). fp8 weights are vLLM's online ``--quantization fp8``; another weight dtype needs a
+    checkpoint quantised so, which the line says in a comment."""
+    parts = [f"vllm serve {served_name(model)}", f"--tensor-parallel-size {r.tp}", f"--max-num-seqs {r.max_num_seqs}"]
+    parts.append(f"--max-num-batched-tokens {r.max_num_batched_tokens}")
+    if r.kv_cache_dtype not in ("auto", ""):
+        parts.append(f"--kv-cache-dtype {r.kv_cache_dtype}")
+    if r.weight_dtype == "fp8":
+        parts.append("--quantization fp8")
+    parts.append("--gpu-memory-utilization 0.9")
+    if r.weight_dtype not in ("auto", "", "fp8"):
+        parts.append(f"  # a {r.weight_dtype} checkpoint of the model")
+    return " ".join(parts)
+
+
+def plan_frame(results: list[ConfigResult], load: dict, top: int = 15) -> pd.DataFrame:
+    """The ``top`` best feasible configurations, ranked, as the console and summary.md show them."""
+    per = "req/s / replica" if "rate" in load else "users / replica"
+    rows = [
+        {
+            "#": i,
+            "GPU": r.gpu,
+            "tp": r.tp,
+            "kv": r.kv_cache_dtype,
+            "weights": r.weight_dtype,
+            "seqs": r.max_num_seqs,
+            "tokens": r.max_num_batched_tokens,
+            per: r.slo_max_request_rate if "rate" in load else r.slo_max_concurrency,
+            "replicas": r.replicas,
+            "GPUs": r.num_gpus,
+            "$/h": "unpriced" if r.usd_per_hour is None else f"{r.usd_per_hour:,.2f}",
+            "$/1M out": None if r.usd_per_m_output_tokens is None else round(r.usd_per_m_output_tokens, 3),
+            "$/1k good": None if r.usd_per_k_good_requests is None else round(r.usd_per_k_good_requests, 3),
+            "step times": r.step_times,
+            "meets SLO": "yes" if r.meets_slo else "no",
+        }
+        for i, r in enumerate([r for r in results if r.feasible][:top], 1)
+    ]
+    frame = pd.DataFrame(rows)
+    if "weights" in frame and set(frame["weights"]) == {"auto"}:
+        frame = frame.drop(columns="weights")  # one weight dtype asked: the checkpoint's
+    return frame
+
+
+def print_plan(
+    results: list[ConfigResult],
+    model: str,
+    load: dict,
+    console,
+    top: int = 15,
+    interrupted: tuple[int, int] | None = None,
+) -> None:
+    """The ``top`` best configurations, the count of the rest, and the best one's serve command;
+    ``interrupted``: (configurations finished, in the grid) of a search Ctrl-C stopped."""
+    from kvplan.results.report.tables import to_rich
+
+    what = f"{load['rate']:g} req/s" if "rate" in load else f"{load['users']} users"
+    table = to_rich(plan_frame(results, load, top), f"kvplan plan: {model} for {what}, cheapest first")
+    console.print(table)
+    infeasible = [r for r in results if not r.feasible]
+    if infeasible:
+        console.print(
+            f"{len(infeasible)} configuration(s) infeasible, e.g. {infeasible[0].gpu} x{infeasible[0].tp}:"
+            f" {infeasible[0].reason}",
+            markup=False,
+            highlight=False,
+            soft_wrap=True,
+        )
+    if interrupted is not None:
+        console.print(
+            f"interrupted: {interrupted[0]} of {interrupted[1]} configurations judged; the best is of those only",
+            markup=False,
+            highlight=False,
+        )
+    best = results[0] if results else None
+    if best is not None and best.meets_slo:
+        note = "" if best.usd_per_hour is not None else " (unpriced: ranked by GPU count)"
+        console.print(
+            f"best{note}: {serve_command(model, best)}  # x{best.replicas} replica(s)",
+            markup=False,
+            highlight=False,
+            soft_wrap=True,
+        )
+    else:
+        console.print("no configuration meets the SLO at this load", markup=False, highlight=False)
+
+
+def plot_pareto(results: list[ConfigResult], tpot_ms: float | None, path) -> None:
+    """Output tok/s per GPU against tok/s per user, every configuration meeting the SLO, the
+    frontier (kvplan.optimize.plan.pareto) joined, the best labelled, and the SLO's TPOT as the
+    per-user rate it allows (1,000 / TPOT ms); written to ``path`` (PNG).
+
+    Raises:
+        KvplanError: ``path`` cannot be written.
+    """
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from kvplan.errors import KvplanError
+    from kvplan.optimize.plan import pareto
+
+    met = [r for r in results if r.meets_slo and r.output_tokens_per_s_per_gpu is not None]
+    fig, ax = plt.subplots(figsize=(8, 5))
+    for gpu in dict.fromkeys(r.gpu for r in met):
+        own = [r for r in met if r.gpu == gpu]
+        per_user = [r.output_tokens_per_s_per_user or 0.0 for r in own]  # none is None: filtered above
+        ax.scatter(per_user, [r.output_tokens_per_s_per_gpu or 0.0 for r in own], label=gpu)
+    front = pareto(met)
+    if front:
+        ax.plot(
+            [r.output_tokens_per_s_per_user or 0.0 for r in front],
+            [r.output_tokens_per_s_per_gpu or 0.0 for r in front],
+            "k--",
+            lw=1,
+            label="frontier",
+        )
+    if tpot_ms:
+        ax.axvline(1000 / tpot_ms, color="tab:red", lw=1, label=f"TPOT SLO {tpot_ms:g} ms")
+    if met:
+        best = results[0]
+        if best.meets_slo and best.output_tokens_per_s_per_user is not None:
+            ax.annotate(
+                f"best: {best.gpu} x{best.tp}",
+                (best.output_tokens_per_s_per_user, best.output_tokens_per_s_per_gpu or 0),
+            )
+    ax.set_xlabel("output tok/s per user (at the most users within the SLO)")
+    ax.set_ylabel("output tok/s per GPU")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    try:
+        fig.savefig(path, dpi=110)
+    except OSError as err:
+        raise KvplanError("pareto", f"cannot write {path} ({err.strerror or err})") from None
+    finally:
+        plt.close(fig)

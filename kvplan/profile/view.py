@@ -1,0 +1,51 @@
+"""``kvplan profile``'s tables: a traffic profile (kvplan.profile.stats) as rich tables."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def _num(value: float | None, fmt: str = ".3g") -> str:
+    return "-" if value is None else format(value, fmt)
+
+
+def print_profile(data: dict[str, Any], console: Any) -> None:
+    """The summary, the length percentiles, the top shared prefixes and the first bad lines."""
+    from rich.table import Table
+
+    arrival, turns, flight = data["arrival"], data["turns"], data["in_flight"]
+    summary = Table(title=f"Traffic profile: {data['source']}", title_justify="left", show_header=False)
+    summary.add_column("what")
+    summary.add_column("value", justify="right")
+    rows = [
+        ("requests", f"{data['num_requests']} ({', '.join(f'{k} {v}' for k, v in data['formats'].items())})"),
+        ("bad lines", str(data["num_bad_lines"])),
+        *([("load level", f"{data['level']} (of {len(data['levels'])})")] if data["level"] else []),
+        ("duration, s", _num(data["duration_s"], ".4g")),
+        ("arrival rate, req/s", _num(arrival["rate_per_s"], ".4g")),
+        ("inter-arrival CV", _num(arrival["cv"])),
+        ("gamma shape (1 / CV^2)", _num(arrival["gamma_shape"])),
+        (f"prefix reuse ({data['block_size']}-token blocks)", f"{data['prefix_reuse']:.1%}"),
+        ("turns per session, mean / max", f"{turns['mean']:.2f} / {turns['max']}" if turns else "-"),
+        ("in flight, peak / mean", f"{flight['peak']} / {flight['mean']:.2f}" if flight else "-"),
+    ]
+    for row in rows:
+        summary.add_row(*row)
+    console.print(summary)
+    lengths = Table(title="Token lengths", title_justify="left")
+    for name in ("side", "P50", "P90", "P95", "P99", "max", f"long tail ({data['long_tail']['rule']})"):
+        lengths.add_column(name, justify="left" if name == "side" else "right")
+    for side in ("input", "output"):
+        p = data[f"{side}_tokens"]
+        tail = "yes" if data["long_tail"][side] else "no"
+        lengths.add_row(side, *(f"{p[k]:.0f}" for k in ("p50", "p90", "p95", "p99", "max")), tail)
+    console.print(lengths)
+    if data["top_prefixes"]:
+        prefixes = Table(title="Shared prefixes (most requests first)", title_justify="left")
+        for name in ("tokens", "requests", "share"):
+            prefixes.add_column(name, justify="right")
+        for p in data["top_prefixes"]:
+            prefixes.add_row(str(p["num_tokens"]), str(p["num_requests"]), f"{p['share']:.1%}")
+        console.print(prefixes)
+    for line in data["bad_lines"]:
+        console.print(f"bad line: {line}", style="yellow", markup=False, highlight=False)

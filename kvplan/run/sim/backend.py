@@ -1,0 +1,144 @@
+"""The engine's own scheduler on a virtual clock, as a load-test backend: a simulation.
+
+``SimBackend`` runs the driver's requests through the bundled engine's real ``Scheduler`` and
+``BlockManager`` (imported, never copied; both torch-free) with no model: every scheduled request
+"samples" a token that cannot be a prompt token (-1, outside every vocabulary), and every step
+takes its start and end from a ``StepClock`` (kvplan.run.sim.cost). Admission, chunked prefill,
+recompute preemption, prefix-cache hashes and hits (from the same token ids and cache salts) are
+therefore the engine's own; only time is modelled::
+
+    advance(until):  (check, start) = clock.next_start(now)
+                     until <= check?  -> now = until, return (the driver submits the arrival first)
+                     schedule(start) -> SchedulerOutput -> end = clock.step_end(start, work)
+                     update_from_output(sampled -1s, end) -> finished requests + StepStats
+
+A request's tokens all "reach the client" at the end of the step that produced them, as in the
+engine. Requests run with ignore_eos, so each produces exactly max_tokens tokens.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from operator import attrgetter
+from typing import Any
+
+from engine.config import EngineConfig
+from engine.request import Request, SamplingParams
+from engine.scheduler import Scheduler
+from kvplan.results.run_result import EngineFacts
+from kvplan.run.driver import Finished, Submission
+from kvplan.run.sim.cost import StepClock, StepWork
+from kvplan.run.sim.decode_run import SIMULATED_TOKEN_ID, decode_run
+
+_REQUEST_ID = attrgetter("request_id")
+
+
+def scheduler_for(facts: EngineFacts, admission: Mapping[str, Any] | None = None) -> Scheduler:
+    """A fresh engine scheduler with the KV pool and limits of ``facts``, and ``admission``'s
+    settings (EngineConfig's admission fields, engine.admission; None: off), so a simulation
+    admits and refuses exactly the requests the engine would."""
+    config = EngineConfig(
+        model="simulated",
+        block_size=facts.block_size,
+        num_blocks=facts.num_blocks,
+        max_num_seqs=facts.max_num_seqs,
+        max_num_batched_tokens=facts.max_num_batched_tokens,
+        max_model_len=facts.max_model_len,
+        enable_prefix_caching=facts.enable_prefix_caching,
+        prefill_first=facts.prefill_first,
+        **(admission or {}),
+    )
+    return Scheduler(config, facts.num_blocks, facts.max_model_len)
+
+
+class SimBackend:
+    """The driver's backend (kvplan.run.driver.Backend) over the engine's scheduler and ``clock``.
+
+    Raises (from ``advance``):
+        RuntimeError: a step that schedules nothing while requests wait (the scheduler could
+            never run them; the load test's request checks rule this out beforehand).
+    """
+
+    def __init__(
+        self, facts: EngineFacts, clock: StepClock, decode_runs: bool = True, admission: Mapping[str, Any] | None = None
+    ):
+        self.scheduler = scheduler_for(facts, admission)
+        self.decode_runs = decode_runs  # take runs of pure decode steps together (kvplan.run.sim.decode_run)
+        self.clock = clock
+        self.now_s = 0.0
+        self.num_steps = 0
+        self._level: str | None = None
+
+    def now(self) -> float:
+        return self.now_s
+
+    def submit(self, submission: Submission) -> None:
+        level = submission.request_id.rsplit("/", 1)[0]  # LevelKey.id: request ids are "<level id>/<index>"
+        if level != self._level:
+            self._level = level
+            self.clock.begin_level(level, self.now_s)
+        params = SamplingParams(
+            max_tokens=submission.max_tokens,
+            ignore_eos=True,
+            seed=submission.seed,
+            forced_token_ids=submission.output_token_ids,
+        )
+        arrival = self.now_s if submission.arrival_time is None else submission.arrival_time
+        request = Request(
+            submission.request_id,
+            submission.prompt_token_ids,
+            params,
+            arrival,
+            submission.cache_salt,
+            submission.tenant,
+        )
+        self.scheduler.add_request(request, self.now_s)
+
+    def advance(self, until: float | None) -> tuple[list[Finished], list[Any]]:
+        """One step, unless an arrival (``until``) comes before it would take new requests; or a
+        whole decode run of steps (kvplan.run.sim.decode_run), each the step the scheduler would
+        take."""
+        if self.decode_runs:
+            run = decode_run(self.scheduler, self.clock, self.now_s, until, self.num_steps)
+            if run is not None:
+                steps, self.now_s = run
+                self.num_steps += len(steps)
+                return [], list(steps)
+        check, start = self.clock.next_start(self.now_s)
+        if until is not None and until <= check:
+            self.now_s = max(self.now_s, until)
+            return [], []
+        scheduler = self.scheduler
+        output = scheduler.schedule(start)
+        if output.is_empty and not scheduler.has_untaken_finished():
+            raise RuntimeError("simulation: a step scheduled nothing while requests wait")
+        end = self.clock.step_end(start, StepWork.of(output)) if not output.is_empty else start
+        # every scheduled request "samples" -1 (one that does not sample never reads it)
+        sampled = dict.fromkeys(map(_REQUEST_ID, output.scheduled), SIMULATED_TOKEN_ID)
+        scheduler.update_from_output(output, sampled, end)
+        finished = [_finished(r) for r in scheduler.take_finished()]
+        stats = scheduler.step_stats(self.num_steps, start, end, output, len(finished))
+        self.num_steps += 1
+        self.now_s = end
+        return finished, [stats]
+
+    def wait_until(self, when: float) -> None:
+        self.now_s = max(self.now_s, when)
+
+
+def _finished(request: Request) -> Finished:
+    finish_time, finish_reason = request.finish_time, request.finish_reason
+    assert finish_time is not None and finish_reason is not None  # set on every request take_finished gives
+    return Finished(
+        request_id=request.request_id,
+        arrival_time=request.arrival_time,
+        first_scheduled_time=request.first_scheduled_time,
+        finish_time=finish_time,
+        token_times=tuple(request.token_times),
+        num_prompt_tokens=request.num_prompt_tokens,
+        num_output_tokens=len(request.output_token_ids),
+        finish_reason=finish_reason,
+        finish_detail=request.finish_detail,
+        num_preemptions=request.num_preemptions,
+        num_cached_tokens=request.num_cached_tokens,
+    )

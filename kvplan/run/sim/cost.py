@@ -1,0 +1,106 @@
+"""What a step costs: the work a step runs, and the clocks a simulation takes step times from.
+
+A simulated step's work is ``StepWork`` (read off the engine's ``SchedulerOutput``, or off a
+recorded ``StepRecord`` when fitting); a ``CostModel`` turns it into seconds. The simulation's
+clock asks a ``StepClock`` when the next step starts and ends::
+
+    previous step ends at t  --(gap: the driver's own work between steps)-->  next step starts
+    start --(CostModel.step_seconds(work))--> end: the step's tokens reach their clients
+
+``ModelClock`` is that clock for any cost model (the calibrated one, the GPU roofline);
+``kvplan.run.sim.replay.ReplayClock`` replays a measured run's own step times instead.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+
+@dataclass(frozen=True)
+class StepWork:
+    """The work of one engine step (engine.outputs.SchedulerOutput's counts):
+    ``num_prefill_tokens`` (prompt chunks and recomputes), ``num_decode_tokens`` (= decoding
+    requests, one token each), ``num_prefill_seqs`` (requests with prefill tokens),
+    ``num_context_tokens`` (sum of scheduled requests' cached + new tokens: the K/V attention
+    reads), ``num_attended_tokens`` (causal query-key pairs per head) and
+    ``num_decode_context_tokens`` (the decoding requests' share of ``num_context_tokens``; 0 where
+    a record predates it)."""
+
+    num_prefill_tokens: int
+    num_decode_tokens: int
+    num_prefill_seqs: int
+    num_context_tokens: int
+    num_attended_tokens: int
+    num_decode_context_tokens: int = 0
+
+    @classmethod
+    def of(cls, step: Any) -> StepWork:
+        """From anything with these fields (a SchedulerOutput, StepStats or StepRecord; the last
+        one optional)."""
+        return cls(
+            step.num_prefill_tokens,
+            step.num_decode_tokens,
+            step.num_prefill_seqs,
+            step.num_context_tokens,
+            step.num_attended_tokens,
+            getattr(step, "num_decode_context_tokens", 0),
+        )
+
+    @property
+    def num_tokens(self) -> int:
+        return self.num_prefill_tokens + self.num_decode_tokens
+
+
+class CostModel(Protocol):
+    """Seconds a step of ``work`` takes (``step_seconds``), and ``gap_s``: seconds between one
+    step's end and the next one's start (the serving loop's own work)."""
+
+    @property
+    def gap_s(self) -> float: ...  # read only: the cost models are frozen dataclasses
+
+    def step_seconds(self, work: StepWork) -> float: ...
+
+
+class StepClock(Protocol):
+    """Where a simulation's steps sit on its virtual clock (seconds)."""
+
+    def begin_level(self, level_id: str, now: float) -> None:
+        """A level (``LevelKey.id``) starts at ``now``: its first request was just submitted."""
+
+    def next_start(self, now: float) -> tuple[float, float]:
+        """For the step after ``now``: (the time up to which arrivals join it, its start)."""
+
+    def step_end(self, start: float, work: StepWork) -> float:
+        """When a step of ``work`` that started at ``start`` ends."""
+
+
+class ModelClock:
+    """A ``StepClock`` from a cost model: each step starts ``gap_s`` after the previous one ended
+    (arrivals until then join it) and lasts ``step_seconds(work)``."""
+
+    def __init__(self, cost: CostModel):
+        self.cost = cost
+
+    def begin_level(self, level_id: str, now: float) -> None:
+        pass
+
+    def next_start(self, now: float) -> tuple[float, float]:
+        start = now + self.cost.gap_s
+        return start, start
+
+    def step_end(self, start: float, work: StepWork) -> float:
+        return start + self.cost.step_seconds(work)
+
+
+class FixedStepCost:
+    """Every step takes ``seconds``, with no gap: for searches that need no timing (the knee: closed-
+    loop admission and preemption depend on token counts and free blocks only)."""
+
+    gap_s = 0.0
+
+    def __init__(self, seconds: float = 1e-3):
+        self.seconds = seconds
+
+    def step_seconds(self, work: StepWork) -> float:
+        return self.seconds

@@ -1,0 +1,257 @@
+"""A GPU the engine never ran on: ``kvplan simulate --model M --gpu G`` and the workload's ``plan:`` entries.
+
+The model and the KV pool are replaced: the pool is kvplan's capacity arithmetic on that GPU
+(GPU memory x utilization - weights / tp - overhead, in blocks of the engine section's block
+size; kvplan.sizing.capacity). Each step is timed from measured silicon where aiconfigurator-core's
+database covers the GPU, backend and model (kvplan.sizing.gpus.silicon), else by the roofline of
+kvplan.sizing.gpus.step_cost with the efficiencies fitted to public serving results; the setup's
+``notes`` say why in one line. The scheduler limits (block size,
+max_num_seqs, max_num_batched_tokens, max_model_len, prefix caching) stay the engine section's;
+the way steps are formed is the backend's: SGLang computes prefill batches apart from decode
+batches (its scheduler runs a prefill batch whenever a waiting request can be admitted, and mixes
+decodes into it only with ``--enable-mixed-chunk``, off by default: sglang docs, "Server
+Arguments"), so ``--backend sglang`` simulates with engine.config's ``prefill_first``; vLLM v1 and
+TensorRT-LLM's in-flight batching mix decodes and prefill chunks in one step, as the engine does.
+Prompts are the workload's own, tokenised by the engine section's model.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from kvplan.errors import KvplanError
+from kvplan.results.run_result import EngineFacts
+from kvplan.results.simulated import CostModelInfo
+from kvplan.run.sim.cost import ModelClock
+from kvplan.run.sim.run import SimSetup
+from kvplan.sizing import dtypes
+from kvplan.sizing.capacity import estimate_capacity
+from kvplan.sizing.gpus.gpu_perf import lookup_gpu_perf, serving_fit
+from kvplan.sizing.gpus.step_cost import roofline
+from kvplan.sizing.models.model_source import load_model_config
+from kvplan.sizing.models.model_spec import ModelSpec
+from kvplan.workload.schema import Workload
+
+PREFILL_FIRST_BACKENDS = ("sglang",)  # backends whose steps are prefill-only or decode-only (module docstring)
+SGLANG_STEPS = "; prefill steps apart from decode steps, as SGLang schedules"
+
+
+def gpu_setup(
+    workload: Workload,
+    model: str,
+    gpu: str,
+    tp: int = 1,
+    kv_cache_dtype: str = "auto",
+    weight_dtype: str = "auto",
+    gpu_memory_utilization: float | None = None,
+    target: str = "engine",
+    fit=None,
+    backend: str = "vllm",
+    backend_version: str | None = None,
+    ep: int = 1,
+    step_times: str = "auto",
+    silicon_fit=None,
+) -> SimSetup:
+    """Simulate ``model`` on ``tp`` GPUs ``gpu`` under the workload's scheduler limits.
+
+    fit: the roofline's efficiencies and overhead (kvplan.sizing.gpus.gpu_perf.ServingFit); default the
+    fitted ones. backend / backend_version: whose measured database times the steps (default
+    vLLM's newest). ep: expert-parallel size of a MoE model (experts split ``ep`` ways, each
+    expert ``tp / ep`` ways). step_times: ``auto`` (silicon where covered, else the roofline),
+    ``silicon`` (an error where not covered) or ``roofline``. silicon_fit: the silicon model's
+    correction (kvplan.sizing.gpus.silicon.SiliconFit); default the backend's fitted one.
+
+    Raises:
+        KvplanError: an unknown model or GPU, a GPU without FLOP/s and bandwidth figures (``gpu``),
+            a bad tp, ep or dtype, an unknown backend or backend version, a model that leaves no
+            KV budget on that GPU, or ``step_times: silicon`` on a target the database lacks.
+    """
+    from kvplan.sizing.gpus import silicon, silicon_db
+
+    if tp < 1:
+        raise KvplanError("tp", f"must be >= 1 (got {tp})")
+    perf = lookup_gpu_perf(gpu)
+    config, name = load_model_config(workload.resolve_model(model))[:2]
+    spec = ModelSpec.from_hf_config(config, name)
+    check_ep(spec, tp, ep)
+    settings = workload.engine
+    try:
+        capacity = estimate_capacity(
+            spec,
+            kv_cache_dtype=kv_cache_dtype,
+            tp=tp,
+            gpu=gpu,
+            weight_dtype=weight_dtype,
+            gpu_memory_utilization=gpu_memory_utilization,
+            block_size=settings.block_size,
+            max_model_len=settings.max_model_len,
+        )
+    except KvplanError as err:  # name what a simulation sets them by: the engine section, its own options
+        if err.field in ("max_model_len", "block_size"):
+            raise err.within(source=workload.source, prefix="engine") from None
+        if err.field == "KV budget":
+            raise KvplanError(
+                err.field, err.problem, "use a larger `gpu`, more `tp`, or a smaller `weight_dtype`"
+            ) from None
+        raise
+    backend = silicon.check_backend(backend)
+    notes: tuple[str, ...] = ()
+    timed: silicon.SiliconStepCost | str = "--step-times roofline"
+    if step_times != "roofline":
+        system = getattr(perf, "silicon_system", None)
+        timed = silicon.silicon_cost(
+            config, system, tp, backend, backend_version, weight_dtype, kv_cache_dtype, ep, silicon_fit
+        )
+        if isinstance(timed, str):
+            if step_times == "silicon":
+                raise KvplanError(
+                    "step_times", f"no measured step times for {name} on {perf.name}: {timed}", "use auto"
+                )
+            notes = (f"{target}: {name} on {perf.name} timed by the roofline: {timed}",)
+    elif backend_version is not None:
+        raise KvplanError("backend_version", "applies to silicon step times only", "drop it, or use --step-times auto")
+    roof = roofline(spec, perf, fit or serving_fit(), tp, kv_cache_dtype, weight_dtype)
+    facts = EngineFacts(
+        model=name,
+        device=f"{capacity.gpu} x{tp}" if tp > 1 else str(capacity.gpu),
+        dtype=dtypes.serving_dtype(spec.dtype),
+        kv_cache_dtype=dtypes.canonical(capacity.kv_cache_dtype),
+        attention_backend="roofline" if isinstance(timed, str) else timed.source.label,
+        block_size=settings.block_size,
+        num_blocks=capacity.num_blocks,
+        bytes_per_block=capacity.bytes_per_token_all_ranks * settings.block_size,
+        max_model_len=capacity.max_model_len,
+        max_num_seqs=settings.max_num_seqs,
+        max_num_batched_tokens=settings.max_num_batched_tokens,
+        enable_prefix_caching=settings.enable_prefix_caching,
+        seed=workload.seed,
+        num_layers=spec.num_layers,
+        num_kv_heads=spec.num_kv_heads,
+        head_dim=spec.head_dim,
+        vocab_size=spec.vocab_size,
+        prefill_first=backend in PREFILL_FIRST_BACKENDS,
+        hf_config=config,
+    )
+    if isinstance(timed, str):
+        cost: Any = roof
+        info = CostModelInfo(
+            kind="gpu",
+            source=perf.source,
+            step_times="roofline",
+            description=f"roofline of {perf.name} x{tp}: {perf.bf16_flops / 1e12:g} TFLOPS bf16, "
+            f"{perf.hbm_bytes_per_s / 1e9:g} GB/s, compute efficiency {roof.fit.compute_efficiency:.2f}, "
+            f"memory efficiency {roof.fit.memory_efficiency:.2f}, {roof.fit.step_overhead_s * 1e3:.2f} ms "
+            "per step" + (SGLANG_STEPS if facts.prefill_first else ""),
+            parameters={
+                "gpu": perf.name,
+                "tp": tp,
+                "compute_efficiency": roof.fit.compute_efficiency,
+                "memory_efficiency": roof.fit.memory_efficiency,
+                "step_overhead_s": roof.fit.step_overhead_s,
+                "num_blocks": capacity.num_blocks,
+                "weights_bytes_per_rank": capacity.weights_bytes,
+            },
+        )
+    else:
+        cost, src = timed, timed.source
+        info = CostModelInfo(
+            kind="gpu",
+            source=f"aiconfigurator-core {silicon_db.package_version()} measured database ({src.model_path})",
+            step_times=src.label,
+            description=f"measured operation times of {src.system} x{tp}"
+            + (f" (expert parallel {ep})" if ep > 1 else "")
+            + f" under {src.backend} {src.version}, scales {timed.fit.decode_scale:.3f} (decode) and "
+            f"{timed.fit.prefill_scale:.3f} (prefill), {timed.fit.step_overhead_s * 1e3:.2f} ms per step, "
+            f"{timed.fit.layer_overhead_s * 1e3:.4f} ms per layer per step and "
+            f"{timed.fit.seq_overhead_s * 1e3:.3f} ms per sequence" + (SGLANG_STEPS if facts.prefill_first else ""),
+            parameters={
+                "gpu": perf.name,
+                "tp": tp,
+                "ep": ep,
+                "system": src.system,
+                "backend": src.backend,
+                "backend_version": src.version,
+                "model_path": src.model_path,
+                "decode_scale": timed.fit.decode_scale,
+                "prefill_scale": timed.fit.prefill_scale,
+                "step_overhead_s": timed.fit.step_overhead_s,
+                "seq_overhead_s": timed.fit.seq_overhead_s,
+                "layer_overhead_s": timed.fit.layer_overhead_s,
+                "num_layers": timed.num_layers,
+                "num_blocks": capacity.num_blocks,
+                "weights_bytes_per_rank": capacity.weights_bytes,
+            },
+        )
+    return SimSetup(
+        facts,
+        lambda: ModelClock(cost),
+        info,
+        target=target,
+        gpu=perf.name,
+        tp=tp,
+        notes=notes,
+        weight_dtype=dtypes.canonical_weight(weight_dtype),
+        ep=ep,
+        backend=backend,
+    )
+
+
+def check_ep(spec: ModelSpec, tp: int, ep: int) -> None:
+    """Whether ``ep`` splits ``spec``'s experts within ``tp`` GPUs (whatever times the steps).
+
+    Raises:
+        KvplanError: ``ep`` below 1, not dividing ``tp``, above 1 on a dense model, or not dividing
+            the model's routed experts (vLLM's expert parallelism gives each rank whole experts).
+    """
+    if ep > 1 and spec.moe is None:
+        raise KvplanError("ep", f"{spec.name} has no experts to split (got {ep})", "leave ep at 1 for a dense model")
+    if ep < 1 or tp % ep:
+        raise KvplanError("ep", f"must divide tp = {tp} (got {ep})", "give 1 or a divisor of tp")
+    if ep == 1:
+        return
+    if spec.moe is not None and spec.moe.num_experts % ep:
+        raise KvplanError(
+            "ep", f"must divide {spec.name}'s {spec.moe.num_experts} experts (got {ep})", "give a divisor of both"
+        )
+
+
+def plan_setups(workload: Workload) -> tuple[list[SimSetup], list[str]]:
+    """A setup per ``plan:`` entry whose GPU has speed figures, and one note per entry skipped.
+
+    Raises:
+        KvplanError: a plan entry kvplan cannot size (unknown model, no KV budget), named ``plan[i]``.
+    """
+    setups, notes = [], []
+    for i, entry in enumerate(workload.plan):
+        try:
+            lookup_gpu_perf(entry.gpu)
+        except KvplanError as err:
+            notes.append(f"plan[{i}]: {err.problem}; no capacity answers for it")
+            continue
+        try:
+            setups.append(
+                gpu_setup(
+                    workload,
+                    entry.model,
+                    entry.gpu,
+                    entry.tp,
+                    entry.kv_cache_dtype,
+                    entry.weight_dtype,
+                    target=f"plan[{i}]",
+                    backend=entry.backend,
+                    backend_version=entry.backend_version,
+                    ep=entry.ep,
+                )
+            )
+        except KvplanError as err:
+            if err.field.startswith("engine."):  # the engine section's, shared by every target
+                raise
+            if err.field == "KV budget":  # the entry's own sizing, as the load test's estimate says it
+                raise KvplanError(
+                    f"plan[{i}]",
+                    err.problem,
+                    "use a larger gpu, a higher tp or a smaller weight_dtype in this plan entry",
+                    source=workload.source,
+                ) from None
+            raise err.within(source=workload.source, prefix=f"plan[{i}]") from None
+    return setups, notes

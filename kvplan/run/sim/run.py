@@ -1,0 +1,210 @@
+"""``kvplan simulate``: a workload through the engine's own scheduler on a cost-model clock.
+
+::
+
+    workload -> what to simulate (SimSetup: engine facts + a clock: calibrated | GPU | replay)
+      -> the load test's sampled requests (same seed, same token ids; cached) -> every request fits?
+      -> concurrency: auto resolved around the simulated knee -> estimate (+ simulated knees)
+      -> run folder with results.json (source simulated, status running)
+      -> every level on a SimBackend through the load test's driver, records appended
+      -> knee and SLO capacity per bucket and target (search) -> summaries -> report
+
+The run folder is the load test's (``start_run``, ``run_levels``, ``finish_run`` of
+kvplan.run.loadtest), so ``kvplan report``, ``compare`` and ``gate`` read it unchanged. Nothing
+here imports torch or transformers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from kvplan.errors import KvplanError
+from kvplan.results.run_result import EngineFacts, RunResult, WorkloadRef
+from kvplan.results.simulated import DEFAULT_ATTAINMENT, CostModelInfo, TargetCapacity
+from kvplan.results.store import check_out
+from kvplan.run.checks import check_requests_fit
+from kvplan.run.driver import Level, schedule_levels
+from kvplan.run.estimate import compute_estimate
+from kvplan.run.lifecycle import finish_run, now_iso, run_levels, start_run
+from kvplan.run.sim.backend import SimBackend
+from kvplan.run.sim.cost import StepClock
+from kvplan.run.sim.facts import simulated_facts, simulated_run_info
+from kvplan.run.sim.search import resolve_auto, search_capacity, simulated_knees, with_knees
+from kvplan.traffic.requests import SampledBuckets
+from kvplan.traffic.samples import cached_sample
+from kvplan.traffic.tokenizer import tokenize_function, tokenizer_identity
+from kvplan.workload.schema import Workload
+from kvplan.workload.variants import all_variants, variant_workload
+
+
+@dataclass(frozen=True)
+class SimSetup:
+    """One thing to simulate: the engine it stands for (``facts``: pool, limits, model dims), a
+    factory of fresh clocks (one per simulation), how they time steps, and which target it is
+    (``engine`` or ``plan[i]``, with its GPU and tp)."""
+
+    facts: EngineFacts
+    clock: Callable[[], StepClock]
+    cost_model: CostModelInfo
+    target: str = "engine"
+    gpu: str | None = None
+    tp: int = 1
+    timed: bool = True  # its clock times any level (False for a replay, which knows the measured levels only)
+    notes: tuple[str, ...] = ()  # one line each the CLI prints (a GPU target timed by the roofline: why)
+    weight_dtype: str | None = None  # a GPU target's: as given, canonical (auto: the checkpoint's own)
+    ep: int = 1  # a GPU target's expert-parallel size
+    backend: str | None = None  # a GPU target's serving engine (vllm, sglang, trtllm)
+    levels: frozenset[str] | None = None  # a replay's: the ids of the levels the measured run ran (None: all)
+
+    def own_levels(self, levels: list[Level]) -> list[Level]:
+        """The ``levels`` this setup can simulate: a replay's, those the measured run ran (a load test
+        of a mix bucket without ``interference`` ran no class alone); else all of them."""
+        return levels if self.levels is None else [lv for lv in levels if lv.key.id in self.levels]
+
+    def sized(self, workload: Workload) -> Workload:
+        """``workload`` with this target's pool (what the estimate reads)."""
+        engine = workload.engine.model_copy(update={"num_blocks": self.facts.num_blocks, "kv_cache_memory": None})
+        return workload.model_copy(update={"engine": engine})
+
+
+def variant_facts(workload: Workload, name: str, setup: SimSetup) -> EngineFacts:
+    """The engine facts of ``setup`` on engine variant ``name`` (kvplan.workload.variants): for the
+    workload's own engine, the facts a load test of the variant would read; for a GPU target, its
+    facts with the variant's scheduler settings (block size, pool and dtypes stay the target's).
+
+    Raises:
+        KvplanError: a variant setting the engine would refuse (``engine.<field>``).
+    """
+    own = variant_workload(workload, name)
+    if setup.gpu is None:
+        return simulated_facts(own, setup.facts.device, setup.facts.attention_backend)
+    knobs = ("max_num_seqs", "max_num_batched_tokens", "enable_prefix_caching")
+    return setup.facts.model_copy(update={k: getattr(own.engine, k) for k in knobs})
+
+
+def sample(workload: Workload, facts: EngineFacts) -> SampledBuckets:
+    """The requests a load test of ``workload`` sends (same seed, same token ids), every one
+    checked to fit ``facts``' pool and max_model_len.
+
+    Raises:
+        KvplanError: what sampling and the fit checks raise (kvplan.traffic.prompts, kvplan.run.checks).
+    """
+    model = workload.engine.model
+    sampled = cached_sample(
+        workload, lambda: tokenize_function(model), facts.vocab_size or 1, tokenizer_identity(model)
+    )
+    check_requests_fit(workload, facts, sampled.requests)
+    return sampled
+
+
+def simulate(
+    workload: Workload,
+    setup: SimSetup,
+    run_dir: Path | None = None,
+    *,
+    console=None,
+    plan: tuple[SimSetup, ...] = (),
+    attainment: float = DEFAULT_ATTAINMENT,
+    search: bool = True,
+    charts: bool = False,
+    note: Callable[[str], None] = lambda line: None,
+) -> Path:
+    """Simulate ``workload`` on ``setup`` and write its run folder; returns the folder.
+
+    plan: more targets (the workload's ``plan:`` entries) to answer the capacity questions for,
+        without records. search: False skips the capacity search (knees stay in the estimate).
+    charts: draw the report's PNGs too (seconds of matplotlib; ``kvplan report DIR`` draws them later).
+    note: called with each line the user should read (a replay's levels left out).
+
+    Raises:
+        KvplanError: an ``out`` that cannot be a new run folder, prompts that cannot fill a bucket, a
+            request that could never fit; all before the run folder exists.
+    """
+    started = now_iso()
+    check_out(run_dir)
+    sampled = sample(workload, setup.facts)
+    for target in plan:  # every request must fit every target before the run folder exists
+        try:
+            check_requests_fit(workload, target.facts, sampled.requests)
+        except KvplanError as err:
+            raise KvplanError(
+                target.target,
+                f"on {target.facts.model} / {target.facts.device}: {err.field}: {err.problem}",
+                err.fix,
+                source=workload.source,
+            ) from None
+    workload = resolve_auto(workload, setup.facts, sampled.requests)
+    knees = simulated_knees(workload, setup.facts, sampled.requests)
+    estimate, pricing = compute_estimate(setup.sized(workload), setup.facts, sampled.requests)
+    estimate = with_knees(estimate, knees)
+    result = RunResult(
+        source="simulated",
+        started_at=started,
+        slo=workload.slo,
+        level_plans=workload.level_plans,
+        class_slos=workload.class_slos,
+        engine=setup.facts,
+        estimate=estimate,
+        run=simulated_run_info(sampled.dataset_info),
+        cost_model=setup.cost_model,
+        workload=WorkloadRef(
+            name=workload.name, source=workload.source, sha256=workload.sha256, config=workload.model_dump(mode="json")
+        ),
+    )
+    variants = {name: variant_facts(workload, name, setup) for name in all_variants(workload)}
+    for facts in variants.values():
+        check_requests_fit(workload, facts, sampled.requests)
+    result = result.model_copy(update={"variant_engines": variants})
+    run_dir = start_run(workload, result, run_dir)
+
+    backends: dict[str, tuple[SimBackend, Callable]] = {}
+
+    def variant_backend(name: str) -> tuple[SimBackend, Callable]:
+        """One backend per engine variant for the whole run, as the bundled engine keeps one engine."""
+        if name not in backends:
+            own = setup.sized(variant_workload(workload, name)).model_copy(update={"plan": []})
+            pricing = compute_estimate(own, variants[name], sampled.requests)[1]
+            admission = own.engine.admission.model_dump()  # the variant's admission, as the engine's
+            backends[name] = (SimBackend(variants[name], setup.clock(), admission=admission), pricing.step_bytes)
+        return backends[name]
+
+    levels = schedule_levels(workload, sampled.requests, interference=True)
+    own = setup.own_levels(levels)
+    if len(own) < len(levels):
+        kept = {lv.key.id for lv in own}
+        left_out = ", ".join(lv.key.id for lv in levels if lv.key.id not in kept)
+        note(f"--replay: not simulated, as the measured run did not run them: {left_out}")
+    status = run_levels(
+        SimBackend(setup.facts, setup.clock(), admission=workload.engine.admission.model_dump()),
+        own,
+        run_dir,
+        pricing.step_bytes,
+        workload.seed,
+        console,
+        flush=False,
+        variant_backend=variant_backend,
+    )
+    if search and status == "complete" and setup.timed:
+        targets = []
+        for target in (setup, *plan):
+            own_knees = knees if target is setup else simulated_knees(workload, target.facts, sampled.requests)
+            buckets = search_capacity(workload, target.facts, sampled.requests, target.clock, attainment, own_knees)
+            targets.append(
+                TargetCapacity(
+                    target=target.target,
+                    model=target.facts.model,
+                    gpu=target.gpu,
+                    tp=target.tp,
+                    kv_cache_dtype=target.facts.kv_cache_dtype,
+                    attainment_target=attainment,
+                    buckets=buckets,
+                    step_times=target.cost_model.step_times,
+                    weight_dtype=target.weight_dtype,
+                    ep=target.ep,
+                    backend=target.backend,
+                )
+            )
+        result = result.model_copy(update={"capacity": targets})
+    return finish_run(run_dir, result, status, charts)

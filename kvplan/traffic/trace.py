@@ -1,0 +1,37 @@
+"""Trace replay: a trace's lines as the requests of its one open-loop level, prompts built from their
+hash blocks (the format, the hash-block expansion and the level's timing: kvplan.workload.trace)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from kvplan.traffic.requests import SampledBuckets, SampledRequest
+from kvplan.workload.schema import Workload
+from kvplan.workload.trace import clipped, read_trace
+
+
+def sample_trace(workload: Workload, vocab_size: int) -> SampledBuckets:
+    """Every bucket's requests: the trace's lines in order, prompts built from their hash blocks
+    (module docstring), the same list for each bucket. vocab_size: token ids lie in [0, vocab_size)."""
+    trace = read_trace(workload)
+    assert trace is not None  # a trace workload
+    dataset, seed = workload.dataset, workload.seed
+    size = dataset.block_tokens
+    shared: dict[int, np.ndarray] = {}
+
+    def block(*key: int) -> np.ndarray:
+        return np.random.default_rng([seed, *key]).integers(0, vocab_size, size=size)
+
+    requests = []
+    for r in trace.requests:
+        length = clipped(r.input_length, dataset.max_input_tokens)
+        count = -(-length // size)
+        if r.hash_ids is None:  # the line's own blocks, shared with nothing
+            parts = [block(1, r.line, b) for b in range(count)]
+        else:
+            parts = [shared[h] if h in shared else shared.setdefault(h, block(0, h)) for h in r.hash_ids[:count]]
+        ids = np.concatenate(parts)[:length]
+        out = clipped(r.output_length, dataset.max_output_tokens)
+        requests.append(SampledRequest(tuple(int(t) for t in ids), out, f"trace:{r.line}"))
+    info = {"kind": "trace", "path": str(workload.dataset_path), "num_lines": len(requests)}
+    return SampledBuckets({b.name: list(requests) for b in workload.buckets}, info)

@@ -1,0 +1,114 @@
+"""A workload's ``plan:`` entries: the production targets its buckets are sized on (kvplan
+estimate's capacity arithmetic in a load test's report; GPU targets in ``kvplan simulate``), and
+the KV dtype validation they share with the ``engine:`` section.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import ConfigDict, Field, field_validator, model_validator
+
+from kvplan.errors import KvplanError
+from kvplan.sizing import dtypes
+from kvplan.workload.buckets import Count, StrictModel
+
+
+def kv_cache_dtype_value(value: Any, allowed: tuple[str, ...]) -> Any:
+    """kvplan's name for a KV dtype (bfloat16 -> bf16), as a pydantic validator: ValueError
+    naming the choices for an unknown one."""
+    if not isinstance(value, str):
+        return value  # strict str validation reports it
+    try:
+        return dtypes.canonical(value, allowed=allowed)
+    except KvplanError as err:
+        raise ValueError(f"{err.problem}; {err.fix}") from None
+
+
+class Deployment(StrictModel):
+    """A production target to size the buckets on: a model preset, a GPU, tensor parallelism,
+    a KV cache and a weight dtype (names as in ``kvplan estimate``; ``auto``: the checkpoint's),
+    and for ``kvplan simulate``'s step times the expert-parallel size and the serving backend.
+    ``kv_dtype`` is the deprecated name of ``kv_cache_dtype``."""
+
+    model_config = ConfigDict(
+        json_schema_extra=lambda schema, _: schema["properties"].update(
+            kv_dtype={
+                "type": "string",
+                "deprecated": True,
+                "description": "Old name of kv_cache_dtype, still read, with a warning.",
+            }
+        )
+    )
+
+    model: str = Field(
+        description="The production model: a preset name as in ``kvplan estimate`` (``llama-3.1-8b``) or the"
+        " Hugging Face id it aliases, or a config.json or GGUF file, a relative path read from the workload"
+        " file's folder."
+    )
+    gpu: str = Field(description="The production GPU, by kvplan's name for it (``L4``, ``H100-SXM``, ...).")
+    tp: Count = Field(
+        1,
+        description="Tensor parallelism: the GPUs the model is split over, each holding its share of the KV"
+        " heads (KV bytes per token per GPU rank).",
+    )
+    kv_cache_dtype: str = Field(
+        "auto",
+        description="The KV cache dtype on the target: ``auto`` = the checkpoint's serving dtype, or"
+        " ``bf16``, ``fp16``, ``fp32``, ``fp8``, ``int8``, ``int4`` (torch's names read too).",
+    )
+    weight_dtype: str = Field(
+        "auto",
+        description="The weights' dtype on the target: ``auto`` = the checkpoint's own, or ``bf16``, ``fp16``,"
+        " ``fp8``, ``int8``, ``int4``, ``nvfp4`` (alias ``fp4``), ``mxfp4`` (what the weights leave of the"
+        " GPU's memory is the KV budget).",
+    )
+    ep: Count = Field(
+        1,
+        description="Expert-parallel size of a MoE model: its experts split ``ep`` ways, each ``tp / ep`` ways"
+        " (``kvplan simulate``'s step times; the KV pool is the same).",
+    )
+    backend: str = Field(
+        "vllm",
+        description="The serving engine whose measured operation times (aiconfigurator-core) time this"
+        " target's steps in ``kvplan simulate``: ``vllm``, ``sglang``, ``trtllm``.",
+    )
+    backend_version: str | None = Field(
+        None,
+        description="The ``backend``'s database version (default: the one aiconfigurator-core maintains as"
+        " current for the GPU).",
+    )
+
+    @field_validator("weight_dtype", mode="before")
+    @classmethod
+    def _weight_dtype(cls, value: Any) -> Any:
+        if not isinstance(value, str):
+            return value  # strict str validation reports it
+        try:
+            return dtypes.canonical_weight(value)
+        except KvplanError as err:
+            raise ValueError(f"{err.problem}; {err.fix}") from None
+
+    @field_validator("backend", mode="before")
+    @classmethod
+    def _backend(cls, value: Any) -> Any:
+        from kvplan.sizing.gpus.silicon import BACKENDS
+
+        name = str(value).strip().lower()
+        if name not in BACKENDS:
+            raise ValueError(f"unknown backend {value!r}; use one of {', '.join(BACKENDS)}")
+        return name
+
+    @model_validator(mode="before")
+    @classmethod
+    def _old_name(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "kv_dtype" in data:
+            if "kv_cache_dtype" in data:
+                raise ValueError("give kv_cache_dtype only (kv_dtype is its deprecated name)")
+            data = {("kv_cache_dtype" if k == "kv_dtype" else k): v for k, v in data.items()}
+        return data
+
+    @field_validator("kv_cache_dtype", mode="before")
+    @classmethod
+    def _kv_dtype(cls, value: Any) -> Any:
+        return kv_cache_dtype_value(value, tuple(dtypes.DTYPES))

