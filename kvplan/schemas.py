@@ -1,7 +1,8 @@
 """JSON Schema (draft 2020-12) of kvplan's files, for editors and CI validators.
 
 ``workload``: the workload YAML (kvplan.workload.schema.Workload, shorthands included);
-``results``: a run folder's results.json (kvplan.results.run_result.RunResult, as written).
+``results``: a run folder's results.json (kvplan.results.run_result.RunResult, as written);
+``plan``: a plan's plan.json and ``kvplan plan --json`` (kvplan.results.plan_result.PlanRun).
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from typing import Any
 from kvplan.errors import KvplanError
 
 DIALECT = "https://json-schema.org/draft/2020-12/schema"
-KINDS = ("workload", "results")
+KINDS = ("workload", "results", "plan")
 # class -> the $defs name the published schemas have always used (classes renamed since keep it)
 PUBLISHED_NAMES = {
     "Deployment": "PlanTarget",
@@ -56,6 +57,11 @@ def json_schema(which: str) -> dict[str, Any]:
 
         schema = RunResult.model_json_schema(mode="serialization")
         title = "kvplan run result (results.json)"
+    elif which == "plan":
+        from kvplan.results.plan_result import PlanRun
+
+        schema = PlanRun.model_json_schema(mode="serialization")
+        title = "kvplan plan (plan.json)"
     else:
         raise KvplanError("which", f"unknown schema {which!r}", f"use one of {', '.join(KINDS)}")
     return {"$schema": DIALECT, **_published(schema), "title": title}

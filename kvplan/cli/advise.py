@@ -48,7 +48,7 @@ def advise(
     from kvplan.optimize.advise import advise as run_advise
     from kvplan.run.sim.cli_setup import setups_for
     from kvplan.run.sim.facts import simulated_facts
-    from kvplan.run.sim.run import SimSetup
+    from kvplan.run.sim.setups import SimSetup
     from kvplan.workload.file import load_workload
     from kvplan.workload.schema import Workload
 
@@ -83,7 +83,7 @@ def advise(
             return setup(alt_kv or kv_cache_dtype, None)
         if base and changed.engine.kv_cache_dtype == spec.engine.kv_cache_dtype:
             facts = simulated_facts(changed, base[0].facts.device, base[0].facts.attention_backend)
-            return SimSetup(facts, base[0].clock, base[0].cost_model)
+            return base[0].with_facts(facts)
         own = setup(kv_cache_dtype, calibrate)
         if not base:
             base.append(own)

@@ -28,7 +28,7 @@ def report(
     ] = None,
 ) -> None:
     """Re-render summary.md, the CSV tables and the charts of a saved run, without re-running it."""
-    from kvplan.optimize.plan_run import is_plan_dir
+    from kvplan.results.plan_result import is_plan_dir
 
     if is_plan_dir(run_dir):
         _plan_report(run_dir, json_output, compare)
@@ -67,8 +67,9 @@ def _plan_report(run_dir: Path, json_output: bool, compare: Path | None) -> None
     """A ``kvplan plan`` folder: its summary.md, configs.csv and pareto.png rebuilt from plan.json
     (or plan.json printed, with --json)."""
     from kvplan.errors import KvplanError
-    from kvplan.optimize.plan_run import read_plan, render_plan
-    from kvplan.optimize.plan_view import print_plan
+    from kvplan.results.plan_result import read_plan
+    from kvplan.results.report.plan import render_plan
+    from kvplan.results.report.plan_view import print_plan
 
     if compare is not None:
         raise KvplanError("compare", f"{run_dir} is a kvplan plan folder", "compare load test or simulate folders")

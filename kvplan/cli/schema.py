@@ -1,4 +1,4 @@
-"""``kvplan schema``: the JSON Schema of the workload YAML or of results.json."""
+"""``kvplan schema``: the JSON Schema of the workload YAML, of results.json or of plan.json."""
 
 from __future__ import annotations
 
@@ -9,10 +9,13 @@ import typer
 
 def schema(
     which: Annotated[
-        str, typer.Argument(help="workload (the workload YAML) or results (a run folder's results.json).")
+        str,
+        typer.Argument(
+            help="workload (the workload YAML), results (a run folder's results.json) or plan (a plan's plan.json)."
+        ),
     ],
 ) -> None:
-    """Print the JSON Schema (draft 2020-12) of the workload YAML or of results.json, for editors and CI validators."""
+    """Print the JSON Schema (draft 2020-12) of the workload YAML, results.json or plan.json, for editors and CI validators."""  # noqa: E501
     import json
 
     from kvplan.schemas import json_schema

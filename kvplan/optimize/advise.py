@@ -32,8 +32,9 @@ from pydantic import BaseModel, ConfigDict
 
 from kvplan.errors import KvplanError
 from kvplan.run.checks import check_requests_fit
-from kvplan.run.sim.run import SimSetup, sample
+from kvplan.run.sim.run import sample
 from kvplan.run.sim.search import Prober, resolve_auto, search_capacity, simulated_knees
+from kvplan.run.sim.setups import SimSetup
 from kvplan.workload.schema import Workload
 from kvplan.workload.trace import read_trace
 

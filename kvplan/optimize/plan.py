@@ -28,9 +28,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from itertools import product
 
-from pydantic import BaseModel, ConfigDict
-
 from kvplan.errors import KvplanError
+from kvplan.results.plan_result import ConfigResult
 from kvplan.run.checks import check_requests_fit
 from kvplan.traffic.requests import SampledRequest
 from kvplan.workload.schema import Workload
@@ -50,35 +49,6 @@ class Config:
     weight_dtype: str
     max_num_seqs: int
     max_num_batched_tokens: int
-
-
-class ConfigResult(BaseModel):
-    """One configuration's answer (the keys of ``kvplan plan --json``'s ``configs``; a contract)."""
-
-    model_config = ConfigDict(frozen=True)
-
-    gpu: str
-    tp: int
-    num_gpus_per_replica: int
-    replicas: int | None
-    num_gpus: int | None
-    kv_cache_dtype: str
-    weight_dtype: str
-    max_num_seqs: int
-    max_num_batched_tokens: int
-    feasible: bool
-    reason: str
-    slo_max_request_rate: float | None
-    slo_max_concurrency: int | None
-    step_times: str
-    cost_source: str | None
-    usd_per_hour: float | None
-    usd_per_m_output_tokens: float | None
-    usd_per_k_good_requests: float | None
-    meets_slo: bool
-    # at the highest concurrency meeting the SLO, per replica: output tok/s per GPU and per user
-    output_tokens_per_s_per_gpu: float | None = None
-    output_tokens_per_s_per_user: float | None = None
 
 
 def grid(
@@ -232,23 +202,3 @@ def progress_line(r: ConfigResult) -> str:
     if not r.meets_slo:
         return f"{what}: misses the SLO ({r.reason})"
     return f"{what}: {r.slo_max_request_rate} req/s per replica, {r.replicas} replica(s)"
-
-
-def pareto(results: Sequence[ConfigResult]) -> list[ConfigResult]:
-    """The configurations no other beats on both output tok/s per GPU and per user (the frontier),
-    by tok/s per user ascending; those without both numbers are left out."""
-    points = [
-        r for r in results if r.output_tokens_per_s_per_gpu is not None and r.output_tokens_per_s_per_user is not None
-    ]
-    front = [
-        r
-        for r in points
-        if not any(
-            o.output_tokens_per_s_per_gpu >= r.output_tokens_per_s_per_gpu  # type: ignore[operator]
-            and o.output_tokens_per_s_per_user >= r.output_tokens_per_s_per_user  # type: ignore[operator]
-            and (o.output_tokens_per_s_per_gpu, o.output_tokens_per_s_per_user)
-            != (r.output_tokens_per_s_per_gpu, r.output_tokens_per_s_per_user)
-            for o in points
-        )
-    ]
-    return sorted(front, key=lambda r: r.output_tokens_per_s_per_user or 0.0)

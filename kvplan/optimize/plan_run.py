@@ -1,132 +1,226 @@
-"""``kvplan plan``'s run folder, which ``kvplan report DIR`` re-renders::
+"""``kvplan plan`` as one library call: what was asked (PlanRequest) -> the search -> its run folder.
 
-    plan.json     the search (PlanRun): the ``--json`` object, whose keys are a contract, plus what
-                  was asked (model, workload, bucket, grid size) and whether Ctrl-C cut it short
-    summary.md    the ranked table, the infeasible ones with their reasons, the best ``vllm serve``
-    configs.csv   every configuration evaluated, one row each (the ``configs`` keys as columns)
-    pareto.png    output tok/s per GPU against per user (kvplan.optimize.plan_view.plot_pareto)
-
-Every file is written atomically (kvplan.results.store.write_atomic); summary.md, configs.csv
-and pareto.png are views, rebuilt from plan.json alone.
+``plan_deployments`` checks the request against the workload (each problem one KvplanError naming
+the option), builds the grid (kvplan.optimize.plan.grid), samples the bucket's requests once,
+judges every configuration (kvplan.optimize.plan_pool.search: here, on a process pool or on Ray),
+and writes plan.json and its views (kvplan.results.report.plan) into the run folder, which exists
+before the search starts, so an interrupted search keeps what it found.
 """
 
 from __future__ import annotations
 
-import json
+import datetime as dt
+import math
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
-import pandas as pd
-from pydantic import BaseModel, ConfigDict, ValidationError
+from kvplan.errors import KvplanError
+from kvplan.optimize import plan as planning
+from kvplan.results.plan_result import ConfigResult, PlanRun
 
-from kvplan.errors import KvplanError, describe_error
-from kvplan.optimize.plan import ConfigResult
-from kvplan.results.store import write_atomic
-
-PLAN_FILE = "plan.json"
+Progress = Callable[[int], AbstractContextManager[Callable[[ConfigResult], None]]]
+Warn = Callable[[list[str], str], None]
 
 
-class PlanRun(BaseModel):
-    """One ``kvplan plan`` search. ``load``, ``slo``, ``configs`` (ranked, cheapest meeting the SLO
-    first) and ``best`` (the first, when it meets the SLO; else null) are ``--json``'s contract."""
+@dataclass(frozen=True)
+class PlanRequest:
+    """What ``kvplan plan`` is asked, one field per option (the CLI's names, lists already split).
 
-    model_config = ConfigDict(extra="ignore")
+    ``rate`` (requests/s, Poisson arrivals) or ``users`` (closed loop) is the load, exactly one;
+    ``gpus`` as kvplan estimate names them; dtypes as kvplan.sizing.dtypes names them (aliases
+    accepted); ``out`` the run folder (None: reports/plan-<name>-<timestamp>/).
+    """
 
-    load: dict[str, float | int]
-    slo: dict
-    configs: list[ConfigResult]
-    best: ConfigResult | None
-    model: str = ""
-    workload: str = ""
-    bucket: str = ""
+    workload: Path
+    rate: float | None = None
+    users: int | None = None
+    model: str | None = None
+    gpus: tuple[str, ...] = planning.DEFAULT_GPUS
+    max_gpus: int = 8
+    tp: tuple[int, ...] = planning.DEFAULT_TP
+    kv_cache_dtypes: tuple[str, ...] = ("auto",)
+    weight_dtypes: tuple[str, ...] = ("auto",)
+    max_num_seqs: tuple[int, ...] = (256,)
+    max_num_batched_tokens: tuple[int, ...] = (8192,)
+    bucket: str | None = None
+    prices: Path | None = None
+    jobs: int = 1
+    ray: str | None = None
+    out: Path | None = None
     attainment: float = 0.95
-    num_configs: int = 0  # in the grid; more than len(configs) when interrupted
-    interrupted: bool = False
-    created: str = ""
+    pareto: Path | None = None
 
 
-def is_plan_dir(run_dir: Path) -> bool:
-    """Whether ``run_dir`` is a ``kvplan plan`` run folder (it holds plan.json)."""
-    return (run_dir / PLAN_FILE).is_file()
+@dataclass(frozen=True)
+class PlanOutcome:
+    """A finished (or interrupted) search: the saved PlanRun and its run folder."""
+
+    run: PlanRun
+    run_dir: Path
 
 
-def read_plan(run_dir: Path) -> PlanRun:
-    """The search saved in ``run_dir``.
+@contextmanager
+def _silent(total: int) -> Iterator[Callable[[ConfigResult], None]]:
+    yield lambda r: None
+
+
+def _check(request: PlanRequest) -> None:
+    """The request's own values (before the workload is read)."""
+    rate, users = request.rate, request.users
+    if (rate is None) == (users is None):
+        raise KvplanError("rate", "give the load as --rate or as --users, one of them", "e.g. --rate 20")
+    if rate is not None and not (rate > 0 and math.isfinite(rate)):
+        raise KvplanError("rate", f"must be a finite number > 0 requests/s (got {rate:g})")
+    if users is not None and users < 1:
+        raise KvplanError("users", f"must be >= 1 (got {users})")
+    if not 0 < request.attainment <= 1:
+        raise KvplanError("attainment", f"must be in (0, 1] (got {request.attainment:g})", "e.g. --attainment 0.95")
+    if request.max_gpus < 1:
+        raise KvplanError("max_gpus", f"must be >= 1 (got {request.max_gpus})")
+    if request.jobs < 1:
+        raise KvplanError("jobs", f"must be >= 1 (got {request.jobs})", "or leave it out: the machine's cores")
+    for field in ("tp", "max_num_seqs", "max_num_batched_tokens"):
+        values = getattr(request, field)
+        if not values or min(values) < 1:
+            raise KvplanError(
+                field, f"must be integers >= 1 (got {','.join(map(str, values)) or 'none'})", "e.g. 64,128"
+            )
+
+
+def _dtypes(values: tuple[str, ...], field: str) -> list[str]:
+    """``values`` canonical (kvplan.sizing.dtypes), each once.
 
     Raises:
-        KvplanError: plan.json is missing, not JSON, or not a plan (the field named).
+        KvplanError: naming ``field``: an unknown dtype (with the known ones), or none given.
     """
-    path = run_dir / PLAN_FILE
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-        return PlanRun.model_validate(data)
-    except FileNotFoundError:
-        raise KvplanError("run_dir", f"{path} is missing", "give a folder written by kvplan plan") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as err:
-        raise KvplanError("", f"not JSON ({err})", "re-run kvplan plan", source=str(path)) from None
-    except ValidationError as err:
-        field, problem = describe_error(err)
-        raise KvplanError(field, problem, "re-run kvplan plan", source=str(path)) from None
+    from kvplan.sizing import dtypes
+
+    read = dtypes.canonical_weight if field == "weight_dtype" else dtypes.canonical
+    out = [read(d, field) for d in values if d]
+    if not out:
+        raise KvplanError(field, "names no dtype", "e.g. auto,fp8")
+    return list(dict.fromkeys(out))
 
 
-def configs_frame(run: PlanRun) -> pd.DataFrame:
-    """Every configuration evaluated, ranked, one row each (ConfigResult's fields as columns)."""
-    columns = list(ConfigResult.model_fields)
-    return pd.DataFrame([c.model_dump() for c in run.configs], columns=columns)
+def _gpus(names: tuple[str, ...]) -> list[str]:
+    from kvplan.sizing.gpus.gpus import canonical_gpu
+
+    chosen = []
+    for name in names:
+        try:
+            chosen.append(canonical_gpu(name))
+        except KvplanError as err:
+            closest = (err.fix or "").split("; or give")[0] or "give GPU names as kvplan estimate knows them"
+            raise KvplanError("gpus", err.problem, closest) from None
+    if not chosen:
+        raise KvplanError("gpus", "names no GPU", "e.g. --gpus H100-SXM,A100-80GB")
+    return list(dict.fromkeys(chosen))
 
 
-def summary_markdown(run: PlanRun) -> str:
-    """summary.md: what was asked, the ranked table, the infeasible count, the best command."""
-    from kvplan.optimize.plan_view import plan_frame, serve_command
-    from kvplan.results.report.tables import to_markdown
+def plan_deployments(request: PlanRequest, progress: Progress = _silent, warn: Warn | None = None) -> PlanOutcome:
+    """Search ``request``'s grid for the cheapest deployment that serves its load within the
+    workload's SLO (kvplan.optimize.plan's module docstring has the rules), and save it.
 
-    what = f"{run.load['rate']:g} req/s" if "rate" in run.load else f"{run.load['users']} users"
-    slo = ", ".join(
-        f"{k.removesuffix('_ms').upper()} <= {v:g} ms" for k, v in run.slo.items() if isinstance(v, int | float)
+    ``progress(total)`` is entered around the search and its callback called with each
+    configuration as it finishes; ``warn(lines, source)`` gets the workload's warnings.
+
+    Raises:
+        KvplanError: bad input, naming the option or the workload field (nothing is written); or,
+            after plan.json is written, no configuration fits the model at all (field ``model``).
+    """
+    from kvplan.optimize.plan_pool import search
+    from kvplan.results.report.plan import write_plan
+    from kvplan.results.store import check_out, create_run_dir
+    from kvplan.run.sim.facts import model_config
+    from kvplan.sizing.gpus.gpus import lookup_gpu
+    from kvplan.sizing.gpus.prices import load_prices
+    from kvplan.traffic.samples import cached_sample
+    from kvplan.traffic.tokenizer import tokenize_function, tokenizer_identity
+    from kvplan.workload.file import load_workload
+
+    spec = load_workload(request.workload)
+    warnings = list(spec.warnings)
+    if spec.variants or any(b.variants for b in spec.buckets):
+        warnings.append("variants: kvplan plan judges the engine section alone; the workload's variants are not used")
+    if warn is not None and warnings:
+        warn(warnings, spec.source)
+    _check(request)
+    if not any(v is not None for v in (spec.slo.ttft_ms, spec.slo.tpot_ms, spec.slo.e2e_ms)):
+        raise KvplanError("slo", "the workload sets no SLO, so every deployment meets it", "add slo: {ttft_ms: 2000}")
+    if spec.dataset.sessions is not None:
+        raise KvplanError(
+            "dataset.sessions",
+            "kvplan plan sizes independent requests; a session's turns depend on each other",
+            "plan on the same buckets without sessions",
+        )
+    model = request.model
+    if model is None:
+        if not spec.plan:
+            raise KvplanError("model", "no --model and the workload has no plan: entry", "give --model llama-3.1-8b")
+        model = spec.resolve_model(spec.plan[0].model)
+    names = [b.name for b in spec.buckets]
+    if request.bucket is not None and request.bucket not in names:
+        raise KvplanError("bucket", f"unknown bucket {request.bucket!r}", f"give one of {', '.join(names)}")
+    index = names.index(request.bucket) if request.bucket is not None else 0
+    chosen = _gpus(request.gpus)
+    priced = load_prices(request.prices)
+    configs = planning.grid(
+        chosen,
+        list(dict.fromkeys(request.tp)),
+        _dtypes(request.kv_cache_dtypes, "kv_cache_dtype"),
+        _dtypes(request.weight_dtypes, "weight_dtype"),
+        list(dict.fromkeys(request.max_num_seqs)),
+        list(dict.fromkeys(request.max_num_batched_tokens)),
+        request.max_gpus,
     )
-    lines = [
-        f"# kvplan plan: {run.model} for {what}",
-        "",
-        f"Workload {run.workload}, bucket {run.bucket}; SLO {slo or 'none'} at {run.attainment:.0%} attainment;"
-        f" {len(run.configs)} of {run.num_configs} configurations evaluated"
-        + (" (interrupted: the rest were not run)" if run.interrupted else "")
-        + f"; {run.created}.",
-        "",
-        to_markdown(plan_frame(run.configs, run.load, top=len(run.configs))).rstrip("\n"),
+    if not configs:
+        raise KvplanError("tp", f"no --tp value is within --max-gpus {request.max_gpus}", "give a smaller --tp")
+    engine_model = spec.engine.model
+    sampled = cached_sample(
+        spec,
+        lambda: tokenize_function(engine_model),
+        model_config(engine_model).get("vocab_size") or 1,
+        tokenizer_identity(engine_model),
+    ).requests
+    price_of = {g: (p.usd_per_gpu_hour, p.source) for g, p in priced.items()}
+    rate, users = request.rate, request.users
+    work = [
+        planning.Job(spec, model, index, c, sampled, rate, users, request.attainment, price_of.get(c.gpu))
+        for c in configs
     ]
-    infeasible = [r for r in run.configs if not r.feasible]
-    if infeasible:
-        lines += ["", f"## Infeasible ({len(infeasible)})", ""]
-        lines += [f"- {r.gpu} x{r.tp} kv {r.kv_cache_dtype} weights {r.weight_dtype}: {r.reason}" for r in infeasible]
-    best = run.best
-    lines += ["", "## Best", ""]
-    if best is None:
-        lines.append("No configuration meets the SLO at this load.")
-    else:
-        note = "" if best.usd_per_hour is not None else " (unpriced: ranked by GPU count)"
-        lines += [f"{best.replicas} replica(s){note}:", "", "```bash", serve_command(run.model, best), "```"]
-    return "\n".join(lines) + "\n"
+    check_out(request.out)
+    pareto = request.pareto
+    if pareto is not None and not pareto.parent.is_dir():
+        raise KvplanError("pareto", f"{pareto.parent} is not a folder", "give a PNG path in an existing folder")
+    run_dir = create_run_dir(f"plan-{spec.name}", request.out)  # before the search: a place for what it finds
+    with progress(len(work)) as say:
+        results, interrupted = search(work, request.jobs, say, request.ray)
+    load: dict[str, float | int] = {"rate": rate} if rate is not None else {"users": users or 0}
+    run = PlanRun(
+        load=load,
+        slo=spec.slo.model_dump(),
+        configs=results,
+        best=results[0] if results and results[0].meets_slo else None,
+        model=model,
+        workload=str(request.workload),
+        bucket=names[index],
+        attainment=request.attainment,
+        num_configs=len(work),
+        interrupted=interrupted,
+        created=dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC"),
+    )
+    write_plan(run_dir, run)
+    if pareto is not None:
+        from kvplan.results.report.plan_view import plot_pareto
 
-
-def write_plan(run_dir: Path, run: PlanRun) -> None:
-    """plan.json, then its views (``render_plan``).
-
-    Raises:
-        KvplanError: a file cannot be written.
-    """
-    write_atomic(run_dir / PLAN_FILE, run.model_dump_json(indent=2) + "\n")
-    render_plan(run_dir, run)
-
-
-def render_plan(run_dir: Path, run: PlanRun | None = None) -> PlanRun:
-    """Rebuild summary.md, configs.csv and pareto.png from plan.json (or ``run``); returns the run.
-
-    Raises:
-        KvplanError: plan.json unreadable (``read_plan``), or a view cannot be written.
-    """
-    from kvplan.optimize.plan_view import plot_pareto
-
-    run = run if run is not None else read_plan(run_dir)
-    write_atomic(run_dir / "summary.md", summary_markdown(run))
-    write_atomic(run_dir / "configs.csv", configs_frame(run).to_csv(index=False))
-    plot_pareto(run.configs, run.slo.get("tpot_ms"), run_dir / "pareto.png")
-    return run
+        plot_pareto(results, spec.slo.tpot_ms, pareto)
+    if not interrupted and not any(r.feasible for r in results):
+        largest = max(results, key=lambda r: r.tp * lookup_gpu(r.gpu)[1])
+        raise KvplanError(
+            "model",
+            f"no configuration fits {model}; the largest candidate, {largest.gpu} x{largest.tp}: {largest.reason}",
+            "allow more GPUs (--max-gpus, --tp), fp8 weights or KV, or a larger GPU",
+        )
+    return PlanOutcome(run, run_dir)

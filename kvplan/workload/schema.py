@@ -176,6 +176,17 @@ class EngineSettings(StrictModel):
             raise ValueError("give kv_cache_memory or num_blocks, not both")
         return self
 
+    @property
+    def model_dtype(self) -> str:
+        """The dtype the engine runs the model in: ``dtype``, auto being bfloat16 (engine/config.py)."""
+        return "bfloat16" if self.dtype == "auto" else self.dtype
+
+    @property
+    def resolved_kv_cache_dtype(self) -> str:
+        """The KV cache's dtype, canonical (kvplan.sizing.dtypes): ``kv_cache_dtype``, auto being the
+        model's dtype. The one place a workload's engine KV dtype is resolved."""
+        return dtypes.canonical(self.model_dtype if self.kv_cache_dtype == "auto" else self.kv_cache_dtype)
+
     def to_engine_config(self, seed: int) -> EngineConfig:
         settings = self.model_dump(exclude={"kv_cache_memory", "admission"}) | self.admission.model_dump()
         return EngineConfig(**settings, kv_cache_memory_bytes=self.kv_cache_memory, seed=seed)

@@ -1,4 +1,4 @@
-"""`kvplan schema workload|results`: valid JSON Schema (draft 2020-12) that kvplan's own files pass."""
+"""`kvplan schema workload|results|plan`: valid JSON Schema (draft 2020-12) that kvplan's own files pass."""
 
 import json
 from pathlib import Path
@@ -27,7 +27,7 @@ def test_an_unknown_schema_is_one_line():
     assert run_cli("schema", "baseline") == (
         2,
         "",
-        "error: which: unknown schema 'baseline'; use one of workload, results\n",
+        "error: which: unknown schema 'baseline'; use one of workload, results, plan\n",
     )
 
 
@@ -114,4 +114,4 @@ def test_every_workload_field_is_described():
     for section, field, unit in units:
         description = defs[section]["properties"][field]["description"]
         assert unit in description, f"{section}.{field}: {description!r} does not say {unit!r}"
-    assert "Old name of kv_cache_dtype" in defs["Deployment"]["properties"]["kv_dtype"]["description"]
+    assert "Old name of kv_cache_dtype" in defs["PlanTarget"]["properties"]["kv_dtype"]["description"]

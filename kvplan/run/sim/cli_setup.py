@@ -12,7 +12,7 @@ from pathlib import Path
 
 from kvplan.errors import KvplanError
 from kvplan.run.sim.calibration.store import Calibrated
-from kvplan.run.sim.run import SimSetup
+from kvplan.run.sim.setups import SimSetup
 from kvplan.workload.schema import Workload
 
 STEP_TIMES = ("auto", "silicon", "roofline")

@@ -21,7 +21,6 @@ from typing import Any
 from engine.config import DEFAULT_KV_CACHE_MEMORY_BYTES, DEFAULT_MODEL, TINY_LLAMA, TINY_RANDOM_MODEL
 from kvplan.errors import KvplanError
 from kvplan.results.run_result import EngineFacts, RunInfo
-from kvplan.sizing import dtypes
 from kvplan.workload.schema import Workload
 
 _ELEMENT_BYTES = {"fp32": 4, "fp16": 2, "bf16": 2, "fp8": 1}
@@ -62,8 +61,7 @@ def simulated_facts(workload: Workload, device: str, attention_backend: str) -> 
     settings = workload.engine
     cfg = model_config(settings.model)
     max_pos = cfg.get("max_position_embeddings") or 2048
-    dtype = "bfloat16" if settings.dtype == "auto" else settings.dtype
-    kv = dtypes.canonical(dtype if settings.kv_cache_dtype == "auto" else settings.kv_cache_dtype)
+    dtype, kv = settings.model_dtype, settings.resolved_kv_cache_dtype
     layers, kv_heads = cfg["num_hidden_layers"], cfg.get("num_key_value_heads") or cfg["num_attention_heads"]
     head_dim = cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]
     per_block = 2 * layers * settings.block_size * kv_heads * head_dim * _ELEMENT_BYTES[kv]

@@ -23,7 +23,7 @@ from kvplan.errors import KvplanError
 from kvplan.results.run_result import EngineFacts
 from kvplan.results.simulated import CostModelInfo
 from kvplan.run.sim.cost import ModelClock
-from kvplan.run.sim.run import SimSetup
+from kvplan.run.sim.setups import SimSetup
 from kvplan.sizing import dtypes
 from kvplan.sizing.capacity import estimate_capacity
 from kvplan.sizing.gpus.gpu_perf import lookup_gpu_perf, serving_fit

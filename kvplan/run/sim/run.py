@@ -17,56 +17,25 @@ here imports torch or transformers.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 
 from kvplan.errors import KvplanError
 from kvplan.results.run_result import EngineFacts, RunResult, WorkloadRef
-from kvplan.results.simulated import DEFAULT_ATTAINMENT, CostModelInfo, TargetCapacity
+from kvplan.results.simulated import DEFAULT_ATTAINMENT, TargetCapacity
 from kvplan.results.store import check_out
 from kvplan.run.checks import check_requests_fit
-from kvplan.run.driver import Level, schedule_levels
+from kvplan.run.driver import schedule_levels
 from kvplan.run.estimate import compute_estimate
 from kvplan.run.lifecycle import finish_run, now_iso, run_levels, start_run
 from kvplan.run.sim.backend import SimBackend
-from kvplan.run.sim.cost import StepClock
 from kvplan.run.sim.facts import simulated_facts, simulated_run_info
 from kvplan.run.sim.search import resolve_auto, search_capacity, simulated_knees, with_knees
+from kvplan.run.sim.setups import SimSetup
 from kvplan.traffic.requests import SampledBuckets
 from kvplan.traffic.samples import cached_sample
 from kvplan.traffic.tokenizer import tokenize_function, tokenizer_identity
 from kvplan.workload.schema import Workload
 from kvplan.workload.variants import all_variants, variant_workload
-
-
-@dataclass(frozen=True)
-class SimSetup:
-    """One thing to simulate: the engine it stands for (``facts``: pool, limits, model dims), a
-    factory of fresh clocks (one per simulation), how they time steps, and which target it is
-    (``engine`` or ``plan[i]``, with its GPU and tp)."""
-
-    facts: EngineFacts
-    clock: Callable[[], StepClock]
-    cost_model: CostModelInfo
-    target: str = "engine"
-    gpu: str | None = None
-    tp: int = 1
-    timed: bool = True  # its clock times any level (False for a replay, which knows the measured levels only)
-    notes: tuple[str, ...] = ()  # one line each the CLI prints (a GPU target timed by the roofline: why)
-    weight_dtype: str | None = None  # a GPU target's: as given, canonical (auto: the checkpoint's own)
-    ep: int = 1  # a GPU target's expert-parallel size
-    backend: str | None = None  # a GPU target's serving engine (vllm, sglang, trtllm)
-    levels: frozenset[str] | None = None  # a replay's: the ids of the levels the measured run ran (None: all)
-
-    def own_levels(self, levels: list[Level]) -> list[Level]:
-        """The ``levels`` this setup can simulate: a replay's, those the measured run ran (a load test
-        of a mix bucket without ``interference`` ran no class alone); else all of them."""
-        return levels if self.levels is None else [lv for lv in levels if lv.key.id in self.levels]
-
-    def sized(self, workload: Workload) -> Workload:
-        """``workload`` with this target's pool (what the estimate reads)."""
-        engine = workload.engine.model_copy(update={"num_blocks": self.facts.num_blocks, "kv_cache_memory": None})
-        return workload.model_copy(update={"engine": engine})
 
 
 def variant_facts(workload: Workload, name: str, setup: SimSetup) -> EngineFacts:

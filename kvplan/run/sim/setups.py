@@ -1,20 +1,59 @@
-"""What ``kvplan simulate`` simulates, and with which clock: the workload's own engine timed by a
-calibration (shipped, or fitted on a run folder), or by a measured run's own step times (replay).
-A GPU the engine never ran on is kvplan.run.sim.gpu_target."""
+"""What ``kvplan simulate`` simulates, and with which clock (SimSetup): the workload's own engine
+timed by a calibration (shipped, or fitted on a run folder), or by a measured run's own step times
+(replay). A GPU the engine never ran on is built by kvplan.run.sim.gpu_target.gpu_setup; the
+CLI's options are read into setups by kvplan.run.sim.cli_setup."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from kvplan.errors import KvplanError
+from kvplan.results.run_result import EngineFacts
 from kvplan.results.simulated import CostModelInfo
+from kvplan.run.driver import Level
 from kvplan.run.sim.calibration import store as calibrations
 from kvplan.run.sim.calibration.store import Calibrated, Calibration
-from kvplan.run.sim.cost import ModelClock
+from kvplan.run.sim.cost import ModelClock, StepClock
 from kvplan.run.sim.facts import simulated_facts
 from kvplan.run.sim.replay import ReplayClock
-from kvplan.run.sim.run import SimSetup
 from kvplan.workload.schema import Workload
+
+
+@dataclass(frozen=True)
+class SimSetup:
+    """One thing to simulate: the engine it stands for (``facts``: pool, limits, model dims), a
+    factory of fresh clocks (one per simulation), how they time steps, and which target it is
+    (``engine`` or ``plan[i]``, with its GPU and tp)."""
+
+    facts: EngineFacts
+    clock: Callable[[], StepClock]
+    cost_model: CostModelInfo
+    target: str = "engine"
+    gpu: str | None = None
+    tp: int = 1
+    timed: bool = True  # its clock times any level (False for a replay, which knows the measured levels only)
+    notes: tuple[str, ...] = ()  # one line each the CLI prints (a GPU target timed by the roofline: why)
+    weight_dtype: str | None = None  # a GPU target's: as given, canonical (auto: the checkpoint's own)
+    ep: int = 1  # a GPU target's expert-parallel size
+    backend: str | None = None  # a GPU target's serving engine (vllm, sglang, trtllm)
+    levels: frozenset[str] | None = None  # a replay's: the ids of the levels the measured run ran (None: all)
+
+    def own_levels(self, levels: list[Level]) -> list[Level]:
+        """The ``levels`` this setup can simulate: a replay's, those the measured run ran (a load test
+        of a mix bucket without ``interference`` ran no class alone); else all of them."""
+        return levels if self.levels is None else [lv for lv in levels if lv.key.id in self.levels]
+
+    def sized(self, workload: Workload) -> Workload:
+        """``workload`` with this target's pool (what the estimate reads)."""
+        engine = workload.engine.model_copy(update={"num_blocks": self.facts.num_blocks, "kv_cache_memory": None})
+        return workload.model_copy(update={"engine": engine})
+
+    def with_facts(self, facts: EngineFacts) -> SimSetup:
+        """This setup's clock and cost model on another engine's ``facts`` (an engine change that
+        leaves step times alone, such as a larger pool)."""
+        return replace(self, facts=facts)
 
 
 def calibrated_setup(workload: Workload, calibration: Calibration) -> SimSetup:

@@ -126,7 +126,8 @@ def test_bad_input_is_one_line(args, line, tmp_path):
 
 
 def test_the_pareto_frontier_keeps_what_nothing_beats_on_both_axes(planned, tmp_path):
-    from kvplan.optimize.plan import ConfigResult, pareto
+    from kvplan.results.plan_result import ConfigResult
+    from kvplan.results.report.plan_view import pareto
 
     results = [ConfigResult(**c) for c in planned["configs"]]
     front = pareto(results)

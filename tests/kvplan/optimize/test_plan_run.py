@@ -98,3 +98,52 @@ def test_ctrl_c_keeps_the_configurations_that_finished(tmp_path):
     assert "Traceback" not in err
     progress = [line for line in (first + rest).splitlines() if "req/s per replica" in line or "infeasible" in line]
     assert len(progress) == finished  # one line per finished configuration, and only those
+
+
+def test_the_library_call_gives_the_command_s_answer_and_plan_json_has_a_versioned_schema(here, tmp_path):
+    """plan_deployments(PlanRequest) is what `kvplan plan` runs: the same configurations, every number;
+    its plan.json validates against `kvplan schema plan`; one without schema_version reads as 1 and
+    one from a newer kvplan is refused in one line."""
+    import jsonschema
+
+    from kvplan.optimize.plan_run import PlanRequest, plan_deployments
+
+    request = PlanRequest(
+        workload=CHAT,
+        model="llama-3.1-8b",
+        rate=20.0,
+        gpus=("L4", "H100-SXM"),
+        tp=(1, 2),
+        max_num_seqs=(64, 256),
+        out=tmp_path / "lib",
+    )
+    seen = []
+
+    from contextlib import contextmanager
+
+    @contextmanager
+    def progress(total):
+        seen.append(total)
+        yield lambda r: seen.append(r.gpu)
+
+    outcome = plan_deployments(request, progress)
+    run = outcome.run.model_dump(mode="json")
+    assert run["configs"] == here["configs"] and run["best"] == here["best"] and run["schema_version"] == 1
+    assert seen[0] == 8 and sorted(seen[1:]) == sorted(c["gpu"] for c in here["configs"])
+    saved = json.loads((outcome.run_dir / "plan.json").read_text())
+    code, out, err = run_cli("schema", "plan")
+    assert code == 0, err
+    schema = json.loads(out)
+    jsonschema.Draft202012Validator.check_schema(schema)
+    jsonschema.Draft202012Validator(schema).validate(saved)
+    assert set(schema["properties"]) >= {"schema_version", "load", "slo", "configs", "best"}
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.Draft202012Validator(schema).validate({**saved, "configs": [{"gpu": "L4"}]})
+
+    old = {k: v for k, v in saved.items() if k != "schema_version"}
+    (outcome.run_dir / "plan.json").write_text(json.dumps(old))
+    code, out, err = run_cli("report", str(outcome.run_dir), "--json")
+    assert code == 0 and json.loads(out) == saved, err
+    (outcome.run_dir / "plan.json").write_text(json.dumps({**saved, "schema_version": 99}))
+    code, _, err = run_cli("report", str(outcome.run_dir))
+    assert code == 2 and len(err.strip().splitlines()) == 1 and "schema_version: is 99, newer than" in err, err

@@ -14,7 +14,8 @@ from kvplan.results.simulated import CostModelInfo
 from kvplan.run.driver import Finished, Level, Submission, run_level, schedule_levels
 from kvplan.run.sim.cost import FixedStepCost, ModelClock
 from kvplan.run.sim.facts import simulated_facts
-from kvplan.run.sim.run import SimSetup, simulate
+from kvplan.run.sim.run import simulate
+from kvplan.run.sim.setups import SimSetup
 from kvplan.traffic.requests import SampledRequest
 from kvplan.workload.arrivals import Arrival, ArrivalOffsets, ramped
 from kvplan.workload.schema import Workload

@@ -25,7 +25,6 @@ from kvplan.errors import KvplanError
 from kvplan.run.sim.calibration.drift import Drift, find_drift
 from kvplan.run.sim.calibration.fit import FEATURES, Fit, LinearStepCost, StepSample, fit_samples, samples_of
 from kvplan.run.sim.cost import StepWork
-from kvplan.sizing import dtypes
 from kvplan.workload.schema import Workload
 
 DATA_DIR = Path(__file__).parent / "data"
@@ -106,12 +105,12 @@ def check_engine(calibration: Calibration, workload: Workload) -> None:
         KvplanError: ``engine.<field>`` of the workload file, naming both values.
     """
     settings = workload.engine
-    dtype = "bfloat16" if settings.dtype == "auto" else settings.dtype
+    dtype = settings.model_dtype
     wanted = {
         "model": settings.model,
         "dtype": dtype,
         "block_size": settings.block_size,
-        "kv_cache_dtype": dtypes.canonical(dtype if settings.kv_cache_dtype == "auto" else settings.kv_cache_dtype),
+        "kv_cache_dtype": settings.resolved_kv_cache_dtype,
         "device": None if settings.device == "auto" else settings.device,
         "attention_backend": None if settings.attention_backend == "auto" else settings.attention_backend,
     }

@@ -15,8 +15,8 @@ from kvplan.results.run_result import load_run
 from kvplan.results.simulated import CostModelInfo
 from kvplan.run.loadtest import run_loadtest
 from kvplan.run.sim.cost import FixedStepCost, ModelClock
-from kvplan.run.sim.run import SimSetup, simulate
-from kvplan.run.sim.setups import replay_setup
+from kvplan.run.sim.run import simulate
+from kvplan.run.sim.setups import SimSetup, replay_setup
 from kvplan.workload.file import load_workload
 
 WORKLOAD = Path(__file__).resolve().parents[2] / "data" / "sim_exact.yaml"

@@ -1,11 +1,13 @@
-"""The console view of ``kvplan plan`` (kvplan.optimize.plan): the ranked table and the best
+"""The views of ``kvplan plan`` (kvplan.optimize.plan): the ranked table and the best
 configuration's ``vllm serve`` command."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import pandas as pd
 
-from kvplan.optimize.plan import ConfigResult
+from kvplan.results.plan_result import ConfigResult
 
 
 def served_name(model: str) -> str:
@@ -109,7 +111,7 @@ def print_plan(
 
 def plot_pareto(results: list[ConfigResult], tpot_ms: float | None, path) -> None:
     """Output tok/s per GPU against tok/s per user, every configuration meeting the SLO, the
-    frontier (kvplan.optimize.plan.pareto) joined, the best labelled, and the SLO's TPOT as the
+    frontier (``pareto``) joined, the best labelled, and the SLO's TPOT as the
     per-user rate it allows (1,000 / TPOT ms); written to ``path`` (PNG).
 
     Raises:
@@ -121,7 +123,6 @@ def plot_pareto(results: list[ConfigResult], tpot_ms: float | None, path) -> Non
     import matplotlib.pyplot as plt
 
     from kvplan.errors import KvplanError
-    from kvplan.optimize.plan import pareto
 
     met = [r for r in results if r.meets_slo and r.output_tokens_per_s_per_gpu is not None]
     fig, ax = plt.subplots(figsize=(8, 5))
@@ -157,3 +158,23 @@ def plot_pareto(results: list[ConfigResult], tpot_ms: float | None, path) -> Non
         raise KvplanError("pareto", f"cannot write {path} ({err.strerror or err})") from None
     finally:
         plt.close(fig)
+
+
+def pareto(results: Sequence[ConfigResult]) -> list[ConfigResult]:
+    """The configurations no other beats on both output tok/s per GPU and per user (the frontier),
+    by tok/s per user ascending; those without both numbers are left out."""
+    points = [
+        r for r in results if r.output_tokens_per_s_per_gpu is not None and r.output_tokens_per_s_per_user is not None
+    ]
+    front = [
+        r
+        for r in points
+        if not any(
+            o.output_tokens_per_s_per_gpu >= r.output_tokens_per_s_per_gpu  # type: ignore[operator]
+            and o.output_tokens_per_s_per_user >= r.output_tokens_per_s_per_user  # type: ignore[operator]
+            and (o.output_tokens_per_s_per_gpu, o.output_tokens_per_s_per_user)
+            != (r.output_tokens_per_s_per_gpu, r.output_tokens_per_s_per_user)
+            for o in points
+        )
+    ]
+    return sorted(front, key=lambda r: r.output_tokens_per_s_per_user or 0.0)

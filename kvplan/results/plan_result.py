@@ -1,0 +1,100 @@
+"""What ``kvplan plan`` finds, as saved in a plan's run folder (plan.json) and printed by ``--json``.
+
+ConfigResult is one configuration's answer, PlanRun the whole search; both are contracts (keys
+added, never renamed). ``schema_version`` counts changes a reader must know about; ``kvplan
+schema plan`` prints the JSON Schema.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from kvplan.errors import KvplanError, describe_error
+
+PLAN_FILE = "plan.json"
+PLAN_SCHEMA_VERSION = 1
+
+
+class ConfigResult(BaseModel):
+    """One configuration's answer (the keys of ``kvplan plan --json``'s ``configs``; a contract)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    gpu: str
+    tp: int
+    num_gpus_per_replica: int
+    replicas: int | None
+    num_gpus: int | None
+    kv_cache_dtype: str
+    weight_dtype: str
+    max_num_seqs: int
+    max_num_batched_tokens: int
+    feasible: bool
+    reason: str
+    slo_max_request_rate: float | None
+    slo_max_concurrency: int | None
+    step_times: str
+    cost_source: str | None
+    usd_per_hour: float | None
+    usd_per_m_output_tokens: float | None
+    usd_per_k_good_requests: float | None
+    meets_slo: bool
+    # at the highest concurrency meeting the SLO, per replica: output tok/s per GPU and per user
+    output_tokens_per_s_per_gpu: float | None = None
+    output_tokens_per_s_per_user: float | None = None
+
+
+class PlanRun(BaseModel):
+    """One ``kvplan plan`` search. ``load``, ``slo``, ``configs`` (ranked, cheapest meeting the SLO
+    first) and ``best`` (the first, when it meets the SLO; else null) are ``--json``'s contract."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    schema_version: int = PLAN_SCHEMA_VERSION  # plan.json written before versions were recorded: 1
+    load: dict[str, float | int]
+    slo: dict
+    configs: list[ConfigResult]
+    best: ConfigResult | None
+    model: str = ""
+    workload: str = ""
+    bucket: str = ""
+    attainment: float = 0.95
+    num_configs: int = 0  # in the grid; more than len(configs) when interrupted
+    interrupted: bool = False
+    created: str = ""
+
+
+def is_plan_dir(run_dir: Path) -> bool:
+    """Whether ``run_dir`` is a ``kvplan plan`` run folder (it holds plan.json)."""
+    return (run_dir / PLAN_FILE).is_file()
+
+
+def read_plan(run_dir: Path) -> PlanRun:
+    """The search saved in ``run_dir``.
+
+    Raises:
+        KvplanError: plan.json is missing, not JSON, not a plan (the field named), or of a newer
+            schema version than this kvplan reads.
+    """
+    path = run_dir / PLAN_FILE
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+        run = PlanRun.model_validate(data)
+    except FileNotFoundError:
+        raise KvplanError("run_dir", f"{path} is missing", "give a folder written by kvplan plan") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise KvplanError("", f"not JSON ({err})", "re-run kvplan plan", source=str(path)) from None
+    except ValidationError as err:
+        field, problem = describe_error(err)
+        raise KvplanError(field, problem, "re-run kvplan plan", source=str(path)) from None
+    if run.schema_version > PLAN_SCHEMA_VERSION:
+        raise KvplanError(
+            "schema_version",
+            f"is {run.schema_version}, newer than this kvplan reads ({PLAN_SCHEMA_VERSION})",
+            "upgrade kvplan to read it",
+            source=str(path),
+        )
+    return run
