@@ -47,7 +47,8 @@ class SimSetup:
 
     def sized(self, workload: Workload) -> Workload:
         """``workload`` with this target's pool (what the estimate reads)."""
-        engine = workload.engine.model_copy(update={"num_blocks": self.facts.num_blocks, "kv_cache_memory": None})
+        pool = {"num_blocks": self.facts.num_blocks, "block_size": self.facts.block_size, "kv_cache_memory": None}
+        engine = workload.engine.model_copy(update=pool)
         return workload.model_copy(update={"engine": engine})
 
     def with_facts(self, facts: EngineFacts) -> SimSetup:
@@ -57,14 +58,20 @@ class SimSetup:
 
 
 def calibrated_setup(workload: Workload, calibration: Calibration) -> SimSetup:
-    """The workload's engine, each step timed by ``calibration``'s model.
+    """The workload's engine, each step timed by ``calibration``'s model; for a calibration fitted
+    on a server's run (``--calibrate`` of a ``--target`` run), on that server's pool: its usable
+    blocks (kvplan.run.sim.calibration.store.server_pool) of its block size.
 
     Raises:
         KvplanError: a calibration of another engine (``engine.<field>``), or engine settings the
             engine would refuse.
     """
-    calibrations.check_engine(calibration, workload)
     engine = calibration.engine
+    if engine.get("usable_blocks") is not None:  # a server's: its pool and block size, the workload's model
+        pool = {"num_blocks": engine["usable_blocks"], "block_size": engine["block_size"], "kv_cache_memory": None}
+        workload = workload.model_copy(update={"engine": workload.engine.model_copy(update=pool)})
+    else:
+        calibrations.check_engine(calibration, workload)
     facts = simulated_facts(workload, str(engine["device"]), str(engine["attention_backend"]))
     model = calibration.model
     info = CostModelInfo(

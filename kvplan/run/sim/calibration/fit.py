@@ -15,6 +15,11 @@ absolute deviations (at least 0.5 % each) from the median (a garbage collection,
 taking the core) in a second pass. ``r2`` is the coefficient
 of determination of the step seconds; ``held_out`` refits without each level in turn and
 predicts that level's steps, the honest error of the model on load it was not fitted on.
+
+Steps read back from a server run's client-side token times (kvplan.run.sim.calibration.client_steps)
+are fitted with ``mean``: ordinary least squares over all of them, so the model's total time is the
+measured total (a slow step there is the server's own, and every latency the client measures
+includes it).
 """
 
 from __future__ import annotations
@@ -80,10 +85,10 @@ def _matrix(samples: Sequence[StepSample]) -> np.ndarray:
     return np.array([[1.0, *(getattr(s.work, f) for f in FEATURES)] for s in samples], dtype=np.float64)
 
 
-def _solve(x: np.ndarray, y: np.ndarray) -> np.ndarray:
-    """Non-negative weighted least squares of y on x's columns (weights 1/y), by dropping
+def _solve(x: np.ndarray, y: np.ndarray, relative: bool = True) -> np.ndarray:
+    """Non-negative least squares of y on x's columns (weights 1/y where ``relative``), by dropping
     negative coefficients and refitting until none is left."""
-    w = 1.0 / np.maximum(y, 1e-6)
+    w = 1.0 / np.maximum(y, 1e-6) if relative else np.ones_like(y)
     active = [j for j in range(x.shape[1]) if np.any(x[:, j])]
     while True:
         coef = np.zeros(x.shape[1])
@@ -100,8 +105,12 @@ def _model(coef: np.ndarray, gap_s: float) -> LinearStepCost:
     return LinearStepCost(float(coef[0]), {f: float(c) for f, c in zip(FEATURES, coef[1:]) if c > 0}, gap_s)
 
 
-def fit_samples(samples: Sequence[StepSample], held_out: bool = True) -> Fit:
-    """Fit the step-time model on ``samples`` (see the module docstring).
+def fit_samples(samples: Sequence[StepSample], held_out: bool = True, mean: bool = False) -> Fit:
+    """Fit the step-time model on ``samples`` (see the module docstring). ``mean``: ordinary least
+    squares on every sample, no outlier dropped, so the model's total equals the measured total
+    (with an intercept, least squares' residuals sum to zero): for steps seen from a client
+    (kvplan.run.sim.calibration.client_steps), whose slow ones are the server's own and count in
+    every latency the client measures.
 
     Raises:
         ValueError: fewer steps than the model has coefficients.
@@ -109,22 +118,24 @@ def fit_samples(samples: Sequence[StepSample], held_out: bool = True) -> Fit:
     if len(samples) < len(FEATURES) + 1:
         raise ValueError(f"{len(samples)} steps are too few to fit {len(FEATURES) + 1} coefficients")
     x, y = _matrix(samples), np.array([s.seconds for s in samples])
-    coef = _solve(x, y)
+    coef = _solve(x, y, relative=not mean)
     relative = (x @ coef - y) / y
     # a floor of 0.5 %: a fit that is exact up to rounding has no outliers
     deviation = max(float(np.median(np.abs(relative - np.median(relative)))), _MIN_DEVIATION)
     keep = np.abs(relative - np.median(relative)) <= 4 * deviation
-    coef = _solve(x[keep], y[keep])
+    if mean:
+        keep = np.ones_like(keep)
+    coef = _solve(x[keep], y[keep], relative=not mean)
     gaps = [s.gap_s for s in samples if s.gap_s is not None]
     model = _model(coef, float(np.median(gaps)) if gaps else 0.0)
     predicted = x[keep] @ coef
     total = float(np.sum((y[keep] - y[keep].mean()) ** 2))
     r2 = 1.0 - float(np.sum((y[keep] - predicted) ** 2)) / total if total > 0 else 1.0
-    errors = tuple(_held_out(samples)) if held_out else ()
+    errors = tuple(_held_out(samples, mean)) if held_out else ()
     return Fit(model, r2, int(keep.sum()), int((~keep).sum()), errors)
 
 
-def _held_out(samples: Sequence[StepSample]) -> list[LevelError]:
+def _held_out(samples: Sequence[StepSample], mean: bool) -> list[LevelError]:
     levels = list(dict.fromkeys(s.level for s in samples))
     out = []
     for level in levels if len(levels) > 1 else []:
@@ -132,7 +143,7 @@ def _held_out(samples: Sequence[StepSample]) -> list[LevelError]:
         rest = [s for s in samples if s.level != level]
         if len(rest) <= len(FEATURES):
             continue
-        model = fit_samples(rest, held_out=False).model
+        model = fit_samples(rest, held_out=False, mean=mean).model
         predicted = np.array([model.step_seconds(s.work) for s in own])
         measured = np.array([s.seconds for s in own])
         out.append(

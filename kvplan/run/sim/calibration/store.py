@@ -57,16 +57,20 @@ class Calibrated:
 
 
 def from_run(run_dir: str | Path) -> Calibrated:
-    """Fit a calibration on a measured run folder's steps.
+    """Fit a calibration on a measured run folder's steps, or on a ``--target`` run's steps as
+    its client saw them (``_from_server_run``).
 
     Raises:
-        KvplanError: ``calibrate``: not a run folder, a run that is not measured, or one whose
-            steps predate the recorded work (no prefill sequences, context or attended tokens).
+        KvplanError: ``calibrate``: not a run folder, a simulated run, a measured one whose steps
+            predate the recorded work (no prefill sequences, context or attended tokens), or a
+            target run whose server pool is unknown or whose steps are too few to fit.
     """
     from kvplan.results.run_result import load_run
 
     data = load_run(run_dir)
     result = data.result
+    if result.source == "target":
+        return _from_server_run(run_dir, data)
     if result.source != "measured" or result.engine is None:
         raise KvplanError(
             "calibrate",
@@ -96,6 +100,55 @@ def from_run(run_dir: str | Path) -> Calibrated:
         fit.num_steps,
     )
     return Calibrated(calibration, fit, samples, find_drift(steps))
+
+
+def server_pool(kind: str | None, num_gpu_blocks: int) -> int:
+    """The blocks of a server's reported pool that requests can hold: vLLM keeps one of its
+    ``num_gpu_blocks`` as the null block (vllm/v1/core/block_pool.py, ``BlockPool.__init__``:
+    ``self.null_block = self.free_block_queue.popleft()``, vLLM 0.32.0), so N - 1; others all N."""
+    return num_gpu_blocks - 1 if kind == "vllm" else num_gpu_blocks
+
+
+def _from_server_run(run_dir: str | Path, data) -> Calibrated:
+    """A calibration of a remote server: steps read back from the client's token times
+    (kvplan.run.sim.calibration.client_steps), the pool the server reported. Its ``engine`` names
+    the server, its block size, ``num_gpu_blocks`` and ``usable_blocks`` (``server_pool``); the
+    model, dtypes and scheduler limits are the workload's (its ``engine:`` section, set to the
+    server's ``--max-num-seqs`` and ``--max-num-batched-tokens``)."""
+    from kvplan.run.sim.calibration.client_steps import client_samples
+
+    result = data.result
+    server = result.server
+    if server is None or not server.num_gpu_blocks or not server.block_size:
+        raise KvplanError(
+            "calibrate",
+            f"{run_dir} is a target run whose server said nothing of its KV pool (no cache_config_info)",
+            "calibrate on a run against a server that exports its pool (vLLM, SGLang)",
+        )
+    samples = client_samples(data.requests)
+    try:
+        fit = fit_samples(samples, mean=True)  # a client's steps: their mean is what its latencies see
+    except ValueError as err:
+        raise KvplanError("calibrate", f"{run_dir}: {err}", "run a load test with more requests") from None
+    engine: dict[str, object] = {key: None for key in ENGINE_KEYS}
+    engine.update(
+        block_size=server.block_size,
+        device=f"{server.kind or 'remote'} server",
+        attention_backend="server",
+        server=server.kind,
+        num_gpu_blocks=server.num_gpu_blocks,
+        usable_blocks=server_pool(server.kind, server.num_gpu_blocks),
+    )
+    calibration = Calibration(
+        Path(run_dir).name,
+        fit.model,
+        engine,
+        result.run.platform,
+        f"{run_dir} ({result.workload.name}, {result.started_at}; steps read from client token times)",
+        fit.r2,
+        fit.num_steps,
+    )
+    return Calibrated(calibration, fit, samples, [])
 
 
 def check_engine(calibration: Calibration, workload: Workload) -> None:

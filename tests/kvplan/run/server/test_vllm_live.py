@@ -65,13 +65,22 @@ def chat_workload(folder: Path) -> Path:
     return path
 
 
-def test_a_chat_load_test_against_vllm_completes_and_reads_its_pool_and_preemptions(server, tmp_path):
-    url, log = server
-    run_dir = tmp_path / "run"
+@pytest.fixture(scope="module")
+def measured(server, tmp_path_factory) -> Path:
+    """The run folder of chat_workload's load test against vLLM."""
+    url, _ = server
+    folder = tmp_path_factory.mktemp("chat-vllm")
+    run_dir = folder / "run"
     code, out, err = run_cli(
-        "loadtest", str(chat_workload(tmp_path)), "--target", url, "--model", "smollm2-135m", "--out", str(run_dir)
+        "loadtest", str(chat_workload(folder)), "--target", url, "--model", "smollm2-135m", "--out", str(run_dir)
     )
     assert code == 0, err + out
+    return run_dir
+
+
+def test_a_chat_load_test_against_vllm_completes_and_reads_its_pool_and_preemptions(server, measured):
+    _, log = server
+    run_dir = measured
     data = load_run(run_dir)
     s = data.result.server
     assert (s.kind, s.metrics_available, s.num_gpu_blocks, s.block_size) == ("vllm", True, NUM_BLOCKS, BLOCK_SIZE)
@@ -83,3 +92,29 @@ def test_a_chat_load_test_against_vllm_completes_and_reads_its_pool_and_preempti
     # one request at a time never runs out of 480 tokens (a short chat holds at most 96 + 96); a dozen do
     assert by_level[1].server_preemptions == 0 and by_level[12].server_preemptions > 0
     assert data.result.buckets[0].measured_knee in (4, 12)
+
+
+def test_simulate_calibrated_on_the_vllm_run_takes_its_usable_pool_and_predicts_its_preemptions(measured, tmp_path):
+    """``kvplan simulate --calibrate RUN`` of the vLLM run: step times read from the client's token
+    times, the pool vLLM's 16 blocks less its null block (15), the scheduler limits vLLM ran with
+    (max_num_seqs 16, the CPU build's max_num_batched_tokens 2048, prefix caching on): no
+    preemption at c=1 and at c=4 (4 x 6 blocks at most would need 24 > 15 only if all peaked at
+    once; vLLM measured none), and at c=12 as many as vLLM counted, within 2."""
+    data = yaml.safe_load(chat_workload(tmp_path).read_text())
+    data.pop("target")
+    data["engine"].update(max_num_seqs=16, max_num_batched_tokens=2048, enable_prefix_caching=True)
+    path = tmp_path / "chat_vllm_sim.yaml"
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    code, out, err = run_cli(
+        "simulate", str(path), "--calibrate", str(measured), "--json", "--out", str(tmp_path / "s")
+    )
+    assert code == 0, err
+    simulated = json.loads(out)
+    vllm = load_run(measured).result
+    sim = load_run(tmp_path / "s").result
+    assert sim.engine.num_blocks == NUM_BLOCKS - 1 and sim.engine.block_size == BLOCK_SIZE
+    measured_preemptions = {int(lv.level): lv.server_preemptions for lv in vllm.levels}
+    simulated_preemptions = {int(lv.level): lv.num_preemptions for lv in sim.levels}
+    assert simulated_preemptions[1] == measured_preemptions[1] == 0
+    assert abs(simulated_preemptions[12] - measured_preemptions[12]) <= 2, (simulated_preemptions, measured_preemptions)
+    assert simulated["status"] == "complete"

