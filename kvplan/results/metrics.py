@@ -95,6 +95,7 @@ class LevelSummary(_Summary):
     achieved_rate: float | None = None  # open loop: requests/s as actually sent (a session level: sessions/s)
     max_send_delay_ms: float | None = None  # open loop, target: latest send after its scheduled arrival
     server_output_tokens: int | None = None  # the server's generated-token counter across the level
+    server_prefix_hit_rate: float | None = None  # its prefix-cache hit / queried prompt tokens across the level
     ttfo_ms: LatencyStats | None = Field(
         None, description="Time to first output (first answer, not reasoning, chunk), ms; null without reasoning."
     )

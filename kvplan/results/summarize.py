@@ -39,7 +39,8 @@ def shared_step_estimates(
 def with_server_stats(
     levels: list[metrics.LevelSummary], samples: Sequence[ServerSample]
 ) -> list[metrics.LevelSummary]:
-    """Each level with its server-side preemptions and KV usage from a target's /metrics reads."""
+    """Each level with its server-side preemptions, KV usage, output tokens and prefix-cache hit rate
+    from a target's /metrics reads."""
     stats = level_server_stats(samples)
     out = []
     for level in levels:
@@ -53,6 +54,7 @@ def with_server_stats(
                     "server_peak_kv_usage": s.peak_kv_usage,
                     "server_mean_kv_usage": s.mean_kv_usage,
                     "server_output_tokens": s.generation_tokens,
+                    "server_prefix_hit_rate": s.prefix_hit_rate,
                 }
             )
         )

@@ -35,7 +35,8 @@ since: ``server`` also gives ``pool_tokens``, ``pool_source`` (the /metrics name
 ``/props``), ``num_slots`` and ``slot_ctx_tokens`` (llama.cpp), ``kv_usage_metric`` (the name the
 KV usage was read from) and ``kv_usage_note`` (null, or what that gauge measures when it is not
 KV usage: SGLang's ``token_usage`` on a hybrid model); per level ``server_mean_kv_usage``,
-``server_output_tokens`` (the server's generated-token counter across the level), ``ttfo_ms``
+``server_output_tokens`` (the server's generated-token counter across the level),
+``server_prefix_hit_rate`` (its prefix-cache hit tokens over queried prompt tokens, 0..1), ``ttfo_ms``
 (time to first output, the first answer chunk, for streams that carried reasoning; null
 otherwise) and ``client`` (a target level's client cost: ``lag_p99_ms``, ``stamp_delay_p99_ms``,
 ``ttft_p50_ms``, ``send_delay_p99_ms``, ``mean_interarrival_ms``, ``cpu_s``, ``wall_s``,
@@ -103,6 +104,7 @@ def level_json(level: LevelSummary) -> dict[str, Any]:
         "server_peak_kv_usage": level.server_peak_kv_usage,
         "server_mean_kv_usage": level.server_mean_kv_usage,
         "server_output_tokens": level.server_output_tokens,
+        "server_prefix_hit_rate": level.server_prefix_hit_rate,
         "ttfo_ms": _stats(level.ttfo_ms) if level.ttfo_ms is not None else None,
         "num_errors": level.num_errors,
         "error_reasons": dict(level.error_reasons),

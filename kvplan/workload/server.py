@@ -74,7 +74,7 @@ class TargetSettings(BaseModel):
         "auto",
         description="How prompts are sent: ``token_ids`` (the sampled ids, which vLLM, SGLang and"
         " engine.serve take on /v1/completions), ``text`` (their decoded text) or ``auto`` ="
-        " text when there is a tokenizer; the chat API always sends text.",
+        " token_ids to those servers, else text when there is a tokenizer; the chat API always sends text.",
     )
     tokenizer: str | None = Field(
         None,

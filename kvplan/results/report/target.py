@@ -58,6 +58,7 @@ def server_table(result: RunResult) -> pd.DataFrame:
                 f"server peak {usage}": _pct(lv.server_peak_kv_usage),
                 f"server mean {usage}": _pct(lv.server_mean_kv_usage),
                 "server out tokens": NA if lv.server_output_tokens is None else lv.server_output_tokens,
+                "server prefix hits": _pct(lv.server_prefix_hit_rate),
                 "failed": lv.num_errors,
                 "failures": ", ".join(f"{k} x{v}" for k, v in lv.error_reasons.items()) or "-",
                 "short outputs": lv.num_short_outputs,

@@ -32,6 +32,9 @@ TIMEOUT_S = 10.0
 # servers known to honour vLLM's ignore_eos + min_tokens (exact output lengths); llama.cpp takes
 # ignore_eos (tools/server/server-task.cpp params_from_json_cmpl), which with max_tokens fixes the length
 EXACT_LENGTH_KINDS = ("vllm", "sglang", "kvplan-engine", "llamacpp")
+# servers that take a prompt of token ids on /v1/completions as given: prompt_format auto sends them,
+# so a prompt's length and its shared blocks are exactly the sampled ones (text would be re-tokenized)
+TOKEN_ID_KINDS = ("vllm", "sglang", "kvplan-engine")
 LLAMACPP_KIND = "llamacpp"  # the owned_by of llama-server's /v1/models
 
 

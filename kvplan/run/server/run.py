@@ -31,7 +31,7 @@ from kvplan.run.server.backend import SALT_KINDS, BodySpec, HttpBackend
 from kvplan.run.server.client import LAG_TICK_S
 from kvplan.run.server.client_lag import judge, p99_ms, stamp_delay_quantile
 from kvplan.run.server.estimate import kv_usage_note, target_estimate
-from kvplan.run.server.preflight import EXACT_LENGTH_KINDS, run_preflight
+from kvplan.run.server.preflight import EXACT_LENGTH_KINDS, TOKEN_ID_KINDS, run_preflight
 from kvplan.run.server.scraper import Scraper
 from kvplan.run.server.server_metrics import pool_numbers
 from kvplan.run.server.tokenizer import load_target_tokenizer, random_vocab
@@ -161,7 +161,7 @@ def run_target_loadtest(
     as_text = (
         target.prompt_format == "text"
         or target.api == "chat"
-        or (target.prompt_format == "auto" and tokenizer is not None)
+        or (target.prompt_format == "auto" and tokenizer is not None and pre.kind not in TOKEN_ID_KINDS)
     )
     if as_text and tokenizer is None:
         raise KvplanError(

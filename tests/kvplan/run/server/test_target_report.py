@@ -13,7 +13,7 @@ from tests.kvplan.cli_runner import run_cli
 from tests.kvplan.run.server.test_target import workload
 
 # server-side and engine-side KV quantities: a cell under one of these headers is a KV value
-KV_HEADERS = re.compile(r"blocks|peak used|preempt|KV|usage|knee|without preemption|pool", re.I)
+KV_HEADERS = re.compile(r"blocks|peak used|preempt|KV|usage|knee|without preemption|pool|prefix hits", re.I)
 KV_KEYS = {
     "preemptions",
     "peak_used_blocks",
@@ -21,6 +21,7 @@ KV_KEYS = {
     "server_peak_kv_usage",
     "server_mean_kv_usage",
     "server_output_tokens",
+    "server_prefix_hit_rate",
     "num_gpu_blocks",
     "block_size",
     "pool_tokens",

@@ -118,3 +118,72 @@ def test_simulate_calibrated_on_the_vllm_run_takes_its_usable_pool_and_predicts_
     assert simulated_preemptions[1] == measured_preemptions[1] == 0
     assert abs(simulated_preemptions[12] - measured_preemptions[12]) <= 2, (simulated_preemptions, measured_preemptions)
     assert simulated["status"] == "complete"
+
+
+def small_workload(folder: Path, name: str, dataset: dict, bucket: dict) -> Path:
+    """A workload on the server's pool, with prefix caching on (vLLM's default)."""
+    engine = {
+        "model": "SmolLM2-135M-Instruct",
+        "dtype": "bfloat16",
+        "block_size": BLOCK_SIZE,
+        "num_blocks": NUM_BLOCKS,
+        "max_model_len": 256,
+        "max_num_seqs": 16,
+        "max_num_batched_tokens": 2048,
+        "enable_prefix_caching": True,
+    }
+    data = {"name": name, "seed": 0, "engine": engine, "dataset": dataset, "slo": {"ttft_ms": 2000}}
+    data |= {"target": {"scrape_interval_ms": 100}, "buckets": [bucket]}
+    path = folder / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    return path
+
+
+def test_a_trace_replayed_against_vllm_hits_its_prefix_cache_as_the_hash_ids_say(server, tmp_path):
+    """8 trace lines of 80 tokens in 32-token hash blocks, two groups alternating: each line's
+    first two blocks are its group's, its third its own. Prompts go as token ids (exact lengths),
+    so vLLM finds the group's 64 tokens cached for all but each group's first line: 6 x 64 = 384
+    hit tokens of 8 x 80 = 640 queried."""
+    url, _ = server
+    lines = [
+        {"timestamp": i * 150, "input_length": 80, "output_length": 8, "hash_ids": [100 + i % 2, 200 + i % 2, 300 + i]}
+        for i in range(8)
+    ]
+    (tmp_path / "t.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
+    path = small_workload(
+        tmp_path, "trace_vllm", {"kind": "trace", "path": "t.jsonl", "block_tokens": 32}, {"name": "t"}
+    )
+    run_dir = tmp_path / "run"
+    code, out, err = run_cli("loadtest", str(path), "--target", url, "--model", "smollm2-135m", "--out", str(run_dir))
+    assert code == 0, err + out
+    data = load_run(run_dir)
+    assert data.result.server.prompt_format == "token_ids"
+    assert [r.num_prompt_tokens for r in data.requests] == [80] * 8
+    assert all(r.num_output_tokens == 8 for r in data.requests)
+    (level,) = data.result.levels
+    assert level.num_completed == 8 and level.num_failed == 0
+    assert level.server_prefix_hit_rate == pytest.approx(384 / 640)
+
+
+def test_sessions_against_vllm_complete_every_turn(server, tmp_path):
+    """ShareGPT conversations of up to 3 turns, 2 users with think times: every turn completes, each
+    later turn's prompt holds the earlier turns (longer than the turn before)."""
+    url, _ = server
+    dataset = {"kind": "sharegpt", "sessions": {"max_turns": 3, "think_time_s": [0.01, 0.03]}}
+    bucket = {"name": "chat", "input_tokens": [8, 64], "output_tokens": [8, 16], "concurrency": [2], "num_requests": 4}
+    path = small_workload(tmp_path, "sessions_vllm", dataset, bucket)
+    run_dir = tmp_path / "run"
+    code, out, err = run_cli("loadtest", str(path), "--target", url, "--model", "smollm2-135m", "--out", str(run_dir))
+    assert code == 0, err + out
+    data = load_run(run_dir)
+    (level,) = data.result.levels
+    assert level.num_failed == 0 and level.num_completed == len(data.requests) >= 4
+    turns: dict[int, list] = {}
+    for r in data.requests:
+        assert r.finish_reason == "length" and r.num_output_tokens == r.max_tokens
+        turns.setdefault(r.session, []).append(r)
+    assert len(turns) == 4
+    for own in turns.values():
+        own.sort(key=lambda r: r.turn)
+        assert [r.turn for r in own] == list(range(1, len(own) + 1))
+        assert all(b.num_prompt_tokens > a.num_prompt_tokens + a.num_output_tokens for a, b in zip(own, own[1:]))
