@@ -288,3 +288,16 @@ def test_every_package_says_what_it_holds():
 def test_no_module_over_400_lines():
     long = {name: n for name, path in MODULES.items() if (n := len(path.read_text().splitlines())) > MAX_LINES}
     assert long == {}
+
+
+def test_the_front_page_stays_at_most_200_lines():
+    """README.md is the front page: the two commands and one screen per command; the rest is docs/."""
+    assert len((ROOT / "README.md").read_text(encoding="utf-8").splitlines()) <= 200
+
+
+def test_every_module_says_what_it_is():
+    """The first docstring line of every kvplan module says what it holds."""
+    silent = [
+        n for n, p in MODULES.items() if n.startswith("kvplan") and not ast.get_docstring(ast.parse(p.read_text()))
+    ]
+    assert silent == []
