@@ -64,12 +64,32 @@ def _check_sharegpt(data: dict, out: Path, model: str) -> str | None:
 
 def profile(
     log: Annotated[
-        Path, typer.Argument(help="A request log, JSONL: OpenAI-style, a Mooncake trace or a kvplan requests.jsonl.")
+        Path,
+        typer.Argument(
+            help="A request log or trace: JSONL (OpenAI-style, a Mooncake trace, a kvplan requests.jsonl) or CSV"
+            " (an Azure LLM inference trace, BurstGPT), or any CSV or JSONL read through --columns."
+        ),
     ],
     log_format: Annotated[
         str,
-        typer.Option("--format", help="The log's format: auto (told per line by its keys), openai, mooncake, kvplan"),
+        typer.Option(
+            "--format",
+            help="The log's format: auto (a CSV's told by its header, a JSONL line's by its keys), openai, mooncake,"
+            " kvplan, azure, burstgpt, mapped (--columns).",
+        ),
     ] = "auto",
+    columns: Annotated[
+        str | None,
+        typer.Option(
+            help="Read any CSV or JSONL by its columns: FIELD=COLUMN,... with fields timestamp, input_tokens,"
+            " output_tokens (required), session, latency, finish; e.g."
+            " timestamp=TIME,input_tokens=ContextTokens,output_tokens=GeneratedTokens,session=conv."
+        ),
+    ] = None,
+    time_unit: Annotated[
+        str | None,
+        typer.Option(help="With --columns: the unit of numeric times and latencies, s (default), ms or us."),
+    ] = None,
     tokenizer: Annotated[
         str,
         typer.Option(help="An OpenAI log's tokenizer: SmolLM2-135M-Instruct or a folder with tokenizer.json."),
@@ -116,11 +136,15 @@ def profile(
 ) -> None:
     """Profile a request log: length percentiles, prefix reuse, arrival rate and burstiness, turns, requests in flight; optionally write a workload that reproduces it."""  # noqa: E501
     from kvplan.errors import KvplanError
-    from kvplan.profile.log import FORMATS, read_log
+    from kvplan.profile.columns import parse_columns
+    from kvplan.profile.csv_traces import FORMATS, read_trace
     from kvplan.profile.stats import profile_log
 
     if log_format not in FORMATS:
         raise KvplanError("log_format", f"must be one of {', '.join(FORMATS)} (got {log_format!r})")
+    if time_unit is not None and columns is None:
+        problem = "is the unit of the times `columns` maps, and none was given"
+        raise KvplanError("time_unit", problem, "give `columns` or no `time_unit`")
     if block_size < 1:
         raise KvplanError("block_size", f"must be >= 1 (got {block_size})")
     if dataset not in ("random", "sharegpt"):
@@ -128,7 +152,8 @@ def profile(
     if num_requests is not None and num_requests < 1:
         raise KvplanError("num_requests", f"must be >= 1 (got {num_requests})")
     _check_model(model)
-    parsed = read_log(log, log_format, _lazy_tokenizer(tokenizer), level)
+    mapping = parse_columns(columns, time_unit) if columns is not None else None
+    parsed = read_trace(log, log_format, _lazy_tokenizer(tokenizer), level, mapping)
     result = profile_log(parsed, block_size)
     written = None
     if replay and out is None:

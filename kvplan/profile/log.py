@@ -1,4 +1,5 @@
-"""Read a request log for ``kvplan profile``: one request a JSONL line, in one of three formats.
+"""Read a request log for ``kvplan profile``: one request a JSONL line, in one of three formats
+(CSV traces, and logs read through ``--columns``: kvplan.profile.csv_traces, which sends JSONL here).
 
 Each line is read on its own, its format told by its keys (or forced with ``fmt``):
 
@@ -93,6 +94,8 @@ class ParsedLog:
     levels: tuple[str, ...] = ()  # a kvplan run's load levels, in file order (() for other logs)
     level: str | None = None  # the one kept
     notes: tuple[str, ...] = ()  # what the numbers leave out, one line each (the CLI warns with them)
+    log_format: str | None = None  # the file's format, as its header or first line tells it (csv_traces)
+    num_failed: int = 0  # rows of failed requests left out (a BurstGPT row with 0 response tokens)
 
 
 class _Bad(Exception):

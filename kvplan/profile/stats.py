@@ -21,6 +21,9 @@ Definitions (docs/profile.md):
 - in flight: over the requests whose finish time is known (kvplan's ``finish_time``; ``timestamp``
   + ``latency_s`` or ``e2e_ms``): the peak count of [arrival, finish) intervals that overlap, and
   the time-weighted mean, sum(finish - arrival) / (last finish - first arrival); null without one.
+- ``log_format``: the file's format, as its CSV header or first line tells it (kvplan.profile.csv_traces;
+  null for a log read by kvplan.profile.log.read_log alone); ``num_failed_requests``: failed rows left
+  out (a BurstGPT row with 0 response tokens), not requests and not bad lines.
 """
 
 from __future__ import annotations
@@ -217,6 +220,8 @@ def profile_log(log: ParsedLog, block_size: int = 16) -> TrafficProfile:
         "peak_in_flight": flight["peak"] if flight else None,
         "source": log.source,
         "formats": dict(Counter(r.fmt for r in requests)),
+        "log_format": log.log_format,
+        "num_failed_requests": log.num_failed,
         "level": log.level,
         "levels": list(log.levels),
         "block_size": block_size,

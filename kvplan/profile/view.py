@@ -19,7 +19,9 @@ def print_profile(data: dict[str, Any], console: Any) -> None:
     summary.add_column("value", justify="right")
     rows = [
         ("requests", f"{data['num_requests']} ({', '.join(f'{k} {v}' for k, v in data['formats'].items())})"),
+        *([("log format", data["log_format"])] if data.get("log_format") else []),
         ("bad lines", str(data["num_bad_lines"])),
+        *([("failed requests", str(data["num_failed_requests"]))] if data.get("num_failed_requests") else []),
         *([("load level", f"{data['level']} (of {len(data['levels'])})")] if data["level"] else []),
         ("duration, s", _num(data["duration_s"], ".4g")),
         ("arrival rate, req/s", _num(arrival["rate_per_s"], ".4g")),
