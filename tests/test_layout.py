@@ -49,7 +49,7 @@ NEVER = {
 PARTS = ORDER + tuple(BESIDE)
 MAX_MODULES = 15  # modules in one folder, its __init__ included
 MAX_FOLDER_SHARE = 0.15  # of kvplan's lines in one folder's own modules
-MAX_PART_SHARE = 1 / 3  # of kvplan's lines in one part, its subfolders included
+MAX_PART_SHARE = 0.25  # of kvplan's lines in one part, its subfolders included (issue 32's bound)
 
 KINDS = ("kvplan.run.bundled", "kvplan.run.server", "kvplan.run.sim")
 SHARED_MAY_IMPORT: set[str] = set()

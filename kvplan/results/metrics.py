@@ -95,7 +95,11 @@ class LevelSummary(_Summary):
     achieved_rate: float | None = None  # open loop: requests/s as actually sent (a session level: sessions/s)
     max_send_delay_ms: float | None = None  # open loop, target: latest send after its scheduled arrival
     server_output_tokens: int | None = None  # the server's generated-token counter across the level
-    server_prefix_hit_rate: float | None = None  # its prefix-cache hit / queried prompt tokens across the level
+    server_prefix_hit_rate: float | None = Field(
+        None,
+        description="A target run's: the server's prefix-cache hit tokens over its queried prompt tokens across"
+        " the level, 0..1 (vllm:prefix_cache_hits_total / vllm:prefix_cache_queries_total); null where not exported.",
+    )
     ttfo_ms: LatencyStats | None = Field(
         None, description="Time to first output (first answer, not reasoning, chunk), ms; null without reasoning."
     )

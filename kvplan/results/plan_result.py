@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from kvplan.errors import KvplanError, describe_error
 
@@ -53,7 +53,11 @@ class PlanRun(BaseModel):
 
     model_config = ConfigDict(extra="ignore")
 
-    schema_version: int = PLAN_SCHEMA_VERSION  # plan.json written before versions were recorded: 1
+    schema_version: int = Field(
+        PLAN_SCHEMA_VERSION,
+        description="The plan.json format's version (1; a file written before versions were recorded reads as 1,"
+        " and one newer than this kvplan reads is refused).",
+    )
     load: dict[str, float | int]
     slo: dict
     configs: list[ConfigResult]
