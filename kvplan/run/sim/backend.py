@@ -13,11 +13,14 @@ therefore the engine's own; only time is modelled::
                      update_from_output(sampled -1s, end) -> finished requests + StepStats
 
 A request's tokens all "reach the client" at the end of the step that produced them, as in the
-engine. Requests run with ignore_eos, so each produces exactly max_tokens tokens.
+engine. Where the clock has a ``submit_lag_s`` (a server's front end), a request joins the
+scheduler's waiting queue that long after its arrival (its TTFT still counts from the arrival);
+an idle scheduler waits for it. Requests run with ignore_eos, so each produces exactly max_tokens tokens.
 """
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Mapping
 from operator import attrgetter
 from typing import Any
@@ -68,6 +71,8 @@ class SimBackend:
         self.now_s = 0.0
         self.num_steps = 0
         self._level: str | None = None
+        self._lag = float(getattr(clock, "submit_lag_s", 0.0))
+        self._pending: deque[tuple[float, Request]] = deque()  # (when it reaches the scheduler, request)
 
     def now(self) -> float:
         return self.now_s
@@ -92,12 +97,29 @@ class SimBackend:
             submission.cache_salt,
             submission.tenant,
         )
-        self.scheduler.add_request(request, self.now_s)
+        if self._lag > 0:
+            self._pending.append((arrival + self._lag, request))  # arrivals come in time order
+        else:
+            self.scheduler.add_request(request, self.now_s)
+
+    def _take_pending(self, until: float | None) -> float | None:
+        """Hand the scheduler the requests that reached it by now (an idle one waits for the
+        next); the earlier of ``until`` and the next one still on its way."""
+        pending, scheduler = self._pending, self.scheduler
+        if pending and not (scheduler.running or scheduler.waiting or scheduler.has_untaken_finished()):
+            self.now_s = max(self.now_s, pending[0][0])
+        while pending and pending[0][0] <= self.now_s:
+            scheduler.add_request(pending.popleft()[1], self.now_s)
+        if pending and (until is None or pending[0][0] < until):
+            return pending[0][0]
+        return until
 
     def advance(self, until: float | None) -> tuple[list[Finished], list[Any]]:
         """One step, unless an arrival (``until``) comes before it would take new requests; or a
         whole decode run of steps (kvplan.run.sim.decode_run), each the step the scheduler would
         take."""
+        if self._pending:
+            until = self._take_pending(until)
         if self.decode_runs:
             run = decode_run(self.scheduler, self.clock, self.now_s, until, self.num_steps)
             if run is not None:

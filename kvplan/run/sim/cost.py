@@ -7,6 +7,10 @@ clock asks a ``StepClock`` when the next step starts and ends::
     previous step ends at t  --(gap: the driver's own work between steps)-->  next step starts
     start --(CostModel.step_seconds(work))--> end: the step's tokens reach their clients
 
+A server's front end (HTTP, input processing, the hand-off to its engine loop, the stream back)
+is no step: a clock's ``submit_lag_s`` is the seconds a request takes from its client's send to
+the server's scheduler (and its tokens back), 0 for the bundled engine stepped in process.
+
 ``ModelClock`` is that clock for any cost model (the calibrated one, the GPU roofline);
 ``kvplan.run.sim.replay.ReplayClock`` replays a measured run's own step times instead.
 """
@@ -63,7 +67,11 @@ class CostModel(Protocol):
 
 
 class StepClock(Protocol):
-    """Where a simulation's steps sit on its virtual clock (seconds)."""
+    """Where a simulation's steps sit on its virtual clock (seconds), and ``submit_lag_s``: the
+    seconds from a request's arrival to its scheduler's waiting queue (the module docstring)."""
+
+    @property
+    def submit_lag_s(self) -> float: ...
 
     def begin_level(self, level_id: str, now: float) -> None:
         """A level (``LevelKey.id``) starts at ``now``: its first request was just submitted."""
@@ -77,10 +85,13 @@ class StepClock(Protocol):
 
 class ModelClock:
     """A ``StepClock`` from a cost model: each step starts ``gap_s`` after the previous one ended
-    (arrivals until then join it) and lasts ``step_seconds(work)``."""
+    (arrivals until then join it) and lasts ``step_seconds(work)``; requests reach the scheduler
+    ``submit_lag_s`` after they arrive (>= 0; a server's front end, fitted by
+    kvplan.run.sim.calibration.client_steps.front_end_seconds)."""
 
-    def __init__(self, cost: CostModel):
+    def __init__(self, cost: CostModel, submit_lag_s: float = 0.0):
         self.cost = cost
+        self.submit_lag_s = submit_lag_s
 
     def begin_level(self, level_id: str, now: float) -> None:
         pass

@@ -38,6 +38,8 @@ class ReplayClock:
             is not the one the run measured): the run stops there, keeping what finished.
     """
 
+    submit_lag_s = 0.0  # the bundled engine, stepped in process: no front end
+
     def __init__(self, steps: Sequence[StepRecord], requests: Sequence[RequestRecord]):
         self._steps: dict[str, list[tuple[float, float]]] = defaultdict(list)
         for s in steps:

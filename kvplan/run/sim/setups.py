@@ -60,7 +60,8 @@ class SimSetup:
 def calibrated_setup(workload: Workload, calibration: Calibration) -> SimSetup:
     """The workload's engine, each step timed by ``calibration``'s model; for a calibration fitted
     on a server's run (``--calibrate`` of a ``--target`` run), on that server's pool: its usable
-    blocks (kvplan.run.sim.calibration.store.server_pool) of its block size.
+    blocks (kvplan.run.sim.calibration.store.server_pool) of its block size, each request reaching
+    its scheduler the server's front-end latency after it is sent (``front_end_s``).
 
     Raises:
         KvplanError: a calibration of another engine (``engine.<field>``), or engine settings the
@@ -81,9 +82,15 @@ def calibrated_setup(workload: Workload, calibration: Calibration) -> SimSetup:
         source=calibration.source,
         machine=calibration.machine,
         r2=calibration.r2,
-        parameters={"intercept_s": model.intercept_s, "coefficients": model.coefficients, "gap_s": model.gap_s},
+        parameters={
+            "intercept_s": model.intercept_s,
+            "coefficients": model.coefficients,
+            "gap_s": model.gap_s,
+            "front_end_s": calibration.front_end_s,
+        },
     )
-    return SimSetup(facts, lambda: ModelClock(model), info)
+    lag = calibration.front_end_s
+    return SimSetup(facts, lambda: ModelClock(model, lag), info)
 
 
 def engine_setup(workload: Workload, calibrate: Path | None = None) -> tuple[SimSetup, Calibrated | None]:

@@ -14,9 +14,9 @@ together, and those of the next step one step later. So, per level:
                the server reported), context = its prompt; token i > 0 -> one decode token,
                context = prompt + i (kvplan.run.sim.cost.StepWork's counts)
     seconds    this step's tokens' first arrival - the previous step's, kept only where every
-               request of the step had been sent before the previous step ended (else the
-               server sat idle or the step waited for a request to arrive, and its length is
-               not the step's)
+               request of the step had reached the server (sent + ``lag``, the front end below)
+               before the previous step ended (else the server sat idle or the step waited for a
+               request to arrive, and its length is not the step's)
 
 What the client cannot see: a prompt prefilled in chunks over several steps (only the last chunk
 ends in a token; chat prompts under the token budget are prefilled whole), a preempted request's
@@ -31,7 +31,7 @@ from collections.abc import Sequence
 from statistics import median
 
 from kvplan.results.records import RequestRecord
-from kvplan.run.sim.calibration.fit import StepSample
+from kvplan.run.sim.calibration.fit import LinearStepCost, StepSample
 from kvplan.run.sim.cost import StepWork
 
 SPLIT_FRACTION = 0.3  # of the median inter-token latency: tokens closer than this share a step
@@ -55,27 +55,28 @@ def _sum(works: Sequence[StepWork]) -> StepWork:
     return StepWork(*(sum(getattr(w, f) for w in works) for f in StepWork.__dataclass_fields__))
 
 
-def client_samples(requests: Sequence[RequestRecord]) -> list[StepSample]:
+def client_samples(requests: Sequence[RequestRecord], lag: float = 0.0) -> list[StepSample]:
     """The steps of every level of ``requests`` (a ``--target`` run's records), in level order,
-    each with the work it ran and its seconds (module docstring); gap None (included).
+    each with the work it ran and its seconds (module docstring); gap None (included). ``lag``:
+    the server's front-end latency, s (``front_end_seconds``).
 
     Shapes: one StepSample per step kept; a level with fewer than two tokens gives none.
     """
-    return [sample for _, sample in client_steps(requests)]
+    return [sample for _, sample in client_steps(requests, lag)]
 
 
-def client_steps(requests: Sequence[RequestRecord]) -> list[tuple[float, StepSample]]:
+def client_steps(requests: Sequence[RequestRecord], lag: float = 0.0) -> list[tuple[float, StepSample]]:
     """``client_samples`` with each step's end: the client-side arrival of its first token, s."""
     by_level: dict[str, list[RequestRecord]] = defaultdict(list)
     for r in requests:
         by_level[r.key.name].append(r)
     out: list[tuple[float, StepSample]] = []
     for level, records in by_level.items():
-        out.extend(_level_steps(level, records))
+        out.extend(_level_steps(level, records, lag))
     return out
 
 
-def _level_steps(level: str, records: Sequence[RequestRecord]) -> list[tuple[float, StepSample]]:
+def _level_steps(level: str, records: Sequence[RequestRecord], lag: float) -> list[tuple[float, StepSample]]:
     itl = [b - a for r in records for a, b in zip(r.token_times, r.token_times[1:])]
     if not itl:
         return []
@@ -95,7 +96,7 @@ def _level_steps(level: str, records: Sequence[RequestRecord]) -> list[tuple[flo
             r = records[n]
             if index == 0:
                 sent = r.sent_time if r.sent_time is not None else r.arrival_time
-                if sent > before:
+                if sent + lag > before:
                     break  # the step may have waited for this request: its start is unknown
                 works.append(_prefill(r.num_prompt_tokens, r.num_cached_tokens))
             else:
@@ -103,3 +104,27 @@ def _level_steps(level: str, records: Sequence[RequestRecord]) -> list[tuple[flo
         else:
             out.append((step[0][0], StepSample(level, _sum(works), step[0][0] - before, None)))
     return out
+
+
+def front_end_seconds(requests: Sequence[RequestRecord], model: LinearStepCost) -> float:
+    """The server's front-end latency, s (module docstring): the median over the requests that
+    were alone on the server from their send to their first token (no other request of their level
+    in flight) of TTFT - ``model``'s seconds for a step prefilling their prompt alone; 0 where no
+    request was alone or the median is negative."""
+    by_level: dict[str, list[RequestRecord]] = defaultdict(list)
+    for r in requests:
+        if r.token_times:
+            by_level[r.key.name].append(r)
+    lags = []
+    for records in by_level.values():
+        sent = [r.sent_time if r.sent_time is not None else r.arrival_time for r in records]
+        order = sorted(range(len(records)), key=sent.__getitem__)
+        busy_until = float("-inf")  # the last token of every request sent before this one
+        for k, i in enumerate(order):
+            r = records[i]
+            first = r.token_times[0]
+            next_sent = sent[order[k + 1]] if k + 1 < len(order) else float("inf")
+            if busy_until <= sent[i] and next_sent >= first:
+                lags.append(first - sent[i] - model.step_seconds(_prefill(r.num_prompt_tokens, r.num_cached_tokens)))
+            busy_until = max(busy_until, r.token_times[-1])
+    return max(median(lags), 0.0) if lags else 0.0

@@ -34,7 +34,9 @@ ENGINE_KEYS = ("model", "dtype", "kv_cache_dtype", "block_size", "device", "atte
 @dataclass(frozen=True)
 class Calibration:
     """A fitted step-time model and what it is valid for. ``engine``: ENGINE_KEYS -> the
-    measured run's values; ``source``: the run it came from; ``machine``: where it ran."""
+    measured run's values; ``source``: the run it came from; ``machine``: where it ran;
+    ``front_end_s``: a server's front-end latency (s; kvplan.run.sim.calibration.client_steps),
+    0 for the bundled engine measured in process."""
 
     name: str
     model: LinearStepCost
@@ -43,6 +45,7 @@ class Calibration:
     source: str
     r2: float
     num_steps: int
+    front_end_s: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -115,7 +118,7 @@ def _from_server_run(run_dir: str | Path, data) -> Calibrated:
     the server, its block size, ``num_gpu_blocks`` and ``usable_blocks`` (``server_pool``); the
     model, dtypes and scheduler limits are the workload's (its ``engine:`` section, set to the
     server's ``--max-num-seqs`` and ``--max-num-batched-tokens``)."""
-    from kvplan.run.sim.calibration.client_steps import client_samples
+    from kvplan.run.sim.calibration.client_steps import client_samples, front_end_seconds
 
     result = data.result
     server = result.server
@@ -125,9 +128,11 @@ def _from_server_run(run_dir: str | Path, data) -> Calibrated:
             f"{run_dir} is a target run whose server said nothing of its KV pool (no cache_config_info)",
             "calibrate on a run against a server that exports its pool (vLLM, SGLang)",
         )
-    samples = client_samples(data.requests)
-    try:
-        fit = fit_samples(samples, mean=True)  # a client's steps: their mean is what its latencies see
+    try:  # a client's steps: their mean is what its latencies see; fitted again once the front end is known
+        fit = fit_samples(client_samples(data.requests), mean=True)
+        lag = front_end_seconds(data.requests, fit.model)
+        samples = client_samples(data.requests, lag)
+        fit = fit_samples(samples, mean=True)
     except ValueError as err:
         raise KvplanError("calibrate", f"{run_dir}: {err}", "run a load test with more requests") from None
     engine: dict[str, object] = {key: None for key in ENGINE_KEYS}
@@ -147,6 +152,7 @@ def _from_server_run(run_dir: str | Path, data) -> Calibrated:
         f"{run_dir} ({result.workload.name}, {result.started_at}; steps read from client token times)",
         fit.r2,
         fit.num_steps,
+        lag,
     )
     return Calibrated(calibration, fit, samples, [])
 
@@ -235,7 +241,14 @@ def load(path: Path) -> Calibration:
     data = json.loads(path.read_text())
     model = LinearStepCost(data["intercept_s"], data["coefficients"], data["gap_s"])
     return Calibration(
-        data["name"], model, data["engine"], data["machine"], data["source"], data["r2"], data["num_steps"]
+        data["name"],
+        model,
+        data["engine"],
+        data["machine"],
+        data["source"],
+        data["r2"],
+        data["num_steps"],
+        data.get("front_end_s", 0.0),
     )
 
 
@@ -255,6 +268,7 @@ def save(calibration: Calibration, samples: list[StepSample], folder: Path = DAT
                 "intercept_s": c.model.intercept_s,
                 "coefficients": c.model.coefficients,
                 "gap_s": c.model.gap_s,
+                "front_end_s": c.front_end_s,
                 "features": list(FEATURES),
                 "steps_file": f"{c.name}.steps.csv.gz",
             },

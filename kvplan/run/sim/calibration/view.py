@@ -15,7 +15,8 @@ def print_calibration(calibrated: Calibrated, console) -> None:
     console.print(
         f"calibration: {calibration.source}: R² {fit.r2:.3f} over {fit.num_steps:,} steps "
         f"({fit.num_outliers} outliers dropped); step = {model.intercept_s * 1e3:.2f} ms + {terms} each;"
-        f" gap {model.gap_s * 1e3:.2f} ms",
+        f" gap {model.gap_s * 1e3:.2f} ms"
+        + (f"; front end {calibration.front_end_s * 1e3:.1f} ms" if calibration.front_end_s else ""),
         markup=False,
         highlight=False,
         soft_wrap=True,

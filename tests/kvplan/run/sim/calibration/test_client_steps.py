@@ -30,6 +30,10 @@ KNOWN = LinearStepCost(
 
 @pytest.fixture(scope="module")
 def simulated(tmp_path_factory):
+    return _simulate(tmp_path_factory.mktemp("sim") / "run", 0.0)
+
+
+def _simulate(run_dir, lag: float):
     workload = Workload.model_validate(
         {
             "name": "client-steps",
@@ -56,11 +60,10 @@ def simulated(tmp_path_factory):
     )
     setup = SimSetup(
         simulated_facts(workload, "cpu", "torch"),
-        lambda: ModelClock(KNOWN),
+        lambda: ModelClock(KNOWN, lag),
         CostModelInfo(kind="calibrated", description="known"),
     )
-    run_dir = simulate(workload, setup, tmp_path_factory.mktemp("sim") / "run", search=False)
-    return load_run(run_dir)
+    return load_run(simulate(workload, setup, run_dir, search=False))
 
 
 def test_the_steps_read_from_token_times_are_the_engine_s_steps(simulated):
@@ -127,3 +130,32 @@ def test_a_client_s_jitter_leaves_the_steps_and_moves_the_fit_little(simulated):
     model = fit_samples(late).model
     errors = [model.step_seconds(s.work) / KNOWN.step_seconds(s.work) - 1 for s in exact]
     assert float(np.median(np.abs(errors))) < 0.05
+
+
+LAG = 4e-3  # a server's front end, s
+
+
+@pytest.fixture(scope="module")
+def lagged(tmp_path_factory):
+    """The same requests simulated with each reaching the scheduler ``LAG`` after it is sent."""
+    return _simulate(tmp_path_factory.mktemp("lagged") / "run", LAG)
+
+
+def test_the_front_end_is_read_back_from_the_requests_that_found_the_server_idle(simulated, lagged):
+    from kvplan.run.sim.calibration.client_steps import front_end_seconds
+
+    assert front_end_seconds(lagged.requests, KNOWN) == pytest.approx(LAG, abs=1e-9)
+    assert front_end_seconds(simulated.requests, KNOWN) == pytest.approx(0.0, abs=1e-9)
+    # every TTFT of c=1 (always alone) is the front end plus its prefill step, by hand
+    for r in lagged.requests:
+        if r.level == 1:
+            n = r.num_prompt_tokens
+            prefill = StepWork(n, 0, 1, n, n * (n + 1) // 2, 0)
+            assert r.token_times[0] - r.arrival_time == pytest.approx(LAG + KNOWN.step_seconds(prefill), rel=1e-9)
+
+
+def test_with_a_front_end_the_steps_read_back_are_still_the_engine_s(lagged):
+    fit = fit_samples(client_samples(lagged.requests, LAG), mean=True)
+    assert fit.model.intercept_s == pytest.approx(KNOWN.intercept_s, rel=1e-6)
+    for name in FEATURES:
+        assert fit.model.coefficients.get(name, 0.0) == pytest.approx(KNOWN.coefficients[name], rel=1e-6), name
