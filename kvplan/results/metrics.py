@@ -268,19 +268,19 @@ def summarize_levels(
         by_key[r.key][0].append(r)
     for s in steps:
         by_key[s.key][1].append(s)
-    return [
-        summarize_level(
-            k,
-            own_requests,
-            own_steps,
-            slo,
-            None if is_alone(k.variant) else (num_planned or {}).get(k.bucket),  # a class alone: its own requests
-            None if is_alone(k.variant) else (plans or {}).get(k.bucket),
-            (class_slos or {}).get(k.bucket),
+    out = []
+    for k, (own_requests, own_steps) in by_key.items():
+        planned = None if is_alone(k.variant) else (num_planned or {}).get(k.bucket)  # a class alone: its own
+        plan = None if is_alone(k.variant) else (plans or {}).get(k.bucket)
+        if plan is not None and plan.per_concurrency:  # a protocol's counts: the level's own
+            plan = plan.at(k.value)
+            planned = plan.num_requests
+        summary = summarize_level(
+            k, own_requests, own_steps, slo, planned, plan, (class_slos or {}).get(k.bucket),
             arrival=(arrivals or {}).get(k.bucket),
-        )
-        for k, (own_requests, own_steps) in by_key.items()
-    ]
+        )  # fmt: skip
+        out.append(summary)
+    return out
 
 
 def preemptions(s: LevelSummary) -> int | None:

@@ -88,8 +88,8 @@ def schedule_levels(
             ("open", bucket.request_rates if trace is None else [trace.mean_rate]),
         )
         for mode, values in modes:
-            plan = None if bucket.level_plan.is_plain else bucket.level_plan
             for x in sorted(values):
+                plan = None if bucket.level_plan.is_plain else bucket.level_plan.at(x)
                 for v in variants:
                     level = Level(
                         LevelKey(bucket.name, mode, x if mode == "closed" else float(x), v),
@@ -298,10 +298,15 @@ def run_level(backend: Backend, level: Level, recorder: Recorder, seed: int) -> 
         at = t0 + arrivals[sent]
         return at if end is None or at < end else None
 
+    # a benchmark client's warm-up (LevelSchedule.warmup_drained): copies of the first request, all
+    # finished before the first measured one is sent
+    drained = 0 if plan is None or not plan.warmup_drained else plan.warmup_requests
+
     def submit(arrival: float | None) -> None:
         nonlocal sent, in_flight
-        req = requests[sent % num]
-        rid, salt = f"{key.id}/{sent}", round_salt(cache_salt(key, sent, req), sent, num)
+        index = 0 if sent < drained else sent - drained  # the request list from its start after the warm-up
+        req = requests[index % num]
+        rid, salt = f"{key.id}/{sent}", round_salt(cache_salt(key, index, req), index, num)
         recorder.submitted[rid] = (req, salt)
         tenant = req.admission_tenant
         backend.submit(Submission(rid, req.prompt_token_ids, req.max_tokens, seed + sent, salt, arrival, tenant=tenant))
@@ -311,7 +316,7 @@ def run_level(backend: Backend, level: Level, recorder: Recorder, seed: int) -> 
     while True:
         next_arrival = None
         if key.mode == "closed":
-            while in_flight < level.value and upcoming() is not None:
+            while in_flight < level.value and upcoming() is not None and not (sent == drained and in_flight):
                 submit(None)
         else:
             now = backend.now()

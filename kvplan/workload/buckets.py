@@ -31,6 +31,7 @@ from kvplan.workload.lengths import (  # noqa: F401  (re-exported: the workload 
     StrictModel,
     _with_shorthands,
 )
+from kvplan.workload.protocol import BenchProtocol
 from kvplan.workload.request_class import RequestClass, Variant
 from kvplan.workload.sessions import Sessions
 
@@ -275,6 +276,24 @@ class Bucket(StrictModel):
         " load: a number of requests (sent after the measured ones) or a time (``10s``: requests"
         " that arrive in the last 10 s of sending). 0 = none.",
     )
+    protocol: BenchProtocol | None = Field(
+        None,
+        description="Run each level as a benchmark client would (kvplan.workload.protocol): ``kind``"
+        " vllm_bench_serve or inferencex, ``random_range_ratio``, ``num_prompts_per_concurrency``,"
+        " ``warmup_per_concurrency``. Lengths are drawn around ``input_tokens``/``output_tokens`` (one"
+        " length each), each level sends that many requests per unit of concurrency after its"
+        " drained warm-up; num_requests follows. null = kvplan's own levels.",
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _protocol_count(cls, data: Any) -> Any:
+        # a protocol sets num_requests: the largest level's measured count (checked after validation)
+        if isinstance(data, dict) and isinstance(data.get("protocol"), dict) and "num_requests" not in data:
+            per, levels = data["protocol"].get("num_prompts_per_concurrency", 10), data.get("concurrency")
+            if isinstance(per, int) and isinstance(levels, list) and levels and all(isinstance(c, int) for c in levels):
+                data = {**data, "num_requests": max(per * max(levels), 1)}
+        return data
 
     @property
     def classes(self) -> tuple[RequestClass, ...]:
@@ -301,6 +320,7 @@ class Bucket(StrictModel):
             values = getattr(self, field)
             if values != "auto" and len(set(values)) != len(values):
                 raise ValueError(f"{field} has duplicate levels: {values}")
+        self._check_protocol()
         warm, cool = span_seconds(self.warmup), span_seconds(self.cooldown)
         if self.duration_s is not None and (warm or 0) + (cool or 0) >= self.duration_s:
             what = "warmup" if (warm or 0) >= self.duration_s else "warmup + cooldown"
@@ -317,9 +337,43 @@ class Bucket(StrictModel):
             )
         return self
 
+    def _check_protocol(self) -> None:
+        protocol = self.protocol
+        if protocol is None:
+            return
+        if self.mix is not None or self.input_tokens is None or self.output_tokens is None:
+            raise ValueError("protocol needs input_tokens and output_tokens (one length each), not a mix")
+        # the client draws each length around one L (its --random-input-len / --random-output-len):
+        # the bucket's range becomes the drawn one, L is kept in the protocol (so a dumped config reads back)
+        for side, key in (("input_tokens", "input_len"), ("output_tokens", "output_len")):
+            given, nominal = getattr(self, side), getattr(protocol, key)
+            if nominal is None:
+                if given.min != given.max:
+                    raise ValueError(f"protocol draws {side} around one length L: give {side} as L alone")
+                nominal = given.max
+                protocol = protocol.model_copy(update={key: nominal})
+            drawn = protocol.lengths(nominal)
+            if (given.min, given.max) not in ((nominal, nominal), (drawn.min, drawn.max)):
+                raise ValueError(f"protocol draws {side} in [{drawn.min}, {drawn.max}]: give {side} as {nominal} alone")
+            object.__setattr__(self, side, drawn)  # frozen: set once, while validating
+        object.__setattr__(self, "protocol", protocol)
+        if self.concurrency == "auto" or not self.concurrency or self.request_rates:
+            raise ValueError("protocol runs closed-loop levels only: give concurrency levels and no request_rates")
+        if self.duration_s is not None or self.warmup != 0 or self.cooldown != 0:
+            raise ValueError("protocol sets each level's counts and warm-up: drop duration_s, warmup and cooldown")
+        wanted = protocol.num_requests(list(self.concurrency))
+        if self.num_requests != wanted:
+            raise ValueError(
+                f"num_requests is {self.num_requests}, the protocol sends {wanted} at the largest level"
+                " (num_prompts_per_concurrency x concurrency): drop num_requests"
+            )
+
     @property
     def level_plan(self) -> LevelSchedule:
-        """How each of this bucket's levels runs: its count or duration, warm-up and cool-down."""
+        """How each of this bucket's levels runs: its count or duration, warm-up and cool-down; a
+        protocol's counts per unit of concurrency (``LevelSchedule.at``)."""
+        if self.protocol is not None:
+            return self.protocol.schedule()
         warm, cool = span_seconds(self.warmup), span_seconds(self.cooldown)
         return LevelSchedule(
             num_requests=self.num_requests,

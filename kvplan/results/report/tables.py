@@ -148,19 +148,23 @@ def _round(value: float | None) -> float | None:
 
 
 def latency_table(result: RunResult) -> pd.DataFrame:
-    """TTFT, TPOT, ITL and E2E percentiles (ms) per bucket and level; TTFO beside TTFT where a
-    target's streams carried reasoning."""
+    """TTFT, TPOT, ITL and E2E percentiles (ms) per bucket and level, and each one's mean where a
+    bucket runs a benchmark client's protocol (kvplan.workload.protocol: the mean and the median
+    both, as that client prints them); TTFO beside TTFT where a target's streams carried
+    reasoning."""
     rows = []
+    mean = ("mean",) if any(plan.per_concurrency for plan in result.level_plans.values()) else ()
     for lv in result.levels:
         row: dict[str, str | float | None] = {"bucket": lv.bucket, "level": level_name(lv), "done/planned": _done(lv)}
         for metric, keys in (
-            ("ttft_ms", ("p50", "p95", "p99")),
-            ("tpot_ms", ("p50", "p95", "p99")),
-            ("itl_ms", ("p50", "p99")),
-            ("e2e_ms", ("p50", "p99")),
+            ("ttft_ms", (*mean, "p50", "p95", "p99")),
+            ("tpot_ms", (*mean, "p50", "p95", "p99")),
+            ("itl_ms", (*mean, "p50", "p99")),
+            ("e2e_ms", (*mean, "p50", "p99")),
         ):
             for key in keys:
-                row[f"{metric[:-3].upper()} {key.upper()} ms"] = _stat(getattr(lv, metric), key)
+                label = "mean" if key == "mean" else key.upper()
+                row[f"{metric[:-3].upper()} {label} ms"] = _stat(getattr(lv, metric), key)
         rows.append(row)
     if any(lv.ttfo_ms is not None for lv in result.levels):  # streams that carried reasoning
         at = list(rows[0]).index("TTFT P99 ms") + 1 if rows else 0

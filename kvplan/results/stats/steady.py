@@ -28,7 +28,10 @@ class LevelSchedule(BaseModel):
     """How each level of one bucket runs: ``num_requests`` measured requests (or for
     ``duration_s`` seconds), after ``warmup_requests`` and before ``cooldown_requests`` more, and
     with the requests that arrive in the first ``warmup_s`` or the last ``cooldown_s`` seconds of
-    sending kept out of the statistics."""
+    sending kept out of the statistics. ``warmup_drained``: the warm-up requests are copies of the
+    level's first request and all finish before a measured one is sent (a benchmark client's
+    warm-up, kvplan.workload.protocol); ``per_concurrency``: the request counts are per unit of
+    each level's concurrency (``at`` gives a level's own)."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
@@ -38,13 +41,35 @@ class LevelSchedule(BaseModel):
     warmup_s: float = 0.0
     cooldown_requests: int = 0
     cooldown_s: float = 0.0
+    warmup_drained: bool = False
+    per_concurrency: bool = False
 
     @property
     def is_plain(self) -> bool:
         """A level of ``num_requests`` requests with nothing excluded (every level before
         steady-state levels existed)."""
         return self.duration_s is None and not (
-            self.warmup_requests or self.warmup_s or self.cooldown_requests or self.cooldown_s
+            self.warmup_requests
+            or self.warmup_s
+            or self.cooldown_requests
+            or self.cooldown_s
+            or self.warmup_drained
+            or self.per_concurrency
+        )
+
+    def at(self, concurrency: float) -> LevelSchedule:
+        """The schedule of the level at ``concurrency``: this one, or for counts per unit of
+        concurrency those counts x ``concurrency``."""
+        if not self.per_concurrency:
+            return self
+        c = int(concurrency)
+        return self.model_copy(
+            update={
+                "num_requests": self.num_requests * c,
+                "warmup_requests": self.warmup_requests * c,
+                "cooldown_requests": self.cooldown_requests * c,
+                "per_concurrency": False,
+            }
         )
 
     @property
