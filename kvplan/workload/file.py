@@ -181,8 +181,8 @@ def _check_buckets(workload: Workload) -> None:
                     f" tokens) exceeds engine.max_model_len {max_len}",
                 )
         plan = bucket.level_plan
-        sent = plan.total_requests  # None: a timed level, which cycles its requests
         for j, level in enumerate(bucket.concurrency if bucket.concurrency != "auto" else []):
+            sent = plan.at(level).total_requests  # None: a timed level, which cycles its requests
             if sent is not None and level > sent:
                 raise _error(
                     workload,

@@ -122,3 +122,16 @@ def test_a_protocol_refuses_what_it_would_override(tmp_path):
         with pytest.raises(KvplanError, match=says):
             parse_workload(bad)
     assert math.isclose(load_workload(WORKLOAD).buckets[0].num_requests, PER * 4)
+
+
+def test_a_level_above_the_counts_per_unit_of_concurrency_runs_them_all(tmp_path):
+    # 8 users, 4 + 2 requests per user: 48 sent (a level may exceed the per-unit counts, 6)
+    data = yaml.safe_load(WORKLOAD.read_text())
+    data["buckets"][0]["concurrency"] = [8]
+    path = tmp_path / "eight.yaml"
+    path.write_text(yaml.safe_dump(data))
+    code, out, err = run_cli("simulate", str(path), "--out", str(tmp_path / "sim"))
+    assert code == 0, err
+    run = load_run(tmp_path / "sim")
+    assert len(run.requests) == (PER + WARM) * 8
+    assert [lv.num_completed for lv in run.result.levels] == [PER * 8]
