@@ -55,31 +55,100 @@ def load_rows(limit: int | None = None) -> list[dict]:
     return rows
 
 
+# the rows InferenceX measured (SILICON_PROTOCOL.md: their ``source`` names these exports); the
+# others come from a pipeline whose protocol is not public
+INFERENCEX_SOURCES = ("source_file=2026-03-25.csv", "source_file=2026-04-06.csv", "db-dump")
+# InferenceX's warm-up (2 x C requests, drained) from this date on (commit d053ae24e)
+WARMUP_FROM = date(2026, 1, 21)
+# The engine flags of the InferenceX vLLM recipes that set the rows' engines, by (preset, GPU):
+# github SemiAnalysisAI/InferenceX, benchmarks/70b_fp8_{h100,h200}_slurm.sh at 9596d23d7
+# (2025-10-29), benchmarks/gptoss_fp4_{h100,h200}_slurm.sh at e06929c70 (2025-11-02) and 4e135fd3f
+# (2025-12-08), benchmarks/single_node/gptoss_fp4_{h100,h200,b200}.sh at 79a42e20a (2026-03-27).
+# Every one: --max-num-batched-tokens 8192, --no-enable-prefix-caching (random prompts share
+# nothing either way); None: --max-num-seqs $CONC.
+RECIPES: dict[tuple[str, str], dict[str, Any]] = {
+    ("llama-3.1-70b", "H100-SXM"): {"max_num_seqs": None, "kv_cache_dtype": "fp8"},
+    ("llama-3.1-70b", "H200"): {"max_num_seqs": None, "kv_cache_dtype": "fp8"},
+    ("gpt-oss-120b", "H100-SXM"): {"max_num_seqs": None},
+    ("gpt-oss-120b", "H200"): {"max_num_seqs": None},
+    ("gpt-oss-120b", "B200"): {"max_num_seqs": 512, "kv_cache_dtype": "fp8"},
+}
+
+
+def row_source(row: dict) -> str:
+    """``inferencex`` (protocol known: SILICON_PROTOCOL.md) or ``internal`` (not public)."""
+    return "inferencex" if row["source"].startswith(INFERENCEX_SOURCES) else "internal"
+
+
+def measured_on(row: dict) -> date | None:
+    """The ``measured=`` date of the row's source field, if it has one."""
+    for part in row["source"].split(";"):
+        key, _, value = part.strip().partition("=")
+        if key == "measured" and value:
+            return date.fromisoformat(value[:10])
+    return None
+
+
+def row_replay(row: dict) -> dict[str, Any]:
+    """How a row is replayed: its protocol (InferenceX's for its rows: lengths in [0.8 L, L], 10 x C
+    requests, 2 x C drained warm-ups from WARMUP_FROM on; else fixed lengths, a wave of C
+    requests of warm-up, two measured) and its engine flags (an InferenceX vLLM row's recipe where
+    RECIPES has it, else max_num_batched_tokens 8192 and max_num_seqs 1024, vLLM V1's default on
+    an 80 GB GPU), with ``said``: the replay in words, printed per row."""
+    c = row["batch_size"]
+    flags: dict[str, Any] = {
+        "max_num_seqs": max(1024, c),
+        "max_num_batched_tokens": row.get("max_num_batched_tokens", 8192),
+    }
+    said = []
+    if row_source(row) == "inferencex":
+        day = measured_on(row)
+        warm = 2 if day is not None and day >= WARMUP_FROM else 0
+        protocol = {
+            "kind": "inferencex",
+            "random_range_ratio": 0.8,
+            "num_prompts_per_concurrency": 10,
+            "warmup_per_concurrency": warm,
+        }
+        said.append(f"inferencex 10xC{', warm-up 2xC' if warm else ', no warm-up'}")
+        recipe = RECIPES.get((row["preset"], row["gpu"])) if row["backend"] == "vllm" else None
+        if recipe is not None:
+            flags["max_num_seqs"] = recipe["max_num_seqs"] or c
+            said.append(f"recipe max_num_seqs {flags['max_num_seqs']}")
+            if recipe.get("kv_cache_dtype") and not row["kv_cache_dtype"]:
+                flags["kv_cache_dtype"] = recipe["kv_cache_dtype"]
+                said.append(f"kv {recipe['kv_cache_dtype']}")
+        else:
+            said.append("engine defaults")
+    else:
+        protocol = None
+        said.append("steady state, engine defaults")
+    return {"protocol": protocol, "flags": flags, "said": "; ".join(said)}
+
+
 def row_workload(row: dict):
     """The row's load as a workload (tiny-random-llama names the engine section; the GPU setup
-    replaces its model and pool)."""
+    replaces its model and pool), replayed as ``row_replay`` says."""
     from kvplan.workload.file import parse_workload
 
     c, isl, osl = row["batch_size"], row["isl"], row["osl"]
+    replay = row_replay(row)
+    bucket: dict[str, Any] = {"name": "row", "input_tokens": isl, "output_tokens": osl, "concurrency": [c]}
+    if replay["protocol"] is not None:
+        bucket["protocol"] = replay["protocol"]
+    else:
+        bucket.update(num_requests=3 * c, warmup=c)
+    flags = replay["flags"]
     data = {
         "name": "silicon-row",
         "engine": {
             "model": "tiny-random-llama",
-            "max_num_seqs": max(1024, c),
-            "max_num_batched_tokens": row.get("max_num_batched_tokens", 8192),
+            "max_num_seqs": flags["max_num_seqs"],
+            "max_num_batched_tokens": flags["max_num_batched_tokens"],
             "max_model_len": isl + osl + 16,
         },
         "dataset": {"kind": "random"},
-        "buckets": [
-            {
-                "name": "row",
-                "input_tokens": isl,
-                "output_tokens": osl,
-                "concurrency": [c],
-                "num_requests": 3 * c,
-                "warmup": c,
-            }
-        ],
+        "buckets": [bucket],
     }
     return parse_workload(data)
 
@@ -107,7 +176,7 @@ def simulate_row(args: tuple[dict, str, Any]) -> dict:
             row["preset"],
             row["gpu"],
             row["tp"],
-            kv_cache_dtype=row["kv_cache_dtype"] or "auto",
+            kv_cache_dtype=row["kv_cache_dtype"] or row_replay(row)["flags"].get("kv_cache_dtype", "auto"),
             weight_dtype=row["weight_dtype"] or "auto",
             backend=row["backend"],
             ep=row.get("moe_ep_size") or 1,
@@ -117,12 +186,18 @@ def simulate_row(args: tuple[dict, str, Any]) -> dict:
         )
         bucket = workload.buckets[0]
         level = Prober(workload, setup.facts, setup.clock, sample(workload, setup.facts).requests).level(
-            0, "closed", bucket.concurrency[0], plan=bucket.level_plan
+            0, "closed", bucket.concurrency[0], plan=bucket.level_plan.at(bucket.concurrency[0])
         )
         if level is None or not level.ttft_ms or not level.tpot_ms:
             out["reason"] = "no finished requests"
         else:
-            out.update(ttft_ms=level.ttft_ms.mean, tpot_ms=level.tpot_ms.mean, step_times=setup.cost_model.step_times)
+            out.update(
+                ttft_ms=level.ttft_ms.mean,
+                tpot_ms=level.tpot_ms.mean,
+                ttft_p50_ms=level.ttft_ms.p50,
+                tpot_p50_ms=level.tpot_ms.p50,
+                step_times=setup.cost_model.step_times,
+            )
     except KvplanError as err:
         out["reason"] = f"{err.field}: {err.problem}"
     except Exception as err:  # a bench prints every row, with its reason
@@ -214,21 +289,28 @@ def median_abs(values: list[float | None]) -> float | None:
 
 
 def report(rows: list[dict], ours: dict[str, dict], peer: dict[str, dict] | None, verbose: bool = True) -> dict:
+    """Print each row (``verbose``) and the median |error| % per source, backend and model and
+    overall, kvplan's mean beside the peer's; then kvplan's mean and its median (P50) against the
+    measured figure on the same groups (the source does not say which it is). Returns the
+    medians by group."""
     fmt = lambda v, d=1: "-" if v is None else f"{v:.{d}f}"  # noqa: E731
     table = []
     if verbose:
         print(
             f"{'row':62s} {'TPOT meas':>9s} {'kvplan':>7s} {'err%':>6s} {'peer':>7s} {'err%':>6s} "
-            f"{'TTFT meas':>10s} {'kvplan':>9s} {'err%':>6s} {'peer':>9s} {'err%':>6s}  reason"
+            f"{'TTFT meas':>10s} {'kvplan':>9s} {'err%':>6s} {'peer':>9s} {'err%':>6s}  replay | reason"
         )
     for row in rows:
         k = ours.get(row["id"], {})
         p = (peer or {}).get(row["id"], {})
         entry = {
+            "source": row_source(row),
             "backend": row["backend"],
             "preset": row["preset"],
             "tpot": err(k.get("tpot_ms"), row["silicon_tpot_ms"]),
             "ttft": err(k.get("ttft_ms"), row["silicon_ttft_ms"]),
+            "tpot_p50": err(k.get("tpot_p50_ms"), row["silicon_tpot_ms"]),
+            "ttft_p50": err(k.get("ttft_p50_ms"), row["silicon_ttft_ms"]),
             "peer_tpot": err(p.get("tpot_ms"), row["silicon_tpot_ms"]),
             "peer_ttft": err(p.get("ttft_ms"), row["silicon_ttft_ms"]),
         }
@@ -238,10 +320,13 @@ def report(rows: list[dict], ours: dict[str, dict], peer: dict[str, dict] | None
                 f"{row['id'][:62]:62s} {row['silicon_tpot_ms']:9.2f} {fmt(k.get('tpot_ms'), 2):>7s} "
                 f"{fmt(entry['tpot'], 0):>6s} {fmt(p.get('tpot_ms'), 2):>7s} {fmt(entry['peer_tpot'], 0):>6s} "
                 f"{row['silicon_ttft_ms']:10.1f} {fmt(k.get('ttft_ms')):>9s} {fmt(entry['ttft'], 0):>6s} "
-                f"{fmt(p.get('ttft_ms')):>9s} {fmt(entry['peer_ttft'], 0):>6s}  "
-                f"{k.get('reason', '')}{' | peer: ' + p['reason'] if p.get('reason') else ''}"
+                f"{fmt(p.get('ttft_ms')):>9s} {fmt(entry['peer_ttft'], 0):>6s}  {row_replay(row)['said']}"
+                f"{' | ' + k['reason'] if k.get('reason') else ''}"
+                f"{' | peer: ' + p['reason'] if p.get('reason') else ''}"
             )
     groups: dict[str, list[dict]] = {}
+    for e in table:
+        groups.setdefault(f"source {e['source']}", []).append(e)
     for e in table:
         groups.setdefault(f"backend {e['backend']}", []).append(e)
         groups.setdefault(f"model {e['preset']}", []).append(e)
@@ -253,14 +338,26 @@ def report(rows: list[dict], ours: dict[str, dict], peer: dict[str, dict] | None
         f"{'kvplan TTFT':>12s} {'peer TTFT':>10s}"
     )
     summary = {}
+    keys = ("tpot", "ttft", "peer_tpot", "peer_ttft", "tpot_p50", "ttft_p50")
     for name, group in groups.items():
-        m = {k: median_abs([e[k] for e in group]) for k in ("tpot", "ttft", "peer_tpot", "peer_ttft")}
+        m = {k: median_abs([e[k] for e in group]) for k in keys}
         ran = sum(e["tpot"] is not None for e in group)
         summary[name] = m
         print(
-            f"{name:25s} {ran:>2d}/{len(group):<3d} {fmt(m['tpot']):>11s} {fmt(m['peer_tpot']):>10s} "
+            f"{name:25s} {ran:>3d}/{len(group):<3d} {fmt(m['tpot']):>10s} {fmt(m['peer_tpot']):>10s} "
             f"{fmt(m['ttft']):>12s} {fmt(m['peer_ttft']):>10s}"
         )
+    print(
+        f"\nwhich statistic: median |error| % of kvplan's mean and of its median (P50)\n"
+        f"{'':25s} {'rows':>7s} {'TPOT mean':>10s} {'TPOT P50':>9s} {'TTFT mean':>10s} {'TTFT P50':>9s}"
+    )
+    for name, m in summary.items():
+        if name.startswith(("source", "backend")) or name == "all":
+            ran = sum(e["tpot"] is not None for e in groups[name])
+            print(
+                f"{name:25s} {ran:>3d}/{len(groups[name]):<3d} {fmt(m['tpot']):>10s} {fmt(m['tpot_p50']):>9s} "
+                f"{fmt(m['ttft']):>10s} {fmt(m['ttft_p50']):>9s}"
+            )
     return summary
 
 
@@ -362,6 +459,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--limit", type=int, help="check this many rows, spread over the file")
     parser.add_argument("--backend", help="check only this backend's rows")
+    parser.add_argument("--source", choices=("inferencex", "internal"), help="check only this source's rows")
     parser.add_argument("--step-times", choices=("silicon", "roofline"), default="silicon")
     parser.add_argument("--peer-python", help="python of a venv with aiconfigurator==0.12.0")
     parser.add_argument("--no-peer", action="store_true")
@@ -372,7 +470,11 @@ def main() -> None:
     parser.add_argument("--jobs", type=int, default=2)
     parser.add_argument("--quiet", action="store_true", help="medians only")
     args = parser.parse_args()
-    rows = [r for r in load_rows(args.limit) if args.backend in (None, r["backend"])]
+    rows = [
+        r
+        for r in load_rows(args.limit)
+        if args.backend in (None, r["backend"]) and args.source in (None, row_source(r))
+    ]
     print(
         f"bench/silicon_check.py, {date.today().isoformat()}, {platform.node()} ({os.cpu_count()} CPUs), "
         f"{len(rows)} rows of {ROWS_FILE.name}, step times: {args.step_times}"
