@@ -26,18 +26,13 @@ pytestmark = [
     pytest.mark.skipif(vllm_server.python() is None, reason="real vLLM not installed: run `make vllm` (.venv-vllm)"),
 ]
 ROOT = Path(__file__).resolve().parents[4]
-NUM_BLOCKS, BLOCK_SIZE = 16, 32
+NUM_BLOCKS, BLOCK_SIZE = vllm_server.NUM_BLOCKS, vllm_server.BLOCK_SIZE  # the session server's pool
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    from engine.models.loader import smollm2_folder
-
-    log = tmp_path_factory.mktemp("vllm") / "vllm.log"
-    with vllm_server.serve(
-        smollm2_folder(), log, num_blocks=NUM_BLOCKS, block_size=BLOCK_SIZE, max_model_len=256
-    ) as url:
-        yield url, log
+def server(vllm_live):
+    """The session's vLLM (conftest.py): (URL, log)."""
+    return vllm_live
 
 
 def test_kvplans_estimate_of_vllms_kv_budget_is_the_blocks_vllm_computed(server):

@@ -24,6 +24,8 @@ from tests.kvplan.run.server.llama_server import free_port, wait_healthy
 ROOT = Path(__file__).resolve().parents[4]
 KV_SPACE_GIB = 1
 SERVED_NAME = "smollm2"
+# the pool of the session's server (conftest.py's ``vllm_live``): 16 blocks of 32 tokens, 15 usable
+NUM_BLOCKS, BLOCK_SIZE, MAX_MODEL_LEN = 16, 32, 256
 
 
 def python() -> Path | None:
