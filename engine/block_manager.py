@@ -110,6 +110,11 @@ class BlockManager:
         return self.num_blocks - self._next_unused + len(self._free)
 
     @property
+    def num_fresh_blocks(self) -> int:
+        """Free blocks never used yet: the front of the free queue; taking them evicts nothing."""
+        return self.num_blocks - self._next_unused
+
+    @property
     def num_used_blocks(self) -> int:
         """Blocks with ref count >= 1; a block shared by several requests counts once."""
         return self._next_unused - len(self._free)
@@ -207,13 +212,16 @@ class BlockManager:
     def append_blocks(self, request_ids: Sequence[str]) -> bool:
         """One more block at the end of each of these requests' tables, taken off the free queue
         in this order: the blocks ``allocate`` would give them one request after another, for
-        each a block past its last. All or nothing: False, changing nothing, when fewer blocks
-        than requests are free."""
+        each a block past its last (a request named k times gets k blocks, in order). All or
+        nothing: False, changing nothing, when fewer blocks than names are free."""
         if len(request_ids) > self.num_free_blocks:
             return False
-        tables = self._tables
+        grown: dict[str, list[int]] = {}
         for request_id, block_id in zip(request_ids, self._take_free(len(request_ids))):
-            tables[request_id] = tables[request_id] + (block_id,)
+            grown.setdefault(request_id, []).append(block_id)
+        tables = self._tables
+        for request_id, block_ids in grown.items():  # a table is copied once, however many it gets
+            tables[request_id] += tuple(block_ids)
         return True
 
     def _take_free(self, num: int) -> tuple[int, ...]:

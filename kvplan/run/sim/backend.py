@@ -26,14 +26,19 @@ from operator import attrgetter
 from typing import Any
 
 from engine.config import EngineConfig
+from engine.decode_run import SIMULATED_TOKEN_ID, decode_run
 from engine.request import Request, SamplingParams
 from engine.scheduler import Scheduler
 from kvplan.results.run_result import EngineFacts
 from kvplan.run.driver import Finished, Submission
 from kvplan.run.sim.cost import StepClock, StepWork
-from kvplan.run.sim.decode_run import SIMULATED_TOKEN_ID, decode_run
 
 _REQUEST_ID = attrgetter("request_id")
+
+
+def _decode_work(num_decodes: int, num_context_tokens: int) -> StepWork:
+    """A decode-only step's work: each decode attends to its own context (engine.decode_run)."""
+    return StepWork(0, num_decodes, 0, num_context_tokens, num_context_tokens, num_context_tokens)
 
 
 def scheduler_for(facts: EngineFacts, admission: Mapping[str, Any] | None = None) -> Scheduler:
@@ -66,7 +71,7 @@ class SimBackend:
         self, facts: EngineFacts, clock: StepClock, decode_runs: bool = True, admission: Mapping[str, Any] | None = None
     ):
         self.scheduler = scheduler_for(facts, admission)
-        self.decode_runs = decode_runs  # take runs of pure decode steps together (kvplan.run.sim.decode_run)
+        self.decode_runs = decode_runs  # take runs of pure decode steps together (engine.decode_run)
         self.clock = clock
         self.now_s = 0.0
         self.num_steps = 0
@@ -116,12 +121,12 @@ class SimBackend:
 
     def advance(self, until: float | None) -> tuple[list[Finished], list[Any]]:
         """One step, unless an arrival (``until``) comes before it would take new requests; or a
-        whole decode run of steps (kvplan.run.sim.decode_run), each the step the scheduler would
+        whole decode run of steps (engine.decode_run), each the step the scheduler would
         take."""
         if self._pending:
             until = self._take_pending(until)
         if self.decode_runs:
-            run = decode_run(self.scheduler, self.clock, self.now_s, until, self.num_steps)
+            run = decode_run(self.scheduler, self.clock, self.now_s, until, self.num_steps, _decode_work)
             if run is not None:
                 steps, self.now_s = run
                 self.num_steps += len(steps)

@@ -1,10 +1,13 @@
-"""Decode runs (kvplan.run.sim.decode_run) equal the engine's scheduler stepping one step at a
+"""Decode runs (engine.decode_run) equal the engine's scheduler stepping one step at a
 time: on random workloads (hypothesis, 200 of them) with preemption, chunked prefill, prefix
-caching, prefill-first steps (SGLang's), closed and open loop, and a server's front end (requests
-reaching the scheduler some time after they arrive), every step's stats and every finished
-request are the same with runs taken together and without."""
+caching, prefill-first steps (SGLang's), closed and open loop, a server's front end (requests
+reaching the scheduler some time after they arrive), multi-turn sessions with replayed replies
+(later turns hit the cache on the blocks a run filled) and admission limits per tenant, every
+step's stats, every finished request and the block manager's state at the end (cached hashes and
+where they sit, the free queue's order, evictions) are the same with runs taken together and
+without."""
 
-from dataclasses import asdict
+from dataclasses import asdict, replace
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -39,8 +42,11 @@ class _Capture(Recorder):
         super().__init__(self, level, lambda _: {})
         self.steps: list[dict] = []
         self.finished: list = []
+        self.batches: list = []  # the steps of each advance, as reported
+        self.pool: dict = {}
 
     def record(self, finished, steps) -> None:
+        self.batches.append(steps)
         self.steps += [asdict(s) for s in steps]
         self.finished += finished
         for out in finished:
@@ -71,7 +77,7 @@ def workloads(draw):
     longest = max(r.num_tokens for r in requests)
     num_blocks = draw(st.integers(-(-longest // block_size), -(-longest // block_size) * 4))  # tight pools preempt
     engine = facts(
-        block_size, num_blocks, draw(st.integers(1, 8)), draw(st.integers(8, 64)), caching, draw(st.booleans())
+        block_size, num_blocks, draw(st.integers(1, 8)), draw(st.integers(2, 64)), caching, draw(st.booleans())
     )  # prefill_first drawn too: SGLang's steps (--backend sglang)
     mode = draw(st.sampled_from(["closed", "open"]))
     value = draw(st.integers(1, 10)) if mode == "closed" else draw(st.sampled_from([50.0, 300.0, 2000.0]))
@@ -80,19 +86,104 @@ def workloads(draw):
     return engine, requests, mode, value, plan, lag
 
 
-def run(engine: EngineFacts, requests, mode, value, plan, lag, decode_runs: bool) -> _Capture:
+@st.composite
+def sessions(draw, shared: list[int]):
+    """Multi-turn sessions: turn k + 1's prompt is turn k's prompt, its reply (replayed, shorter
+    than max_tokens or as long) and new tokens, so later turns hit the blocks earlier turns
+    filled, replies included; each session a tenant of two."""
+    requests = []
+    for session in range(draw(st.integers(1, 5))):
+        prompt = shared + draw(st.lists(st.integers(0, 30), min_size=1, max_size=10))
+        for turn in range(1, draw(st.integers(1, 3)) + 1):
+            max_tokens = draw(st.integers(1, 30))
+            reply = tuple(draw(st.lists(st.integers(0, 30), min_size=1, max_size=max_tokens)))
+            requests.append(
+                SampledRequest(
+                    tuple(prompt), max_tokens, "random", reply_token_ids=reply, session=session, turn=turn,
+                    think_time_s=draw(st.sampled_from([0.0, 1e-3])), tenant_name=f"t{session % 2}",
+                )
+            )  # fmt: skip
+            prompt = prompt + list(reply) + draw(st.lists(st.integers(0, 30), min_size=1, max_size=6))
+    return requests
+
+
+ADMISSION = st.sampled_from(
+    [
+        None,
+        {"tenant_max_concurrency": 1},
+        {"tenant_max_concurrency": 2, "tenant_max_waiting": 3},
+        {"max_num_waiting": 2},
+        {"kv_admission_reserve": 0.2, "max_output_tokens": 12},
+    ]
+)
+
+
+@st.composite
+def cases(draw):
+    """A workload of ``workloads`` (with ``sessions`` in place of its requests, half the time),
+    and admission settings (None: off)."""
+    engine, requests, mode, value, plan, lag = draw(workloads())
+    if draw(st.booleans()):
+        requests = draw(sessions(list(requests[0].prompt_token_ids[:3])))
+        longest = max(r.num_tokens for r in requests)
+        num_blocks = -(-longest // engine.block_size) * draw(st.integers(1, 4))
+        engine = engine.model_copy(update={"num_blocks": num_blocks, "max_model_len": num_blocks * engine.block_size})
+        plan = None
+    else:
+        requests = [replace(r, tenant_name=f"t{i % 2}") for i, r in enumerate(requests)]
+    return engine, requests, mode, value, plan, lag, draw(ADMISSION)
+
+
+def run(engine: EngineFacts, requests, mode, value, plan, lag, admission=None, *, decode_runs: bool) -> _Capture:
     level = Level(LevelKey("b", mode, value, ""), 0, tuple(requests), plan)
     capture = _Capture(level)
-    run_level(SimBackend(engine, ModelClock(COST, lag), decode_runs=decode_runs), level, capture, seed=0)
+    backend = SimBackend(engine, ModelClock(COST, lag), decode_runs=decode_runs, admission=admission)
+    run_level(backend, level, capture, seed=0)
+    capture.pool = pool_state(backend)
+    capture.batches = [len(steps) for steps in capture.batches]
     return capture
 
 
+def pool_state(backend: SimBackend) -> dict:
+    """What the block manager holds at the end: the prefix cache (hash -> block id), each block's
+    hash and ref count, the free queue in order, evictions so far."""
+    bm = backend.scheduler.block_manager
+    return {
+        "cached": dict(bm._cached),
+        "blocks": {b.block_id: (b.block_hash, b.ref_count) for b in bm.blocks.values()},
+        "free": bm.free_queue(),
+        "evictions": bm.num_evictions,
+    }
+
+
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(workloads())
+@given(cases())
 def test_decode_runs_equal_the_scheduler_step_by_step(case):
     fast, slow = run(*case, decode_runs=True), run(*case, decode_runs=False)
     assert fast.steps == slow.steps
     assert fast.finished == slow.finished
+    assert fast.pool == slow.pool
+
+
+def test_runs_are_taken_with_prefix_caching_and_replies_and_fill_the_cache_as_steps_do():
+    """Four sessions of two turns, the first turn replaying a 40-token reply, on 4-token blocks
+    with prefix caching: the first turns decode together in runs (advance reports several steps
+    at once), and each second turn finds in the cache every block its first turn filled (8 prompt
+    tokens + 40 replayed, of which the last is never computed: 47 tokens, 11 full blocks of 4, 44
+    tokens), exactly as stepping one by one finds them."""
+    engine = facts(4, 200, 8, 64, True)
+    requests = []
+    for session in range(4):
+        first = tuple(range(session * 8, session * 8 + 8))
+        reply = tuple(100 + session * 40 + t for t in range(40))
+        requests.append(SampledRequest(first, 40, "random", reply_token_ids=reply, session=session, turn=1))
+        requests.append(SampledRequest(first + reply + (7,), 5, "random", session=session, turn=2))
+    case = (engine, requests, "closed", 4, None, 0.0)
+    fast, slow = run(*case, decode_runs=True), run(*case, decode_runs=False)
+    assert fast.steps == slow.steps and fast.finished == slow.finished and fast.pool == slow.pool
+    assert max(fast.batches) > 10 and max(slow.batches) == 1
+    second_turns = [s for s in slow.steps if s["num_prefix_hit_tokens"]]
+    assert sum(s["num_prefix_hit_tokens"] for s in second_turns) == 4 * 44
 
 
 def test_a_long_decode_level_is_taken_in_runs():
@@ -101,7 +192,7 @@ def test_a_long_decode_level_is_taken_in_runs():
     requests = [SampledRequest(tuple(range(i % 50 + 10)), 200, "random") for i in range(256)]
     case = (engine, requests, "closed", 256, None, 0.0)
     fast, slow = run(*case, decode_runs=True), run(*case, decode_runs=False)
-    assert fast.steps == slow.steps and fast.finished == slow.finished
+    assert fast.steps == slow.steps and fast.finished == slow.finished and fast.pool == slow.pool
     decode_only = sum(s["num_prefill_tokens"] == 0 for s in slow.steps)
     assert decode_only > 0.9 * len(slow.steps)
 
@@ -124,3 +215,39 @@ def test_a_front_end_delays_a_request_to_the_next_step_boundary_after_it_reaches
         finished, steps = backend.advance(None)
         ends += [(round(s.end_time, 9), s.num_prefill_tokens, s.num_decode_tokens) for s in steps]
     assert ends[:3] == [(0.035, 0, 1), (0.045, 0, 1), (0.055, 3, 1)]
+
+
+def test_of_two_equal_blocks_the_one_filled_first_is_cached_as_step_by_step():
+    """Two sessions under one salt whose first blocks hold the same tokens (5 7 7 7: A's prompt
+    5 and its replayed 7s, B's prompt 5 7 7 and its first 7): after the first step B holds 3
+    tokens and A 1, so in the decode run that follows B's block fills at its first step and A's
+    at its third. The prefix cache keeps the first (B's block 1; A's, block 0, stays uncached
+    as a duplicate), as stepping one by one does, though A was admitted first."""
+    engine = facts(4, 64, 4, 64, True)
+    sevens = (7,) * 20
+    requests = [
+        SampledRequest((5,), 20, "random", reply_token_ids=sevens, session=0, turn=1),
+        SampledRequest((5, 7, 7), 20, "random", reply_token_ids=sevens, session=1, turn=1),
+    ]
+    case = (engine, requests, "closed", 2, None, 0.0)
+    fast, slow = run(*case, decode_runs=True), run(*case, decode_runs=False)
+    assert fast.steps == slow.steps and fast.finished == slow.finished
+    assert max(fast.batches) > 2
+    assert fast.pool == slow.pool
+    cached = {block: h for h, block in slow.pool["cached"].items()}
+    assert 1 in cached and 0 not in cached
+
+
+def test_runs_with_requests_waiting_where_none_can_be_admitted():
+    """Requests wait while the running ones decode: 6 users, 2 running at once (max_num_seqs)
+    or 4 (their decodes take the whole 4-token budget, max_num_seqs 8); under prefill_first
+    (SGLang's steps) a full budget admits nonetheless, since its prefill steps carry no decodes.
+    Each way the runs equal stepping one by one, and some advance reports a run."""
+    requests = [SampledRequest(tuple(range(i, i + 3)), 30, "random") for i in range(6)]
+    for seqs, prefill_first in ((2, False), (2, True), (8, False), (8, True)):
+        engine = facts(4, 400, seqs, 4, True, prefill_first)
+        case = (engine, requests, "closed", 6, None, 0.0)
+        fast, slow = run(*case, decode_runs=True), run(*case, decode_runs=False)
+        assert fast.steps == slow.steps and fast.finished == slow.finished and fast.pool == slow.pool
+        assert max(fast.batches) > 2, (seqs, prefill_first)
+        assert any(s["num_waiting"] for s in slow.steps), (seqs, prefill_first)
