@@ -66,7 +66,12 @@ class KVBlock:
 
 def hash_block(parent: bytes | None, token_ids: list[int] | tuple[int, ...], extra: str | None) -> bytes:
     """16-byte chained hash of one full block (blake2b over parent hash, int64 token ids, extra key)."""
-    data = (parent or _NO_PARENT) + array("q", token_ids).tobytes()
+    return _hash_bytes(parent, array("q", token_ids).tobytes(), extra)
+
+
+def _hash_bytes(parent: bytes | None, token_bytes: bytes, extra: str | None) -> bytes:
+    """``hash_block`` of a block whose token ids are already int64 bytes."""
+    data = (parent or _NO_PARENT) + token_bytes
     if extra is not None:
         data += b"\x01salt:" + extra.encode()
     return hashlib.blake2b(data, digest_size=16).digest()
@@ -136,11 +141,14 @@ class BlockManager:
         manager's own list when it holds exactly those: read it, never change it)."""
         hashes = self._hashes.setdefault(request.request_id, [])
         num_full = num_tokens // self.block_size
-        bs = self.block_size
-        for i in range(len(hashes), num_full):  # a block at a time: a long request's tokens are not copied whole
-            parent = hashes[i - 1] if i else None
-            extra = request.cache_salt if i == 0 else None
-            hashes.append(hash_block(parent, request.token_ids_between(i * bs, (i + 1) * bs), extra))
+        first, width = len(hashes), 8 * self.block_size  # int64 bytes per block
+        if first < num_full:  # only the blocks not hashed yet are read: a long request's tokens are not copied whole
+            raw = array("q", request.token_ids_between(first * self.block_size, num_full * self.block_size)).tobytes()
+            parent = hashes[-1] if first else None
+            for i in range(first, num_full):
+                offset = (i - first) * width
+                parent = _hash_bytes(parent, raw[offset : offset + width], request.cache_salt if i == 0 else None)
+                hashes.append(parent)
         return hashes if len(hashes) == num_full else hashes[:num_full]
 
     def find_cached_prefix(self, request: Request) -> list[int]:

@@ -121,6 +121,26 @@ def test_hash_chain_depends_on_parent_and_salt():
     assert hash_block(h0, [5, 6, 7, 8], None) != hash_block(None, [5, 6, 7, 8], None)
 
 
+def test_blocks_cached_a_few_at_a_time_carry_the_chain_of_hash_block():
+    """A salted request of 6 prompt tokens decoding 9 more (outputs 100..108), its full blocks
+    offered to the cache after 5, 9 and 14 computed tokens (one block, one more, then two at
+    once, some of them output tokens): each cached block holds hash_block chained over the blocks
+    before it, the first with the salt."""
+    bm = BlockManager(num_blocks=8, block_size=4)
+    a = req("a", range(6), salt="t", computed=0)
+    a.output_token_ids.extend(range(100, 109))
+    tokens = [*range(6), *range(100, 109)]
+    for computed in (5, 9, 14):
+        a.num_computed_tokens = computed
+        assert bm.allocate("a", computed)
+        bm.cache_computed_blocks(a)
+    chain, parent = [], None
+    for i in range(3):
+        parent = hash_block(parent, tokens[4 * i : 4 * i + 4], "t" if i == 0 else None)
+        chain.append(parent)
+    assert [bm.blocks[b].block_hash for b in bm.block_table("a")] == chain + [None]
+
+
 def test_duplicate_content_is_not_cached_twice():
     bm = BlockManager(num_blocks=8, block_size=4)
     a, b = req("a", list(range(5))), req("b", list(range(5)))

@@ -5,8 +5,13 @@ how many GPUs one tensor-parallel group of a system spans over NVLink. Read once
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
+import os
+from collections import defaultdict
 from functools import cache
+from pathlib import Path
 
 
 def available() -> bool:
@@ -46,16 +51,65 @@ def _supported_databases() -> dict[str, dict[str, list[str]]]:
     """aiconfigurator-core's listing of its databases (system -> backend -> versions), read once
     per process. It reads some 500 YAML files per call (1.2-2.4 s here) and is called again inside
     ``get_latest_database_version``; the files do not change while kvplan runs, so the module's
-    function is replaced by this memoised one on first use."""
+    function is replaced by this memoised one on first use. The listing is also kept on disk
+    (``_listing_file``), keyed by the package's version and its systems folders' times, so a
+    later process reads one small JSON file instead."""
     from aiconfigurator_core.sdk import perf_database
 
     read = perf_database.get_supported_databases
-    with quiet():
-        listing = read()
+    stored = _listing_file(perf_database.get_systems_paths())
+    listing = _read_listing(stored)
+    if listing is None:
+        with quiet():
+            listing = read()
+        _write_listing(stored, listing)
     perf_database.get_supported_databases = lambda systems_paths=None: (
         listing if systems_paths is None else read(systems_paths)
     )
     return listing
+
+
+def _listing_file(systems_paths: list[str]) -> Path:
+    """Where the listing of these systems folders is kept: ``$KVPLAN_CACHE`` (default
+    ~/.cache/kvplan) ``/aiconfigurator/databases-<key>.json``, the key a hash of the package's
+    version and every systems folder's path and the times of its entries, so a new version or a
+    changed folder is read afresh."""
+    stamp = [package_version()]
+    for root in systems_paths:
+        try:
+            entries = sorted(os.scandir(root), key=lambda e: e.name)
+            stamp += [root, *(f"{e.name}:{e.stat().st_mtime_ns}" for e in entries)]
+        except OSError:
+            stamp.append(f"{root}:missing")
+    key = hashlib.sha256("\n".join(stamp).encode()).hexdigest()[:16]
+    folder = Path(os.environ.get("KVPLAN_CACHE") or Path.home() / ".cache" / "kvplan")
+    return folder / "aiconfigurator" / f"databases-{key}.json"
+
+
+def _read_listing(path: Path) -> dict[str, dict[str, list[str]]] | None:
+    """The listing kept at ``path`` as aiconfigurator returns it (nested defaultdicts: a system
+    or backend it lacks reads as empty); None where there is none or it cannot be read."""
+    try:
+        stored = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(stored, dict):
+        return None
+    listing: dict[str, dict[str, list[str]]] = defaultdict(lambda: defaultdict(list))
+    for system, backends in stored.items():
+        listing[system].update(backends)
+    return listing
+
+
+def _write_listing(path: Path, listing: dict[str, dict[str, list[str]]]) -> None:
+    """Keep ``listing`` at ``path``, written whole or not at all (a cache: a failure is ignored)."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        partial = path.with_suffix(f".{os.getpid()}.tmp")
+        partial.write_text(json.dumps(listing, sort_keys=True))
+        partial.replace(path)
+    except OSError:
+        pass
 
 
 @cache
