@@ -14,29 +14,30 @@ test's metrics, so a probe is exactly the level a load test or ``kvplan simulate
   monotone in concurrency (the tests check it against the exhaustive scan) that is the lowest
   concurrency that preempts. Each probe stops at its first preemption and runs the bucket's
   requests, cycled to ``KNEE_ROUNDS`` per user where the bucket has fewer.
-- SLO: the highest concurrency and the highest Poisson request rate whose
-  SLO attainment (the fraction of the measured requests meeting every SLO) is at least the target
-  (in a shared_prefix workload with the prefixes shared, the ``cached`` variant; the knee, as the
-  load test's summary, with nothing shared). Each probe is a steady-state level
-  (kvplan.results.stats.steady): ``u`` requests of warm-up, then ``max(num_requests, STEADY_ROUNDS x
-  min(u, max_num_seqs))`` measured, then ``u`` of cool-down, the bucket's requests cycled (past
-  ``max_num_seqs`` the extra users only wait, so 4 per running slot); ``u`` is the concurrency,
-  or for a rate the users it keeps in flight by Little's law (rate x the mean E2E latency at the
-  highest good concurrency, at most ``max_num_seqs``). So each user sends ``STEADY_ROUNDS``
-  measured requests, the window is long against one request's E2E, and the answer no longer
-  depends on the bucket's size. Attainment falls as load grows, so both are found by bisection
-  (concurrency in [1, ``max_num_seqs``] to within ``CONCURRENCY_PRECISION``, and when even
-  ``max_num_seqs`` users meet it, on past it, where more users only wait in the queue, by doubling
-  up to ``MAX_USERS x max_num_seqs`` and bisection; the rate by doubling or halving from the
+- SLO: the highest concurrency and the highest Poisson request rate whose SLO attainment (the
+  fraction of the measured requests meeting every SLO) is at least the target (in a shared_prefix
+  workload with the prefixes shared, the ``cached`` variant; the knee, as the load test's summary,
+  with nothing shared). Each probe is a steady-state level (kvplan.results.stats.steady): ``u``
+  requests of warm-up, then ``max(num_requests, STEADY_ROUNDS x min(u, max_num_seqs))`` measured,
+  then ``u`` of cool-down, the bucket's requests cycled (past ``max_num_seqs`` the extra users
+  only wait, so 4 per running slot); ``u`` is the concurrency, or for a rate the users it keeps in
+  flight by Little's law (rate x the mean E2E latency at the highest good concurrency, at most
+  ``max_num_seqs``). So each user sends ``STEADY_ROUNDS`` measured requests, the window is long
+  against one request's E2E, and the answer no longer depends on the bucket's size. Attainment
+  falls as load grows, so both are found by bisection (concurrency in [1, ``max_num_seqs``] to
+  within ``CONCURRENCY_PRECISION``, and when even ``max_num_seqs`` users meet it, on past it,
+  where more users only wait in the queue, by doubling up to ``MAX_USERS x max_num_seqs`` and
+  bisection, or that limit first where Little's law predicts the queue leaves the SLO's TTFT and
+  E2E bounds 1.5 times the P95 there, ``queue_cannot_bind``; the rate by doubling or halving from the
   request rate the highest good concurrency serves, up to the saturation rate, what
   ``max_num_seqs`` in flight serve, since past it the queue grows without bound; then to within
   ``RATE_PRECISION``). The lowest level seen failing above each answer is kept
   (``above_concurrency``, ``above_request_rate``), so the edge shows; an answer at a limit says so
   (``concurrency_bound: max_num_seqs``, ``request_rate_bound: saturation``). ``burst_meets_slo``
   (no rate is too high) only when the SLO holds at the scheduler's own limit and bounds no latency
-  that a growing queue raises (TPOT only: neither TTFT nor E2E). When not even
-  concurrency 1 meets it, no rate does either (at a rate low enough that requests never meet,
-  each runs alone, as at concurrency 1).
+  that a growing queue raises (TPOT only: neither TTFT nor E2E). When not even concurrency 1 meets
+  it, no rate does either (at a rate low enough that requests never meet, each runs alone, as at
+  concurrency 1).
 """
 
 from __future__ import annotations
@@ -63,6 +64,7 @@ STEADY_ROUNDS = 4  # a capacity probe measures at least 4 requests per user (see
 KNEE_ROUNDS = 2  # a knee probe runs at least 2 requests per user
 BOUND = "max_num_seqs"  # what bounds a max_concurrency that meets the SLO at the scheduler's limit
 MAX_USERS = 8  # the concurrency search stops at 8 x max_num_seqs users
+QUEUE_MARGIN = 1.5  # the limit is probed first where its predicted P95 x 1.5 is within the SLO
 MAX_USERS_BOUND = "max_users"  # what bounds a max_concurrency that meets the SLO even there
 SATURATION = "saturation"  # what bounds a max_request_rate that meets the SLO at what max_num_seqs serve
 _NO_SIZES = {"ideal_bytes": 0, "paged_bytes": 0, "contiguous_bytes": 0, "measured_bytes": 0}
@@ -243,8 +245,13 @@ class Prober:
         queue_bound = slo.ttft_ms is not None or slo.e2e_ms is not None
         if concurrency == top and queue_bound:
             # users past max_num_seqs wait in the queue: search on, doubling, to where the wait
-            # breaks the SLO (at most MAX_USERS x max_num_seqs users)
-            concurrency, above_c = beyond(lambda c: meets("closed", c), top, MAX_USERS * top, precision)
+            # breaks the SLO (at most MAX_USERS x max_num_seqs users); where the queue cannot
+            # predictably bind, the limit first: if it meets, so does every level below it
+            cap = MAX_USERS * top
+            if queue_cannot_bind(probe("closed", top), cap - top, slo) and meets("closed", cap):
+                concurrency, above_c = cap, None
+            else:
+                concurrency, above_c = beyond(lambda c: meets("closed", c), top, cap, precision)
         if concurrency is None:  # one at a time misses it: so does a rate low enough to never queue
             return BucketCapacity(name=name, knee=knee, above_concurrency=_point(probe("closed", 1)))
         best = probe("closed", concurrency)
@@ -270,6 +277,23 @@ class Prober:
             above_concurrency=_point(probe("closed", above_c)) if above_c is not None else None,
             above_request_rate=_point(probe("open", above_r)) if above_r is not None else None,
         )
+
+
+def queue_cannot_bind(at_top: LevelSummary, extra_users: int, slo: Slo) -> bool:
+    """Whether ``extra_users`` more users than max_num_seqs, all waiting in the queue, leave the
+    SLO's TTFT and E2E bounds ``QUEUE_MARGIN`` times their predicted P95: by Little's law (mean time in
+    the system = users / throughput) each waiting user adds ``1 / X`` s to a request's wait, X the
+    requests/s that ``at_top`` (max_num_seqs in flight) completes, so P95 at the limit is predicted
+    as ``at_top``'s P95 + ``extra_users / X``. It orders the search only (the limit's level is
+    simulated, and where it misses the SLO the search doubles as it would have)."""
+    rate = at_top.requests_per_s
+    if not rate:
+        return False
+    wait_ms = extra_users / rate * 1e3
+    for bound, stats in ((slo.ttft_ms, at_top.ttft_ms), (slo.e2e_ms, at_top.e2e_ms)):
+        if bound is not None and (stats is None or QUEUE_MARGIN * (stats.p95 + wait_ms) > bound):
+            return False
+    return True
 
 
 def _has_slo(slo: Slo) -> bool:

@@ -89,3 +89,45 @@ def test_chat_yaml_on_an_h100_answers_above_the_buckets_48_requests_with_its_edg
     assert rate["slo_attainment"] >= 0.95 and rate["output_throughput_tok_s"] > 0 and rate["goodput_req_s"] > 0
     above_rate = capacity["above_request_rate"]
     assert capacity["request_rate_bound"] == "saturation" or above_rate["slo_attainment"] < 0.95
+
+
+def test_the_queue_bound_is_predicted_by_littles_law_with_twice_the_room():
+    """2 requests/s at max_num_seqs, 6 more users waiting: each adds 1 / 2 s, so 3,000 ms more
+    than the 500 ms TTFT P95 there, 3,500 ms, which a 5,250 ms bound leaves 1.5 times over
+    (QUEUE_MARGIN) and a 5,249 ms one does not; an E2E bound counts the same way, TPOT none."""
+    from types import SimpleNamespace
+
+    from kvplan.results.metrics import Slo
+
+    stats = lambda p95: SimpleNamespace(p95=p95)  # noqa: E731
+    at_top = SimpleNamespace(requests_per_s=2.0, ttft_ms=stats(500.0), e2e_ms=stats(4000.0))
+    cannot = search.queue_cannot_bind
+    assert search.QUEUE_MARGIN == 1.5
+    assert cannot(at_top, 6, Slo(ttft_ms=5250, tpot_ms=1))
+    assert not cannot(at_top, 6, Slo(ttft_ms=5249))
+    assert cannot(at_top, 6, Slo(ttft_ms=5250, e2e_ms=10500)) and not cannot(at_top, 6, Slo(e2e_ms=10499))
+    assert not cannot(SimpleNamespace(requests_per_s=None, ttft_ms=None, e2e_ms=None), 6, Slo(ttft_ms=1e9))
+
+
+def test_a_queue_that_cannot_bind_is_searched_at_its_limit_first_with_the_same_answers(monkeypatch):
+    """smoke.yaml on an H100 under a TTFT bound of 1,000 s: every level up to 8 x max_num_seqs
+    meets it. Probing that limit first answers it as doubling from max_num_seqs does, without the
+    levels in between (16 -> 128 users: 32 and 64 not simulated)."""
+    workload, setup, _ = _prober(SMOKE, model="llama-3.1-8b", gpu="H100-SXM")
+    workload = workload.model_copy(update={"slo": workload.slo.model_copy(update={"ttft_ms": 1e6})})
+    sampled = sample(workload, setup.facts).requests
+    closed: list[float] = []
+    level = Prober.level
+
+    def counted(self, bucket_index, mode, value, *args, **kwargs):
+        closed.append(value) if mode == "closed" else None
+        return level(self, bucket_index, mode, value, *args, **kwargs)
+
+    monkeypatch.setattr(Prober, "level", counted)
+    (first,) = search.search_capacity(workload, setup.facts, sampled, setup.clock, 0.95, {})
+    probed_first, closed[:] = list(closed), []
+    monkeypatch.setattr(search, "queue_cannot_bind", lambda *args: False)
+    (doubled,) = search.search_capacity(workload, setup.facts, sampled, setup.clock, 0.95, {})
+    top = setup.facts.max_num_seqs
+    assert first == doubled and first.max_concurrency.level == 8 * top and first.concurrency_bound == "max_users"
+    assert probed_first == [top, 8 * top] and closed == [top, 2 * top, 4 * top, 8 * top]
