@@ -76,15 +76,17 @@ def decode_run(
         and (scheduler.prefill_first or n < scheduler.max_num_batched_tokens)
     ):
         return None  # a waiting request could be admitted (a prefill_first step leaves decodes out of its budget)
-    computed, room = [], None
-    for r in running:
+    computed: list[int] = []
+    room = None
+    for r in running:  # the first request that rules a run out ends the look (most steps have one)
         outputs = r.output_token_ids
-        if not outputs or r.num_computed_tokens != r.num_prompt_tokens + len(outputs) - 1:
-            return None  # a prefill or a recompute
-        left = r.sampling_params.max_tokens - len(outputs)  # the step that samples the last one finishes it
-        room = left - 1 if room is None else min(room, left - 1)
-        computed.append(r.num_computed_tokens)
-    if room is None or room < MIN_RUN:
+        done = len(outputs)
+        left = r.sampling_params.max_tokens - done  # the step that samples the last one finishes it
+        if left <= MIN_RUN or not done or (c := r.num_computed_tokens) != len(r.prompt_token_ids) + done - 1:
+            return None  # a finish within MIN_RUN steps, a prefill or a recompute
+        room = left - 1 if room is None or left - 1 < room else room
+        computed.append(c)
+    if room is None:
         return None
     block_size, tables = bm.block_size, bm.block_tables
     ids = tuple(r.request_id for r in running)
