@@ -298,13 +298,14 @@ def run_level(backend: Backend, level: Level, recorder: Recorder, seed: int) -> 
         at = t0 + arrivals[sent]
         return at if end is None or at < end else None
 
-    # a benchmark client's warm-up (LevelSchedule.warmup_drained): copies of the first request, all
-    # finished before the first measured one is sent
+    # a benchmark client's warm-up (LevelSchedule.warmup_drained): all finished before the first
+    # measured one is sent; copies of the first request (warmup_copies) or the list's first requests
     drained = 0 if plan is None or not plan.warmup_drained else plan.warmup_requests
+    copies = drained if plan is not None and plan.warmup_copies else 0
 
     def submit(arrival: float | None) -> None:
         nonlocal sent, in_flight
-        index = 0 if sent < drained else sent - drained  # the request list from its start after the warm-up
+        index = 0 if sent < copies else sent - copies  # the request list from its start after copies
         req = requests[index % num]
         rid, salt = f"{key.id}/{sent}", round_salt(cache_salt(key, index, req), index, num)
         recorder.submitted[rid] = (req, salt)

@@ -31,7 +31,7 @@ from kvplan.workload.lengths import (  # noqa: F401  (re-exported: the workload 
     StrictModel,
     _with_shorthands,
 )
-from kvplan.workload.protocol import BenchProtocol
+from kvplan.workload.protocol import VLLM_KINDS, BenchProtocol
 from kvplan.workload.request_class import RequestClass, Variant
 from kvplan.workload.sessions import Sessions
 
@@ -279,20 +279,28 @@ class Bucket(StrictModel):
     protocol: BenchProtocol | None = Field(
         None,
         description="Run each level as a benchmark client would (kvplan.workload.protocol): ``kind``"
-        " vllm_bench_serve or inferencex, ``random_range_ratio``, ``num_prompts_per_concurrency``,"
-        " ``warmup_per_concurrency``. Lengths are drawn around ``input_tokens``/``output_tokens`` (one"
-        " length each), each level sends that many requests per unit of concurrency after its"
-        " drained warm-up; num_requests follows. null = kvplan's own levels.",
+        " vllm_bench_serve or inferencex (``random_range_ratio``, ``num_prompts_per_concurrency``,"
+        " ``warmup_per_concurrency``: that many requests per unit of concurrency after a drained warm-up),"
+        " aiperf (``request_count``, ``warmup_request_count``, stddevs) or guidellm (``max_requests``,"
+        " ``warmup``, ``cooldown``, stddevs, min/max). Lengths are drawn around ``input_tokens``/"
+        "``output_tokens`` (one length each); num_requests follows. null = kvplan's own levels.",
     )
 
     @model_validator(mode="before")
     @classmethod
     def _protocol_count(cls, data: Any) -> Any:
-        # a protocol sets num_requests: the largest level's measured count (checked after validation)
-        if isinstance(data, dict) and isinstance(data.get("protocol"), dict) and "num_requests" not in data:
+        # a protocol sets num_requests (checked after validation): a vLLM client's the largest level's
+        # measured count, aiperf's and guidellm's their measured count, the same at every level
+        protocol = data.get("protocol") if isinstance(data, dict) else None
+        if isinstance(protocol, dict) and protocol.get("kind") in VLLM_KINDS and "num_requests" not in data:
             per, levels = data["protocol"].get("num_prompts_per_concurrency", 10), data.get("concurrency")
             if isinstance(per, int) and isinstance(levels, list) and levels and all(isinstance(c, int) for c in levels):
                 data = {**data, "num_requests": max(per * max(levels), 1)}
+        elif isinstance(protocol, dict) and "num_requests" not in data:
+            try:  # the same at every level: read off the valid protocol (an invalid one is named by its own check)
+                data = {**data, "num_requests": BenchProtocol.model_validate(protocol).num_requests([])}
+            except ValueError:
+                pass
         return data
 
     @property
@@ -352,7 +360,7 @@ class Bucket(StrictModel):
                     raise ValueError(f"protocol draws {side} around one length L: give {side} as L alone")
                 nominal = given.max
                 protocol = protocol.model_copy(update={key: nominal})
-            drawn = protocol.lengths(nominal)
+            drawn = protocol.lengths(nominal, side.removesuffix("_tokens"))
             if (given.min, given.max) not in ((nominal, nominal), (drawn.min, drawn.max)):
                 raise ValueError(f"protocol draws {side} in [{drawn.min}, {drawn.max}]: give {side} as {nominal} alone")
             object.__setattr__(self, side, drawn)  # frozen: set once, while validating
@@ -362,6 +370,9 @@ class Bucket(StrictModel):
         if self.duration_s is not None or self.warmup != 0 or self.cooldown != 0:
             raise ValueError("protocol sets each level's counts and warm-up: drop duration_s, warmup and cooldown")
         wanted = protocol.num_requests(list(self.concurrency))
+        if protocol.kind not in VLLM_KINDS:
+            protocol.check_counts(list(self.concurrency), self.num_requests)
+            return
         if self.num_requests != wanted:
             raise ValueError(
                 f"num_requests is {self.num_requests}, the protocol sends {wanted} at the largest level"

@@ -153,7 +153,7 @@ def latency_table(result: RunResult) -> pd.DataFrame:
     both, as that client prints them); TTFO beside TTFT where a target's streams carried
     reasoning."""
     rows = []
-    mean = ("mean",) if any(plan.per_concurrency for plan in result.level_plans.values()) else ()
+    mean = ("mean",) if any(plan.per_concurrency or plan.client for plan in result.level_plans.values()) else ()
     for lv in result.levels:
         row: dict[str, str | float | None] = {"bucket": lv.bucket, "level": level_name(lv), "done/planned": _done(lv)}
         for metric, keys in (

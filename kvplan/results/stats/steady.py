@@ -28,10 +28,14 @@ class LevelSchedule(BaseModel):
     """How each level of one bucket runs: ``num_requests`` measured requests (or for
     ``duration_s`` seconds), after ``warmup_requests`` and before ``cooldown_requests`` more, and
     with the requests that arrive in the first ``warmup_s`` or the last ``cooldown_s`` seconds of
-    sending kept out of the statistics. ``warmup_drained``: the warm-up requests are copies of the
-    level's first request and all finish before a measured one is sent (a benchmark client's
-    warm-up, kvplan.workload.protocol); ``per_concurrency``: the request counts are per unit of
-    each level's concurrency (``at`` gives a level's own)."""
+    sending kept out of the statistics. ``warmup_drained``: the warm-up requests all finish before
+    a measured one is sent (a benchmark client's warm-up, kvplan.workload.protocol), and with
+    ``warmup_copies`` (the vLLM clients) they are copies of the level's first request, without it
+    (AIPerf) the bucket's first requests; ``per_concurrency``: the request counts are per unit of
+    each level's concurrency (``at`` gives a level's own); ``client``: the benchmark client whose
+    protocol the levels follow where its counts are the same at every level (aiperf, guidellm),
+    so that the report gives each latency's mean beside its percentiles. The last two fields came
+    later with defaults, so older results read back unchanged."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
@@ -43,6 +47,8 @@ class LevelSchedule(BaseModel):
     cooldown_s: float = 0.0
     warmup_drained: bool = False
     per_concurrency: bool = False
+    warmup_copies: bool = True
+    client: str | None = None
 
     @property
     def is_plain(self) -> bool:
@@ -55,6 +61,7 @@ class LevelSchedule(BaseModel):
             or self.cooldown_s
             or self.warmup_drained
             or self.per_concurrency
+            or self.client is not None
         )
 
     def at(self, concurrency: float) -> LevelSchedule:
