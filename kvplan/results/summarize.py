@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from kvplan.results import metrics
-from kvplan.results.records import RequestRecord, StepRecord
+from kvplan.results.records import LevelKey, RequestRecord, StepRecord
 from kvplan.results.run_result import BucketSummary, KvSummary, RunResult
 from kvplan.results.stats import prefix_metrics
 from kvplan.results.stats.arrival_stats import bucket_arrivals
@@ -37,11 +37,21 @@ def shared_step_estimates(
 
 
 def with_server_stats(
-    levels: list[metrics.LevelSummary], samples: Sequence[ServerSample]
+    levels: list[metrics.LevelSummary], samples: Sequence[ServerSample], requests: Sequence[RequestRecord] = ()
 ) -> list[metrics.LevelSummary]:
     """Each level with its server-side preemptions, KV usage, output tokens and prefix-cache hit rate
-    from a target's /metrics reads."""
-    stats = level_server_stats(samples)
+    from a target's /metrics reads; a steady-state level's over its measured window only (its
+    ``window_start_s``/``window_end_s`` from its first arrival in ``requests``)."""
+    first: dict[LevelKey, float] = {}
+    for r in requests:
+        key = LevelKey.of(r)
+        first[key] = min(first.get(key, r.arrival_time), r.arrival_time)
+    windows = {
+        lv.key: (first[lv.key] + lv.window_start_s, first[lv.key] + lv.window_end_s)
+        for lv in levels
+        if lv.window_start_s is not None and lv.window_end_s is not None and lv.key in first
+    }
+    stats = level_server_stats(samples, windows)
     out = []
     for level in levels:
         s = stats.get(level.key)
@@ -95,7 +105,7 @@ def summarize(
         result.class_slos,
         arrivals=bucket_arrivals(result.workload.config),
     )
-    levels = with_server_stats(levels, server_samples)
+    levels = with_server_stats(levels, server_samples, requests)
     levels = in_class_order(levels, result)
     estimates = {b.name: b for b in (result.estimate.buckets if result.estimate else [])}
     names = list(dict.fromkeys([*estimates, *(s.bucket for s in levels)]))

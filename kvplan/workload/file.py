@@ -198,6 +198,7 @@ def _check_buckets(workload: Workload) -> None:
                 f"{plan.duration_s:g} s is over the {MAX_LEVEL_S // 3600} h a level may last",
                 f"give at most {MAX_LEVEL_S} s",
             )
+        sent = plan.total_requests  # None: a timed level, which cycles its requests
         for j, rate in enumerate(bucket.request_rates):
             if plan.duration_s is not None and rate * plan.duration_s < 1:
                 raise _error(

@@ -10,12 +10,17 @@ scraper reads once more at each level's first submission and after its last fini
     server preemptions of a level = preemptions_total(last sample) - preemptions_total(first)
     server peak KV usage          = max kv_usage over the level's samples (0..1)
 
+A steady-state level (kvplan.results.stats.steady: a warm-up, a cool-down, a protocol's drained
+warm-up) counts the server's numbers over its measured window only, as its client-side numbers:
+the counters from the last read at or before the window's start to the first read at or after its
+end (so no event of the window is missed; one scrape interval, a few ms, may add events at each
+edge), KV usage over the reads inside the window (the bracketing reads where none falls inside).
 A peak that lasts less than one scrape interval can fall between two reads.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from kvplan.results.records import LevelKey
@@ -67,14 +72,32 @@ def _delta(samples: Sequence[ServerSample], field: str) -> float | None:
     return values[-1] - values[0] if values else None
 
 
-def level_server_stats(samples: Sequence[ServerSample]) -> dict[LevelKey, ServerLevelStats]:
-    """Per level, from its samples in time order (see the module docstring)."""
+def in_window(own: Sequence[ServerSample], window: tuple[float, float]) -> list[ServerSample]:
+    """The reads of one level (time order) that count for a measured ``window`` (start, end on the
+    run's clock, seconds): the last at or before the start, those inside, the first at or after
+    the end (module docstring). All of them when no read precedes the start or follows the end."""
+    start, end = window
+    before = [i for i, s in enumerate(own) if s.time <= start]
+    after = [i for i, s in enumerate(own) if s.time >= end]
+    first = before[-1] if before else 0
+    last = after[0] if after else len(own) - 1
+    return list(own[first : last + 1])
+
+
+def level_server_stats(
+    samples: Sequence[ServerSample], windows: Mapping[LevelKey, tuple[float, float]] | None = None
+) -> dict[LevelKey, ServerLevelStats]:
+    """Per level, from its samples in time order (see the module docstring); ``windows``: a
+    steady-state level's measured window (start, end on the run's clock, s), whose reads alone
+    count (``in_window``)."""
     by_key: dict[LevelKey, list[ServerSample]] = {}
     for s in samples:
         by_key.setdefault(s.key, []).append(s)
     out = {}
     for key, own in by_key.items():
         own.sort(key=lambda s: s.time)
+        if windows and key in windows:
+            own = in_window(own, windows[key])
         usage = [s.kv_usage for s in own if s.kv_usage is not None]
         preempted = _delta(own, "preemptions_total")
         queries, hits = _delta(own, "prefix_queries_total"), _delta(own, "prefix_hits_total")
