@@ -131,7 +131,12 @@ def cases(draw):
         plan = None
     else:
         requests = [replace(r, tenant_name=f"t{i % 2}") for i, r in enumerate(requests)]
-    return engine, requests, mode, value, plan, lag, draw(ADMISSION)
+    admission = draw(ADMISSION)
+    if admission and "kv_admission_reserve" in admission and engine.num_blocks < 2:
+        # a reserve of 0.2 leaves int(0.8 n) blocks: none of a 1-block pool, a setting the engine
+        # refuses at start (engine/admission.py); 2 blocks leave 1
+        engine = engine.model_copy(update={"num_blocks": 2, "max_model_len": 2 * engine.block_size})
+    return engine, requests, mode, value, plan, lag, admission
 
 
 def run(engine: EngineFacts, requests, mode, value, plan, lag, admission=None, *, decode_runs: bool) -> _Capture:
