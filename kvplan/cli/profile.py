@@ -121,7 +121,8 @@ def profile(
         int | None, typer.Option(help="The written workload's num_requests (default: the log's requests or sessions).")
     ] = None,
     plots: Annotated[
-        Path | None, typer.Option(help="Write lengths.png, arrivals.png and prefix_reuse.png into this folder.")
+        Path | None,
+        typer.Option(help="Write lengths.png, arrivals.png, prefix_reuse.png and load.png into this folder."),
     ] = None,
     replay: Annotated[
         bool,
@@ -139,6 +140,7 @@ def profile(
     from kvplan.profile.columns import parse_columns
     from kvplan.profile.csv_traces import FORMATS, read_trace
     from kvplan.profile.stats import profile_log
+    from kvplan.profile.stream import profile_stream
 
     if log_format not in FORMATS:
         raise KvplanError("log_format", f"must be one of {', '.join(FORMATS)} (got {log_format!r})")
@@ -153,11 +155,14 @@ def profile(
         raise KvplanError("num_requests", f"must be >= 1 (got {num_requests})")
     _check_model(model)
     mapping = parse_columns(columns, time_unit) if columns is not None else None
-    parsed = read_trace(log, log_format, _lazy_tokenizer(tokenizer), level, mapping)
-    result = profile_log(parsed, block_size)
-    written = None
     if replay and out is None:
         raise KvplanError("replay", "writes a workload, and no --out was given", "give --out workload.yaml")
+    if replay:  # the trace is written from every prompt's tokens: the log read whole (kvplan.profile.parsed)
+        parsed = read_trace(log, log_format, _lazy_tokenizer(tokenizer), level, mapping)
+        result = profile_log(parsed, block_size)
+    else:  # read once, as a stream: memory bounded by the distinct prefix blocks (kvplan.profile.stream)
+        result = profile_stream(log, log_format, _lazy_tokenizer(tokenizer), level, mapping, block_size)
+    written = None
     if out is not None:
         from kvplan.profile.workload import workload_from_profile, workload_name, write_workload
 
@@ -174,7 +179,7 @@ def profile(
                 warn([unchecked] if unchecked else [], str(out))
         write_workload(data, out, str(log))
         written = str(out)
-    warn(parsed.notes, str(log))
+    warn(result.notes, str(log))
     if plots is not None:
         from kvplan.profile.plots import write_plots
 

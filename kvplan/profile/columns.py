@@ -23,19 +23,17 @@ A cell that cannot be read raises the reader's bad-line error (``line N: COLUMN:
 from __future__ import annotations
 
 import math
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass
-from datetime import UTC, datetime
 
 from kvplan.errors import KvplanError
 from kvplan.profile.log import MAX_TOKENS, LoggedRequest, _Bad, _seconds
+from kvplan.workload import trace
 
 TIME_UNITS = {"s": 1.0, "ms": 1e-3, "us": 1e-6}  # a numeric time's unit -> seconds
 FIELDS = ("timestamp", "input_tokens", "output_tokens", "session", "latency", "finish")
 REQUIRED = FIELDS[:3]
 EXAMPLE = "timestamp=TIME,input_tokens=PROMPT_TOKENS,output_tokens=OUTPUT_TOKENS"
-_FRACTION = re.compile(r"(?<=\d\d:\d\d:\d\d)[.,](\d+)")  # the fractional seconds after hh:mm:ss
 
 
 @dataclass(frozen=True)
@@ -122,17 +120,12 @@ def cell_tokens(value: object, column: str) -> int:
 
 
 def iso_seconds(text: str, column: str) -> float:
-    """ISO 8601 text as seconds since the Unix epoch (UTC), every fractional digit kept."""
-    fraction, rest = 0.0, text
-    match = _FRACTION.search(text)
-    if match:
-        fraction, rest = float("0." + match[1]), text[: match.start()] + text[match.end() :]
+    """ISO 8601 text as seconds since the Unix epoch (UTC), every fractional digit kept
+    (kvplan.workload.trace.iso_seconds, which trace replay reads CSV traces with)."""
     try:
-        when = datetime.fromisoformat(rest)
-        whole = (when if when.tzinfo is not None else when.replace(tzinfo=UTC)).timestamp()
-    except (ValueError, OverflowError, OSError):
+        return trace.iso_seconds(text)
+    except ValueError:
         raise _Bad(column, f"is not a number or an ISO 8601 time (got {text!r})") from None
-    return whole + fraction
 
 
 def cell_time(value: object, column: str, scale: float) -> float:

@@ -35,17 +35,18 @@ from __future__ import annotations
 
 import codecs
 import csv
-import json
 from dataclasses import replace
 from pathlib import Path
 
 from kvplan.errors import KvplanError
 from kvplan.profile import log
 from kvplan.profile.columns import EXAMPLE, ColumnMap, row_request
-from kvplan.profile.log import BadLine, LoggedRequest, ParsedLog, Tokenize, _Bad, _json_line, read_log
+from kvplan.profile.log import BadLine, LoggedRequest, ParsedLog, Tokenize, _Bad, _json_line, file_lines
+from kvplan.profile.parsed import read_log
+from kvplan.workload.trace import CSV_FORMATS, csv_fields, is_csv_header
 
-AZURE = ColumnMap("TIMESTAMP", "ContextTokens", "GeneratedTokens")
-BURSTGPT = ColumnMap("Timestamp", "Request tokens", "Response tokens")
+AZURE = ColumnMap(*CSV_FORMATS["azure"])  # one list of the formats' columns, trace replay's too
+BURSTGPT = ColumnMap(*CSV_FORMATS["burstgpt"])
 BURSTGPT_SESSION = ("Session ID", "SessionID")  # release v2.0's column, both spellings its README uses
 BURSTGPT_ELAPSED = "Elapsed time"  # s, submission to the complete response (release v2.0)
 KNOWN = {"azure": AZURE, "burstgpt": BURSTGPT}  # the CSV formats, told by their header's columns
@@ -62,7 +63,7 @@ def read_trace(
 ) -> ParsedLog:
     """The trace or log at ``path`` read in its format (see the module docstring), the format named
     in ``log_format`` (a JSONL log's: ``fmt``, or auto the first good line's). ``tokenize`` and
-    ``level`` are kvplan.profile.log.read_log's.
+    ``level`` are kvplan.profile.parsed.read_log's.
 
     Raises:
         KvplanError: ``columns`` beside a ``fmt`` other than auto or mapped, or mapped without it;
@@ -79,7 +80,7 @@ def read_trace(
         first = min(parsed.requests, key=lambda r: r.line).fmt
         return replace(parsed, log_format=fmt if fmt != "auto" else first)
     source = str(path)
-    lines = _lines(path, source)
+    lines = _lines(path)
     if kind == "jsonl" and columns is not None:
         return _parsed(source, "mapped", *_mapped_jsonl(lines, columns))
     return _read_csv(source, lines, fmt, columns)
@@ -100,28 +101,16 @@ def sniff(path: str | Path) -> str:
 
 
 def _is_header(raw: bytes) -> bool:
-    if not raw or raw[:1] in (b"{", b"["):
-        return False
     try:
-        text = raw.decode("utf-8")
-        json.loads(text)
-        return False  # a JSON value (42, "s", NaN): a JSONL log's bad line, not a header
+        return is_csv_header(raw.decode("utf-8"))
     except UnicodeDecodeError:
-        return False
-    except (json.JSONDecodeError, RecursionError):
-        pass
-    try:
-        return len(_fields(text)) >= 2
-    except _Bad:
         return False
 
 
 def _fields(text: str) -> list[str]:
     """A CSV line's fields, spaces around each dropped (csv's quoting read where there is a quote)."""
-    if '"' not in text:
-        return [cell.strip() for cell in text.split(",")]
     try:
-        return [cell.strip() for cell in next(csv.reader([text]), [])]
+        return csv_fields(text)
     except csv.Error as err:
         raise _Bad("csv", f"not a CSV row ({err})") from None
 
@@ -133,18 +122,9 @@ def _text(raw: bytes) -> str:
         raise _Bad("utf-8", f"not UTF-8 text (byte 0x{raw[err.start]:02x} at column {err.start + 1})") from None
 
 
-def _lines(path: str | Path, source: str) -> list[tuple[int, bytes]]:
+def _lines(path: str | Path) -> list[tuple[int, bytes]]:
     """The file's non-blank lines, numbered from 1 (a byte order mark dropped), as read_log reads them."""
-    try:
-        data = Path(path).read_bytes()
-    except OSError as err:
-        raise KvplanError("", f"cannot read the log ({err.strerror or err})", source=source) from None
-    if data.startswith(b"\x1f\x8b"):
-        raise KvplanError("", "is gzip-compressed", "gunzip it and give the CSV or JSONL file", source=source)
-    lines = [(n, raw) for n, raw in enumerate(data.removeprefix(codecs.BOM_UTF8).split(b"\n"), 1) if raw.strip()]
-    if not lines:
-        raise KvplanError("", "empty log", "give a CSV trace or a JSONL file, one request a line", source=source)
-    return lines
+    return [(n, raw) for n, _, raw in file_lines(path, "CSV or JSONL")]
 
 
 def header_format(line: int, header: list[str], fmt: str, columns: ColumnMap | None, source: str):
@@ -179,30 +159,62 @@ def header_format(line: int, header: list[str], fmt: str, columns: ColumnMap | N
     return found, spec
 
 
-def _read_csv(source: str, lines: list[tuple[int, bytes]], fmt: str, columns: ColumnMap | None) -> ParsedLog:
-    n, raw = lines[0]
+def csv_header(
+    n: int, raw: bytes, fmt: str, columns: ColumnMap | None, source: str
+) -> tuple[list[str], str, ColumnMap]:
+    """The header line's columns, the format they name and the columns it is read by (header_format).
+
+    Raises:
+        KvplanError: the header is not a CSV row; what header_format raises.
+    """
     try:
         header = _fields(_text(raw))
     except _Bad as err:
         raise KvplanError(f"line {n}: {err.field}", err.problem, source=source) from None
-    name, spec = header_format(n, header, fmt, columns, source)
+    return (header, *header_format(n, header, fmt, columns, source))
+
+
+def csv_row(n: int, raw: bytes, header: list[str], spec: ColumnMap, name: str) -> LoggedRequest:
+    """Row ``n`` as a request (a failed one too: BurstGPT's 0 response tokens, ``failed`` tells).
+
+    Raises:
+        _Bad: the row cannot be read.
+    """
+    cells = _fields(_text(raw))
+    if len(cells) != len(header):
+        raise _Bad("csv", f"{len(cells)} fields where the header has {len(header)}")
+    return row_request(n, dict(zip(header, cells)), spec, name)
+
+
+def failed(name: str, request: LoggedRequest) -> bool:
+    """A failed request, never taken as one: a BurstGPT row with 0 response tokens."""
+    return name == "burstgpt" and request.output_tokens == 0
+
+
+def mapped_row(n: int, raw: bytes, columns: ColumnMap) -> LoggedRequest:
+    """A JSONL line read through ``columns``. Raises _Bad: the line cannot be read."""
+    row = _json_line(raw)
+    if not isinstance(row, dict):
+        raise _Bad("json", f"must be an object (got {type(row).__name__})")
+    return row_request(n, row, columns, "mapped")
+
+
+def _read_csv(source: str, lines: list[tuple[int, bytes]], fmt: str, columns: ColumnMap | None) -> ParsedLog:
+    header, name, spec = csv_header(*lines[0], fmt, columns, source)
     requests: list[LoggedRequest] = []
     bad: list[BadLine] = []
-    failed: list[int] = []  # lines of failed requests
+    failures: list[int] = []  # lines of failed requests
     for n, raw in lines[1:]:
         try:
-            cells = _fields(_text(raw))
-            if len(cells) != len(header):
-                raise _Bad("csv", f"{len(cells)} fields where the header has {len(header)}")
-            request = row_request(n, dict(zip(header, cells)), spec, name)
+            request = csv_row(n, raw, header, spec, name)
         except _Bad as err:
             bad.append(BadLine(n, err.field, err.problem))
             continue
-        if name == "burstgpt" and request.output_tokens == 0:
-            failed.append(n)
+        if failed(name, request):
+            failures.append(n)
         else:
             requests.append(request)
-    return _parsed(source, name, requests, bad, failed)
+    return _parsed(source, name, requests, bad, failures)
 
 
 def _mapped_jsonl(lines: list[tuple[int, bytes]], columns: ColumnMap):
@@ -210,31 +222,41 @@ def _mapped_jsonl(lines: list[tuple[int, bytes]], columns: ColumnMap):
     bad: list[BadLine] = []
     for n, raw in lines:
         try:
-            row = _json_line(raw)
-            if not isinstance(row, dict):
-                raise _Bad("json", f"must be an object (got {type(row).__name__})")
-            requests.append(row_request(n, row, columns, "mapped"))
+            requests.append(mapped_row(n, raw, columns))
         except _Bad as err:
             bad.append(BadLine(n, err.field, err.problem))
     return requests, bad, []
 
 
-def _parsed(source: str, name: str, requests: list[LoggedRequest], bad: list[BadLine], failed: list[int]) -> ParsedLog:
+def no_good_row(source: str, first_bad: BadLine | None, first_failed: int | None, num_failed: int) -> KvplanError:
+    """The error of a trace without one good row: its first bad row, its first failed request, or no row."""
+    if first_bad is not None:
+        return KvplanError(f"line {first_bad.line}: {first_bad.field}", first_bad.problem, source=source)
+    if first_failed is not None:
+        problem = f"0 (a failed request); all {num_failed} rows are failed requests"
+        return KvplanError(f"line {first_failed}: Response tokens", problem, source=source)
+    return KvplanError("", "no rows after the header", "give a trace with one request a row", source=source)
+
+
+def csv_notes(name: str, num_failed: int) -> tuple[str, ...]:
+    """What a trace's numbers leave out: its prefix reuse, its failed requests."""
+    notes = [f"{name} rows carry no token ids: their prefix reuse is unknown (prefix_reuse reads 0)"]
+    if num_failed:
+        plural = "s" if num_failed != 1 else ""
+        notes.append(f"{num_failed} failed request{plural} (Response tokens 0) left out: num_failed_requests")
+    return tuple(notes)
+
+
+def _parsed(
+    source: str, name: str, requests: list[LoggedRequest], bad: list[BadLine], failures: list[int]
+) -> ParsedLog:
     """The good rows in arrival order (ties in line order), with the notes on what they leave out.
 
     Raises:
         KvplanError: no good row: the first bad row, the first failed request, or no row at all.
     """
     if not requests:
-        if bad:
-            raise KvplanError(f"line {bad[0].line}: {bad[0].field}", bad[0].problem, source=source)
-        if failed:
-            problem = f"0 (a failed request); all {len(failed)} rows are failed requests"
-            raise KvplanError(f"line {failed[0]}: Response tokens", problem, source=source)
-        raise KvplanError("", "no rows after the header", "give a trace with one request a row", source=source)
-    notes = [f"{name} rows carry no token ids: their prefix reuse is unknown (prefix_reuse reads 0)"]
-    if failed:
-        plural = "s" if len(failed) != 1 else ""
-        notes.append(f"{len(failed)} failed request{plural} (Response tokens 0) left out: num_failed_requests")
+        raise no_good_row(source, bad[0] if bad else None, failures[0] if failures else None, len(failures))
     order = sorted(requests, key=lambda r: (r.arrival_s, r.line))
-    return ParsedLog(source, tuple(order), tuple(bad), notes=tuple(notes), log_format=name, num_failed=len(failed))
+    notes = csv_notes(name, len(failures))
+    return ParsedLog(source, tuple(order), tuple(bad), notes=notes, log_format=name, num_failed=len(failures))

@@ -34,8 +34,7 @@ from __future__ import annotations
 import codecs
 import json
 import math
-from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -96,6 +95,10 @@ class ParsedLog:
     notes: tuple[str, ...] = ()  # what the numbers leave out, one line each (the CLI warns with them)
     log_format: str | None = None  # the file's format, as its header or first line tells it (csv_traces)
     num_failed: int = 0  # rows of failed requests left out (a BurstGPT row with 0 response tokens)
+
+
+# a read line: request, hash ids, prompt, output, content parts left out (read_line)
+LineRead = tuple[LoggedRequest, list[int] | None, str | None, str | None, tuple[str, ...]]
 
 
 class _Bad(Exception):
@@ -168,22 +171,27 @@ def _kvplan(line: int, row: dict) -> LoggedRequest:
     )
 
 
-def _mooncake(line: int, row: dict, blocks: dict[int, tuple[int, ...]]) -> LoggedRequest:
+def _mooncake(line: int, row: dict) -> tuple[LoggedRequest, list[int] | None]:
+    """The request and its prompt's hash ids, cut to its blocks (None: no ids, or fewer blocks than
+    the prompt, so its tokens are not all known)."""
     arrival = _seconds(_number(row, "timestamp", minimum=None) / 1000.0, "timestamp")
     num_input, num_output = _count(row, "input_length"), _count(row, "output_length")
     hash_ids = row.get("hash_ids", [])
-    if not isinstance(hash_ids, list) or not all(isinstance(h, int) and h >= 0 for h in hash_ids):
+    if not isinstance(hash_ids, list) or (hash_ids and (set(map(type, hash_ids)) - {int, bool} or min(hash_ids) < 0)):
         raise _Bad("hash_ids", "must be a list of integers >= 0")
+    needed = -(-num_input // MOONCAKE_BLOCK)
+    chain = hash_ids[:needed] if hash_ids and len(hash_ids) >= needed else None
+    request = LoggedRequest(line, "mooncake", arrival, num_input, num_output, finish_s=_finish(row, arrival))
+    return request, chain
+
+
+def mooncake_tokens(hash_ids: list[int], num_input: int, blocks: dict[int, tuple[int, ...]]) -> tuple[int, ...]:
+    """The prompt's token ids: its hash ids' blocks (kept in ``blocks``), cut to ``num_input``."""
     ids: list[int] = []
-    for h in hash_ids[: -(-num_input // MOONCAKE_BLOCK)]:
+    for h in hash_ids:
         block = blocks.get(h) or blocks.setdefault(h, mooncake_block(h))
         ids.extend(block)
-    token_ids = tuple(ids[:num_input]) if hash_ids else None
-    if token_ids is not None and len(token_ids) < num_input:
-        token_ids = None  # fewer blocks than the prompt: its tokens are not all known
-    return LoggedRequest(
-        line, "mooncake", arrival, num_input, num_output, token_ids=token_ids, finish_s=_finish(row, arrival)
-    )
+    return tuple(ids[:num_input])
 
 
 def _finish(row: dict, arrival: float) -> float | None:
@@ -280,76 +288,59 @@ def _openai(line: int, row: dict) -> tuple[LoggedRequest, str | None, str | None
     return request, prompt, output if num_output is None else None, left_out
 
 
-def read_log(
-    path: str | Path, fmt: str = "auto", tokenize: Tokenize | None = None, level: str | None = None
-) -> ParsedLog:
-    """Every line of the log at ``path`` read as a request or a bad line.
-
-    ``tokenize`` (texts -> token ids) is called once, batched, for the OpenAI lines' text (not at
-    all for Mooncake and kvplan logs); without it an OpenAI line's text makes it a bad line. A
-    kvplan run holds several load levels, each on its own clock: only ``level`` (a LevelKey id,
-    ``short/open/2`` or ``short/closed/8/cached``; None: the first level in the file; ``all``:
-    every one) is kept.
+def file_lines(path: str | Path, fix: str) -> Iterator[tuple[int, int, bytes]]:
+    """The non-blank lines of the file at ``path``, read as a stream: (its number from 1, the byte
+    offset of its start, its bytes without the LF; a byte order mark at the file's start dropped).
+    Lines end at LF (a CRLF's CR is whitespace to JSON and dropped from a CSV row): str.splitlines
+    would also cut at the U+2028, U+0085 or form feed a JSON string may hold unescaped (no other
+    UTF-8 character's bytes hold 0x0a); each line is decoded on its own by its reader, so one line
+    that is not UTF-8 is a bad line, not an unreadable log.
 
     Raises:
-        KvplanError: an unreadable or gzip-compressed file, an empty log, a log without one good line (the first bad
-        line named), or a ``level`` the run does not hold.
+        KvplanError: the file cannot be read, is gzip-compressed (``fix`` says what to give instead)
+        or has no non-blank line.
     """
     source = str(path)
     try:
-        data = Path(path).read_bytes()
+        with open(path, "rb") as file:
+            if file.peek(2)[:2] == b"\x1f\x8b":
+                raise KvplanError("", "is gzip-compressed", f"gunzip it and give the {fix} file", source=source)
+            offset, any_line = 0, False
+            for n, raw in enumerate(file, 1):
+                start = offset
+                offset += len(raw)
+                if n == 1 and raw.startswith(codecs.BOM_UTF8):
+                    raw, start = raw[3:], start + 3
+                raw = raw[:-1] if raw.endswith(b"\n") else raw
+                if raw.strip():
+                    any_line = True
+                    yield n, start, raw
     except OSError as err:
         raise KvplanError("", f"cannot read the log ({err.strerror or err})", source=source) from None
-    if data.startswith(b"\x1f\x8b"):
-        raise KvplanError("", "is gzip-compressed", "gunzip it and give the JSONL file", source=source)
-    requests: list[LoggedRequest] = []
-    bad: list[BadLine] = []
-    texts: list[tuple[int, str | None, str | None]] = []  # index in requests, prompt, output
-    blocks: dict[int, tuple[int, ...]] = {}
-    left_out: Counter[str] = Counter()  # content parts left out of prompts whose length is their text's
-    # lines end at LF (a CRLF's CR is whitespace to JSON): str.splitlines would also cut at the U+2028,
-    # U+0085 or form feed a JSON string may hold unescaped
-    # (UTF-8 bytes split at LF are its lines: no other character's bytes hold 0x0a); each line is
-    # decoded on its own, so one line that is not UTF-8 is a bad line, not an unreadable log
-    lines = [(n, raw) for n, raw in enumerate(data.removeprefix(codecs.BOM_UTF8).split(b"\n"), 1) if raw.strip()]
-    if not lines:
-        raise KvplanError("", "empty log", "give a JSONL file, one request a line", source=source)
-    for n, raw in lines:
-        try:
-            row = _json_line(raw)
-            if not isinstance(row, dict):
-                raise _Bad("json", f"must be an object (got {type(row).__name__})")
-            kind = detect(row) if fmt == "auto" else fmt
-            if kind == "kvplan":
-                requests.append(_kvplan(n, row))
-            elif kind == "mooncake":
-                requests.append(_mooncake(n, row, blocks))
-            else:
-                request, prompt, output, skipped = _openai(n, row)
-                if (prompt is not None or output is not None) and tokenize is None:
-                    raise _Bad("prompt", "text needs a tokenizer to count its tokens (give --tokenizer)")
-                if prompt is not None or output is not None:
-                    texts.append((len(requests), prompt, output))
-                if request.input_tokens < 0:  # the length is the text's: what was left out matters
-                    left_out.update(skipped)
-                requests.append(request)
-        except _Bad as err:
-            bad.append(BadLine(n, err.field, err.problem))
-    if texts and tokenize is not None:
-        requests = _tokenized(requests, texts, tokenize)
-    if not requests:
-        first = bad[0]
-        raise KvplanError(f"line {first.line}: {first.field}", first.problem, source=source)
-    levels = tuple(dict.fromkeys(r.level for r in requests if r.level is not None))
-    if levels and level != "all":
-        kept = level if level is not None else levels[0]
-        if kept not in levels:
-            raise KvplanError("level", f"{kept!r} is not a level of the run ({', '.join(levels)})", source=source)
-        requests = [r for r in requests if r.level in (None, kept)]
-        level = kept
-    order = sorted(range(len(requests)), key=lambda i: (requests[i].arrival_s, requests[i].line))
-    notes = (_left_out_note(left_out),) if left_out else ()
-    return ParsedLog(source, tuple(requests[i] for i in order), tuple(bad), levels, level if levels else None, notes)
+    if not any_line:
+        raise KvplanError("", "empty log", f"give a {fix} file, one request a line", source=source)
+
+
+def read_line(n: int, raw: bytes, fmt: str, can_tokenize: bool) -> LineRead:
+    """Line ``n`` (its bytes, ``fmt`` or auto): the request (lengths -1 where its text is still to be
+    tokenized), a Mooncake line's hash ids (``_mooncake``), its prompt and output text to tokenize
+    (None: none) and the types of the content parts left out of the prompt.
+
+    Raises:
+        _Bad: the line cannot be read; text without a tokenizer (``can_tokenize`` False).
+    """
+    row = _json_line(raw)
+    if not isinstance(row, dict):
+        raise _Bad("json", f"must be an object (got {type(row).__name__})")
+    kind = detect(row) if fmt == "auto" else fmt
+    if kind == "kvplan":
+        return _kvplan(n, row), None, None, None, ()
+    if kind == "mooncake":
+        return (*_mooncake(n, row), None, None, ())
+    request, prompt, output, skipped = _openai(n, row)
+    if (prompt is not None or output is not None) and not can_tokenize:
+        raise _Bad("prompt", "text needs a tokenizer to count its tokens (give --tokenizer)")
+    return request, None, prompt, output, skipped
 
 
 def _json_line(raw: bytes) -> object:
@@ -361,31 +352,3 @@ def _json_line(raw: bytes) -> object:
         raise _Bad("json", f"not JSON ({err.msg})") from None
     except RecursionError:  # json's decoder recurses once per nesting level
         raise _Bad("json", "nested too deeply to read") from None
-
-
-def _left_out_note(left_out: Counter[str]) -> str:
-    """One line on the non-text content parts left out of prompts whose length is their text's."""
-    total = sum(left_out.values())
-    kinds = ", ".join(f"{kind}: {n}" for kind, n in left_out.most_common())
-    return (
-        f"prompts measured by their text leave out {total} non-text content part{'s' if total != 1 else ''}"
-        f" ({kinds}); a line's usage.prompt_tokens counts them"
-    )
-
-
-def _tokenized(requests: list[LoggedRequest], texts: list[tuple[int, str | None, str | None]], tokenize: Tokenize):
-    from dataclasses import replace
-
-    prompts = tokenize([p or "" for _, p, _ in texts])
-    outputs = tokenize([o or "" for _, _, o in texts])
-    out = list(requests)
-    for (i, prompt, output), prompt_ids, output_ids in zip(texts, prompts, outputs):
-        request = out[i]
-        ids = tuple(prompt_ids) if prompt is not None else None
-        out[i] = replace(
-            request,
-            token_ids=ids,
-            input_tokens=request.input_tokens if request.input_tokens >= 0 else len(prompt_ids),
-            output_tokens=request.output_tokens if output is None else len(output_ids),
-        )
-    return out

@@ -1,5 +1,7 @@
-"""The traffic profile of a request log (``kvplan profile``): lengths, prefix reuse, arrivals, turns,
-requests in flight. Pure functions of kvplan.profile.log's requests.
+"""The traffic profile of a request log (``kvplan profile``): lengths, prefix reuse, arrivals, load
+over time, turns, requests in flight. Pure functions of a log's requests as columns
+(kvplan.profile.table) and of their prefix reuse: from token ids here (``prefix_stats``, the
+reference, over a log read whole) or from the stream's distinct blocks (kvplan.profile.blocks).
 
 Definitions (docs/profile.md):
 
@@ -28,60 +30,81 @@ Definitions (docs/profile.md):
 
 from __future__ import annotations
 
-from collections import Counter, defaultdict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
 from engine.block_manager import hash_block
+from kvplan.profile.load import load_over_time
 from kvplan.profile.log import LoggedRequest, ParsedLog
+from kvplan.profile.table import RequestColumns
 
 LONG_TAIL_RATIO = 4.0  # P99 / P50 above this: a long tail
 NUM_TOP_PREFIXES = 5
 MAX_BAD_SHOWN = 5
+# (carriers' indices, P / block_size) -> an id per carrier of its first P tokens: equal ids, equal tokens
+PrefixIds = Callable[[np.ndarray, int], np.ndarray]
 
 
 @dataclass(frozen=True)
 class PrefixStats:
     """Per request (arrival order): prompt tokens in reused full blocks, tokens of its shared prefix
-    and the prefix's key (None: none); per block position, the share of requests reaching it whose
-    block there was reused."""
+    and the prefix's key (its last block: equal keys, equal prefixes; -1: none); per block position,
+    the share of requests reaching it whose block there was reused; the typical shared prefix
+    (``typical_prefix``)."""
 
     reuse: float
     reused_tokens: np.ndarray
     shared_tokens: np.ndarray
-    prefix_keys: tuple[bytes | None, ...]
+    prefix_keys: np.ndarray
     reuse_by_block: np.ndarray
-    chains: tuple[tuple[bytes, ...], ...] = ()
+    shared_prefix: dict[str, Any] = field(default_factory=lambda: {"num_tokens": 0, "fraction": 0.0, "num_prefixes": 0})
 
-    def typical_prefix(self, block_size: int) -> dict[str, Any]:
-        """The one shared prefix a workload's ``shared_prefix`` reproduces: ``num_tokens`` = the
-        length P (whole blocks) that covers the most shared tokens, P x (requests sharing at least P
-        tokens), the longest of equals; ``fraction`` = the share of all requests sharing at least P;
-        ``num_prefixes`` = the distinct P-token prefixes among them (0 tokens: no request shares a
-        full block)."""
-        carried = self.shared_tokens[self.shared_tokens > 0]
-        if not len(carried):
-            return {"num_tokens": 0, "fraction": 0.0, "num_prefixes": 0}
-        lengths = np.unique(carried)
-        covered = [int(p) * int((carried >= p).sum()) for p in lengths]
-        num_tokens = int(lengths[len(covered) - 1 - int(np.argmax(covered[::-1]))])
-        depth = num_tokens // block_size
-        carriers = [i for i, n in enumerate(self.shared_tokens) if n >= num_tokens]
-        distinct = {self.chains[i][depth - 1] for i in carriers}
-        return {
-            "num_tokens": num_tokens,
-            "fraction": len(carriers) / len(self.shared_tokens),
-            "num_prefixes": len(distinct),
-        }
+    def top_prefixes(self, n: int = NUM_TOP_PREFIXES) -> list[dict[str, Any]]:
+        """The ``n`` shared prefixes carried by the most requests (ties: the first to arrive first)."""
+        held = np.flatnonzero(self.prefix_keys >= 0)
+        if not len(held):
+            return []
+        _, first, counts = np.unique(self.prefix_keys[held], return_index=True, return_counts=True)
+        top = np.lexsort((first, -counts))[:n]
+        total = len(self.prefix_keys)
+        return [
+            {
+                "num_tokens": int(self.shared_tokens[held[first[k]]]),
+                "num_requests": int(counts[k]),
+                "share": int(counts[k]) / total,
+            }
+            for k in top
+        ]
+
+
+def typical_prefix(shared_tokens: np.ndarray, block_size: int, prefix_ids: PrefixIds) -> dict[str, Any]:
+    """The one shared prefix a workload's ``shared_prefix`` reproduces: ``num_tokens`` = the length P
+    (whole blocks) that covers the most shared tokens, P x (requests sharing at least P tokens), the
+    longest of equals; ``fraction`` = the share of all requests sharing at least P;
+    ``num_prefixes`` = the distinct P-token prefixes among them (``prefix_ids``; 0 tokens: no
+    request shares a full block)."""
+    carried = shared_tokens[shared_tokens > 0]
+    if not len(carried):
+        return {"num_tokens": 0, "fraction": 0.0, "num_prefixes": 0}
+    lengths, counts = np.unique(carried, return_counts=True)
+    covered = lengths * np.cumsum(counts[::-1])[::-1]  # P x the requests sharing at least P
+    num_tokens = int(lengths[len(covered) - 1 - int(np.argmax(covered[::-1]))])
+    carriers = np.flatnonzero(shared_tokens >= num_tokens)
+    return {
+        "num_tokens": num_tokens,
+        "fraction": len(carriers) / len(shared_tokens),
+        "num_prefixes": len(np.unique(prefix_ids(carriers, num_tokens // block_size))),
+    }
 
 
 @dataclass(frozen=True)
 class TrafficProfile:
     """A log's profile: ``data`` is the ``--json`` object; the arrays, per request in arrival order,
-    are what the workload writer (kvplan.profile.workload) and the plots read."""
+    are what the workload writer (kvplan.profile.workload) and the plots read; ``notes`` what the
+    numbers leave out, one line each (the CLI warns with them)."""
 
     data: dict[str, Any]
     arrivals_s: np.ndarray
@@ -91,6 +114,7 @@ class TrafficProfile:
     # request indices of each session (one-turn sessions included), when lines carry session ids
     sessions: tuple[tuple[int, ...], ...] = field(default=())
     think_times_s: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    notes: tuple[str, ...] = ()
 
 
 def percentiles(values: np.ndarray) -> dict[str, float]:
@@ -128,13 +152,18 @@ def block_hashes(token_ids: tuple[int, ...], block_size: int) -> list[bytes]:
 
 
 def prefix_stats(requests: Sequence[LoggedRequest], block_size: int) -> PrefixStats:
-    """Prefix reuse, shared prefixes and reuse by block position (see the module docstring)."""
+    """Prefix reuse, shared prefixes and reuse by block position (see the module docstring), from
+    every request's token ids: the reference the stream's distinct blocks are tested against."""
     chains = [block_hashes(r.token_ids, block_size) if r.token_ids is not None else [] for r in requests]
-    holders = Counter(h for chain in chains for h in set(chain))
+    holders: dict[bytes, int] = {}
+    for chain in chains:
+        for h in set(chain):
+            holders[h] = holders.get(h, 0) + 1
     seen: set[bytes] = set()
     reused = np.zeros(len(requests), dtype=np.int64)
     shared = np.zeros(len(requests), dtype=np.int64)
-    keys: list[bytes | None] = []
+    codes: dict[bytes, int] = {}
+    keys = np.full(len(requests), -1, dtype=np.int64)
     depth = max((len(c) for c in chains), default=0)
     hits, reach = np.zeros(depth), np.zeros(depth)
     for i, (request, chain) in enumerate(zip(requests, chains)):
@@ -147,70 +176,113 @@ def prefix_stats(requests: Sequence[LoggedRequest], block_size: int) -> PrefixSt
         seen.update(chain)
         num_shared = next((k for k, h in enumerate(chain) if holders[h] < 2), len(chain))
         shared[i] = num_shared * block_size
-        keys.append(chain[num_shared - 1] if num_shared else None)
+        if num_shared:
+            keys[i] = codes.setdefault(chain[num_shared - 1], len(codes))
     total = sum(r.input_tokens for r in requests)
     by_block = np.divide(hits, reach, out=np.zeros(depth), where=reach > 0)
     reuse = float(reused.sum() / total) if total else 0.0
-    return PrefixStats(reuse, reused, shared, tuple(keys), by_block, tuple(tuple(c) for c in chains))
+
+    def prefix_ids(carriers: np.ndarray, depth: int) -> np.ndarray:
+        ids: dict[bytes, int] = {}
+        return np.asarray([ids.setdefault(chains[i][depth - 1], len(ids)) for i in carriers])
+
+    return PrefixStats(reuse, reused, shared, keys, by_block, typical_prefix(shared, block_size, prefix_ids))
 
 
-def _sessions(requests: Sequence[LoggedRequest]) -> tuple[dict[str, Any] | None, list[list[int]]]:
-    """The turns summary and each session's request indices (arrival order; a session of one turn
-    is a session too, and so is a line without a session id beside lines with one)."""
-    if any(r.session is not None for r in requests):
-        groups: dict[str, list[int]] = defaultdict(list)
-        for i, r in enumerate(requests):
-            groups[r.session if r.session is not None else f"\0line{r.line}"].append(i)
-        counts = [len(g) for g in groups.values()]
-        return {"mean": float(np.mean(counts)), "max": max(counts)}, list(groups.values())
-    user_turns = [r.user_turns for r in requests if r.user_turns is not None]
-    starts = sum(1 for t in user_turns if t == 1)
-    if user_turns and max(user_turns) > 1 and starts:
-        return {"mean": len(user_turns) / starts, "max": max(user_turns)}, []
+def _sessions(columns: RequestColumns) -> tuple[dict[str, Any] | None, list[np.ndarray]]:
+    """The turns summary and each session's request indices (arrival order, sessions in the order
+    they start; a session of one turn is a session too, and so is a line without a session id
+    beside lines with one)."""
+    sessions, n = columns.sessions, len(columns.sessions)
+    if (sessions >= 0).any():
+        codes = np.where(sessions >= 0, sessions, sessions.max() + 1 + np.arange(n))
+        _, first, inverse = np.unique(codes, return_index=True, return_inverse=True)
+        rank = np.argsort(np.argsort(first))[inverse]  # each session's place in the order they start
+        order = np.argsort(rank, kind="stable")
+        bounds = np.flatnonzero(np.diff(rank[order])) + 1
+        groups = np.split(order, bounds)
+        counts = np.diff(np.concatenate(([0], bounds, [n])))
+        return {"mean": float(np.mean(counts)), "max": int(counts.max())}, groups
+    turns = columns.user_turns[columns.user_turns >= 0]
+    starts = int((turns == 1).sum())
+    if len(turns) and turns.max() > 1 and starts:
+        return {"mean": len(turns) / starts, "max": int(turns.max())}, []
     return None, []
 
 
-def _think_times(requests: Sequence[LoggedRequest], groups: list[list[int]]) -> np.ndarray:
+def _think_times(columns: RequestColumns, groups: list[np.ndarray]) -> np.ndarray:
     """Within each session: next arrival - previous finish (or previous arrival, finish unknown), s."""
-    gaps = []
-    for group in groups:
-        for a, b in zip(group, group[1:]):
-            finish = requests[a].finish_s
-            before = finish if finish is not None else requests[a].arrival_s
-            gaps.append(max(requests[b].arrival_s - before, 0.0))
-    return np.asarray(gaps, dtype=float)
+    if not groups:
+        return np.zeros(0)
+    order = np.concatenate(groups)
+    follows = np.ones(len(order), dtype=bool)
+    follows[np.cumsum([len(g) for g in groups])[:-1]] = False  # a session's first turn follows nothing
+    follows[0] = False
+    prev, this = order[:-1][follows[1:]], order[1:][follows[1:]]
+    finish = columns.finish_s[prev]
+    before = np.where(np.isnan(finish), columns.arrivals_s[prev], finish)
+    return np.maximum(columns.arrivals_s[this] - before, 0.0)
 
 
-def in_flight(requests: Sequence[LoggedRequest]) -> dict[str, Any] | None:
-    """Peak and time-weighted mean requests in flight over those with a known finish (None: none)."""
-    spans = [(r.arrival_s, float(r.finish_s)) for r in requests if r.finish_s is not None]
-    if not spans:
+def in_flight(arrivals_s: np.ndarray, finish_s: np.ndarray) -> dict[str, Any] | None:
+    """Peak and time-weighted mean requests in flight over those with a known finish (NaN: unknown;
+    None: none known)."""
+    known = ~np.isnan(finish_s)
+    if not known.any():
         return None
-    events = sorted([(a, 1) for a, _ in spans] + [(f, -1) for _, f in spans], key=lambda e: (e[0], e[1]))
-    now = peak = 0
-    for _, step in events:  # a finish at the same instant as an arrival is counted first
-        now += step
-        peak = max(peak, now)
-    window = max(f for _, f in spans) - min(a for a, _ in spans)
-    mean = sum(f - a for a, f in spans) / window if window > 0 else float(peak)
-    return {"peak": peak, "mean": mean, "num_requests": len(spans)}
+    arrive, finish = arrivals_s[known], finish_s[known]
+    times = np.concatenate((arrive, finish))
+    steps = np.concatenate((np.ones(len(arrive), np.int64), -np.ones(len(finish), np.int64)))
+    order = np.lexsort((steps, times))  # a finish at the same instant as an arrival is counted first
+    peak = max(0, int(np.cumsum(steps[order]).max()))
+    window = float(finish.max() - arrive.min())
+    mean = float(np.sum(finish - arrive)) / window if window > 0 else float(peak)
+    return {"peak": peak, "mean": mean, "num_requests": int(known.sum())}
 
 
 def profile_log(log: ParsedLog, block_size: int = 16) -> TrafficProfile:
-    """The profile of a parsed log (see the module docstring); ``data`` is ``--json``'s object."""
-    requests = log.requests
-    arrivals = np.asarray([r.arrival_s for r in requests], dtype=float)
-    inputs = np.asarray([r.input_tokens for r in requests], dtype=np.int64)
-    outputs = np.asarray([r.output_tokens for r in requests], dtype=np.int64)
-    prefix = prefix_stats(requests, block_size)
-    turns, groups = _sessions(requests)
-    flight = in_flight(requests)
+    """The profile of a log read whole (kvplan.profile.parsed.read_log): prefix reuse from its token
+    ids (``prefix_stats``); ``data`` is ``--json``'s object."""
+    return build_profile(
+        RequestColumns.from_requests(log.requests),
+        prefix_stats(log.requests, block_size),
+        source=log.source,
+        num_bad_lines=len(log.bad_lines),
+        bad_lines=[b.describe() for b in log.bad_lines[:MAX_BAD_SHOWN]],
+        block_size=block_size,
+        log_format=log.log_format,
+        num_failed=log.num_failed,
+        level=log.level,
+        levels=log.levels,
+        notes=log.notes,
+    )
+
+
+def build_profile(
+    columns: RequestColumns,
+    prefix: PrefixStats,
+    *,
+    source: str,
+    num_bad_lines: int,
+    bad_lines: list[str],
+    block_size: int,
+    log_format: str | None = None,
+    num_failed: int = 0,
+    level: str | None = None,
+    levels: tuple[str, ...] = (),
+    notes: tuple[str, ...] = (),
+) -> TrafficProfile:
+    """The profile of requests in arrival order (see the module docstring); ``data`` is ``--json``'s
+    object."""
+    arrivals, inputs, outputs = columns.arrivals_s, columns.input_tokens, columns.output_tokens
+    turns, groups = _sessions(columns)
+    flight = in_flight(arrivals, columns.finish_s)
     input_p, output_p = percentiles(inputs), percentiles(outputs)
-    key_counts = Counter(k for k in prefix.prefix_keys if k is not None)
-    length_of = {k: int(s) for k, s in zip(prefix.prefix_keys, prefix.shared_tokens) if k is not None}
+    codes, first = np.unique(columns.format_codes, return_index=True)
+    counts = np.bincount(columns.format_codes.astype(np.int64), minlength=len(columns.formats))
     data: dict[str, Any] = {
-        "num_requests": len(requests),
-        "num_bad_lines": len(log.bad_lines),
+        "num_requests": len(arrivals),
+        "num_bad_lines": num_bad_lines,
         "input_tokens": input_p,
         "output_tokens": output_p,
         "prefix_reuse": prefix.reuse,
@@ -218,26 +290,25 @@ def profile_log(log: ParsedLog, block_size: int = 16) -> TrafficProfile:
         "turns": turns,
         "turns_source": None if turns is None else ("session_id" if groups else "messages"),
         "peak_in_flight": flight["peak"] if flight else None,
-        "source": log.source,
-        "formats": dict(Counter(r.fmt for r in requests)),
-        "log_format": log.log_format,
-        "num_failed_requests": log.num_failed,
-        "level": log.level,
-        "levels": list(log.levels),
+        "source": source,
+        "formats": {columns.formats[c]: int(counts[c]) for c in codes[np.argsort(first)]},
+        "log_format": log_format,
+        "num_failed_requests": num_failed,
+        "level": level,
+        "levels": list(levels),
         "block_size": block_size,
         "duration_s": float(arrivals[-1] - arrivals[0]),
-        "bad_lines": [b.describe() for b in log.bad_lines[:MAX_BAD_SHOWN]],
+        "bad_lines": bad_lines,
         "long_tail": {
             "input": bool(input_p["p99"] > LONG_TAIL_RATIO * input_p["p50"]),
             "output": bool(output_p["p99"] > LONG_TAIL_RATIO * output_p["p50"]),
             "rule": f"p99 / p50 > {LONG_TAIL_RATIO:g}",
         },
         "in_flight": flight,
-        "shared_prefix": prefix.typical_prefix(block_size),
-        "top_prefixes": [
-            {"num_tokens": length_of[k], "num_requests": n, "share": n / len(requests)}
-            for k, n in key_counts.most_common(NUM_TOP_PREFIXES)
-        ],
+        "shared_prefix": prefix.shared_prefix,
+        "top_prefixes": prefix.top_prefixes(),
+        **load_over_time(arrivals),
     }
-    sessions = tuple(tuple(g) for g in groups)  # one-turn sessions too: each is a session, its turn a request
-    return TrafficProfile(data, arrivals, inputs, outputs, prefix, sessions, _think_times(requests, groups))
+    sessions = tuple(tuple(int(i) for i in g) for g in groups)  # one-turn sessions too: each is a session
+    think = _think_times(columns, groups)
+    return TrafficProfile(data, arrivals, inputs, outputs, prefix, sessions, think, notes)

@@ -4,16 +4,19 @@ from __future__ import annotations
 
 from typing import Any
 
+MAX_HOURS_SHOWN = 48  # a longer log's hours are in --json's load.per_hour and load.png
+
 
 def _num(value: float | None, fmt: str = ".3g") -> str:
     return "-" if value is None else format(value, fmt)
 
 
 def print_profile(data: dict[str, Any], console: Any) -> None:
-    """The summary, the length percentiles, the top shared prefixes and the first bad lines."""
+    """The summary, the length percentiles, the arrivals per hour (up to ``MAX_HOURS_SHOWN``), the top
+    shared prefixes and the first bad lines."""
     from rich.table import Table
 
-    arrival, turns, flight = data["arrival"], data["turns"], data["in_flight"]
+    arrival, turns, flight, load = data["arrival"], data["turns"], data["in_flight"], data["load"]
     summary = Table(title=f"Traffic profile: {data['source']}", title_justify="left", show_header=False)
     summary.add_column("what")
     summary.add_column("value", justify="right")
@@ -27,6 +30,16 @@ def print_profile(data: dict[str, Any], console: Any) -> None:
         ("arrival rate, req/s", _num(arrival["rate_per_s"], ".4g")),
         ("inter-arrival CV", _num(arrival["cv"])),
         ("gamma shape (1 / CV^2)", _num(arrival["gamma_shape"])),
+        (
+            "arrivals per minute, P50 / P99 / peak",
+            f"{load['p50_per_minute']:.4g} / {load['p99_per_minute']:.4g} / {load['peak_per_minute']}"
+            f" (minute {load['peak_minute']} of {load['num_minutes']})",
+        ),
+        *(
+            [("arrivals per hour, peak", f"{load['peak_per_hour']} (hour {load['peak_hour']} of {load['num_hours']})")]
+            if load["num_hours"] is not None
+            else []
+        ),
         (f"prefix reuse ({data['block_size']}-token blocks)", f"{data['prefix_reuse']:.1%}"),
         ("turns per session, mean / max", f"{turns['mean']:.2f} / {turns['max']}" if turns else "-"),
         ("in flight, peak / mean", f"{flight['peak']} / {flight['mean']:.2f}" if flight else "-"),
@@ -42,6 +55,14 @@ def print_profile(data: dict[str, Any], console: Any) -> None:
         tail = "yes" if data["long_tail"][side] else "no"
         lengths.add_row(side, *(f"{p[k]:.0f}" for k in ("p50", "p90", "p95", "p99", "max")), tail)
     console.print(lengths)
+    hours = load["per_hour"]
+    if hours is not None and len(hours) <= MAX_HOURS_SHOWN:
+        table = Table(title="Arrivals per hour (from the first arrival)", title_justify="left")
+        for name in ("hour", "requests", "req/s"):
+            table.add_column(name, justify="right")
+        for k, count in enumerate(hours):
+            table.add_row(str(k), str(count), f"{count / 3600:.3g}")
+        console.print(table)
     if data["top_prefixes"]:
         prefixes = Table(title="Shared prefixes (most requests first)", title_justify="left")
         for name in ("tokens", "requests", "share"):

@@ -23,13 +23,26 @@ first tokens are kept, so leading shared blocks stay shared). A bucket over a tr
 open-loop level whose request i arrives ``timestamp_i / 1000 / speed`` s after the level starts,
 each line once; the level's value (its LevelKey) is the trace's mean request rate after ``speed``,
 ``(n - 1) / (last offset - first offset)`` req/s.
+
+A CSV trace is read too, its format told by its header's columns (more columns, in any order,
+allowed; as ``kvplan profile`` tells them, kvplan.profile.csv_traces): ``azure``, the Azure LLM
+inference traces (github.com/Azure/AzurePublicDataset, 2023's and 2024's
+``AzureLLMInferenceTrace_*.csv``: ``TIMESTAMP,ContextTokens,GeneratedTokens``, ISO times of any
+fractional precision, no offset read as UTC) and ``burstgpt`` (github.com/HPMLL/BurstGPT,
+``data/BurstGPT_*.csv``: ``Timestamp`` s, ``Request tokens``, ``Response tokens``; a row with 0
+response tokens is a failed request and is not replayed). A row's prompt has no hash ids (blocks of
+its own); it arrives ``(time - the first row's time) / speed`` s into the level. A row that cannot
+be read is one error naming the line and the column.
 """
 
 from __future__ import annotations
 
+import csv
 import json
 import math
+import re
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from functools import lru_cache
 from pathlib import Path
 
@@ -39,6 +52,12 @@ from kvplan.workload.schema import MAX_LEVEL_S, Workload
 # bucket keys a trace replaces: lengths and counts come from its lines, arrival times from its timestamps
 _REPLACED = ("input_tokens", "output_tokens", "mix", "num_requests", "concurrency", "request_rates", "arrival")
 _ONE_PASS = ("duration_s", "warmup", "cooldown")  # a trace level sends each line once
+# the CSV traces' columns: (time, prompt tokens, output tokens), by format (module docstring)
+CSV_FORMATS = {
+    "azure": ("TIMESTAMP", "ContextTokens", "GeneratedTokens"),
+    "burstgpt": ("Timestamp", "Request tokens", "Response tokens"),
+}
+_FRACTION = re.compile(r"(?<=\d\d:\d\d:\d\d)[.,](\d+)")  # the fractional seconds after hh:mm:ss
 
 
 @dataclass(frozen=True)
@@ -107,18 +126,146 @@ def _request(row: object, number: int, speed: float, block_tokens: int, where: s
     return TraceRequest(number, stamp / 1000.0 / speed, inputs, outputs, None if ids is None else tuple(ids))
 
 
+def iso_seconds(text: str) -> float:
+    """ISO 8601 text (date and time split by ``T`` or a space) as seconds since the Unix epoch, every
+    fractional digit read (strptime's ``%f`` takes six; the Azure 2023 traces give seven); no offset
+    is read as UTC, so a trace's clock never depends on the machine's zone. (A float of seconds since
+    1970 resolves about 0.2 us; ``iso_parts`` keeps the fraction apart, for exact differences.)
+
+    Raises:
+        ValueError: not an ISO 8601 time.
+    """
+    whole, fraction = iso_parts(text)
+    return whole + fraction
+
+
+def iso_parts(text: str) -> tuple[int, float]:
+    """ISO 8601 text as whole seconds since the Unix epoch and the fraction of a second (``iso_seconds``).
+
+    Raises:
+        ValueError: not an ISO 8601 time.
+    """
+    fraction, rest = 0.0, text
+    match = _FRACTION.search(text)
+    if match:
+        fraction, rest = float("0." + match[1]), text[: match.start()] + text[match.end() :]
+    try:
+        when = datetime.fromisoformat(rest)
+        return int((when if when.tzinfo is not None else when.replace(tzinfo=UTC)).timestamp()), fraction
+    except (OverflowError, OSError):
+        raise ValueError(f"not an ISO 8601 time: {text!r}") from None
+
+
+def csv_fields(text: str) -> list[str]:
+    """A CSV line's fields, spaces around each dropped (csv's quoting read where there is a quote).
+
+    Raises:
+        csv.Error: a line csv cannot read.
+    """
+    if '"' not in text:
+        return [cell.strip() for cell in text.split(",")]
+    return [cell.strip() for cell in next(csv.reader([text]), [])]
+
+
+def is_csv_header(line: str) -> bool:
+    """A CSV trace's header, not a JSONL trace's line: two or more comma-separated fields, not JSON."""
+    if not line or line[:1] in "{[":
+        return False
+    try:
+        json.loads(line)
+        return False
+    except (json.JSONDecodeError, RecursionError):
+        pass
+    try:
+        return len(csv_fields(line)) >= 2
+    except csv.Error:
+        return False
+
+
+def _csv_rows(lines: list[tuple[int, str]], speed: float, max_requests: int | None, where: str) -> list[TraceRequest]:
+    """A CSV trace's requests (module docstring); ``lines`` its non-blank lines, the header first.
+
+    Raises:
+        KvplanError: a header of no known format (naming them), a row that cannot be read.
+    """
+    n, text = lines[0]
+    header = csv_fields(text)
+    found = next((f for f, columns in CSV_FORMATS.items() if set(columns) <= set(header)), None)
+    if found is None:
+        known = "; ".join(f"{f}: {', '.join(columns)}" for f, columns in CSV_FORMATS.items())
+        problem = f"names no trace format kvplan knows ({', '.join(header)})"
+        fix = f"give a Mooncake JSONL trace or a CSV whose header holds one format's columns: {known}"
+        raise KvplanError(f"line {n}: header", problem, fix, source=where)
+    at = [header.index(c) for c in CSV_FORMATS[found]]
+    requests: list[TraceRequest] = []
+    start: tuple[float, float] | None = None
+    for n, text in lines[1:]:
+        if max_requests is not None and len(requests) >= max_requests:
+            break
+        try:
+            cells = csv_fields(text)
+        except csv.Error as err:
+            raise KvplanError(f"line {n}", f"not a CSV row ({err})", source=where) from None
+        if len(cells) != len(header):
+            raise KvplanError(f"line {n}", f"{len(cells)} fields where the header has {len(header)}", source=where)
+        stamp = cells[at[0]]
+        num_input, num_output = (_csv_tokens(cells[i], n, header[i], where) for i in at[1:])
+        if found == "burstgpt" and num_output == 0:
+            continue  # a failed request (BurstGPT's README): not a request
+        for value, column in ((num_input, header[at[1]]), (num_output, header[at[2]])):
+            if value < 1:
+                raise KvplanError(f"line {n}: {column}", f"must be >= 1 token (got {value})", source=where)
+        whole, fraction = _csv_time(stamp, n, header[at[0]], where)
+        start = (whole, fraction) if start is None else start
+        request = TraceRequest(n, ((whole - start[0]) + (fraction - start[1])) / speed, num_input, num_output, None)
+        if requests and request.offset_s < requests[-1].offset_s:
+            problem = f"{stamp} is before line {requests[-1].line}'s"
+            raise KvplanError(f"line {n}: {header[at[0]]}", problem, "sort the trace by time", source=where)
+        requests.append(request)
+    return requests
+
+
+def _csv_time(cell: str, n: int, column: str, where: str) -> tuple[float, float]:
+    """A time cell as (seconds, a fraction to add): a number of s, or ISO text (``iso_parts``)."""
+    try:
+        value = float(cell)
+    except ValueError:
+        try:
+            return iso_parts(cell)
+        except ValueError:
+            problem = f"is not a number of s or an ISO 8601 time (got {cell!r})"
+            raise KvplanError(f"line {n}: {column}", problem, source=where) from None
+    if not math.isfinite(value):
+        raise KvplanError(f"line {n}: {column}", f"must be a finite time (got {cell!r})", source=where)
+    return value, 0.0
+
+
+def _csv_tokens(cell: str, n: int, column: str, where: str) -> int:
+    try:
+        value = float(cell)
+    except ValueError:
+        value = math.nan
+    if not math.isfinite(value) or value < 0 or value != int(value):
+        raise KvplanError(f"line {n}: {column}", f"must be a whole number of tokens >= 0 (got {cell!r})", source=where)
+    return int(value)
+
+
 @lru_cache(maxsize=8)
 def _read(path: str, size: int, mtime_ns: int, speed: float, max_requests: int | None, block_tokens: int) -> Trace:
     try:
         text = Path(path).read_text(encoding="utf-8-sig")  # an editor's or spreadsheet's byte-order mark
     except (OSError, UnicodeDecodeError) as err:
         raise KvplanError("", f"cannot read the trace ({err})", source=path) from None
-    requests: list[TraceRequest] = []
-    for number, raw in enumerate(text.splitlines(), start=1):
+    numbered = [(n, raw) for n, raw in enumerate(text.splitlines(), start=1) if raw.strip()]
+    if numbered and is_csv_header(numbered[0][1].strip()):
+        requests = _csv_rows(numbered, speed, max_requests, path)
+        if not requests:
+            raise KvplanError("", "the trace has no requests (no rows after the header)", source=path)
+        return Trace(tuple(requests))
+    requests = []
+    for number, raw in numbered:
         if max_requests is not None and len(requests) >= max_requests:
             break
-        if not raw.strip():
-            continue
         try:
             row = json.loads(raw)
         except json.JSONDecodeError as err:
@@ -142,7 +289,8 @@ def read_trace(workload: Workload) -> Trace | None:
 
     Raises:
         KvplanError: an unreadable or empty file, a line that is not a JSON object, a missing or
-            bad field (naming the line and the field), timestamps out of order.
+            bad field (naming the line and the field), timestamps out of order; a CSV header of no
+            known format, a row that cannot be read.
     """
     dataset, path = workload.dataset, workload.dataset_path
     if dataset.kind != "trace" or path is None:

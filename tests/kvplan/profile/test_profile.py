@@ -13,7 +13,8 @@ import yaml
 
 from engine.config import DEFAULT_MODEL
 from kvplan.cli.profile import DEFAULT_MODEL as CLI_DEFAULT
-from kvplan.profile.log import LoggedRequest, ParsedLog, mooncake_block, read_log
+from kvplan.profile.log import LoggedRequest, ParsedLog, mooncake_block
+from kvplan.profile.parsed import read_log
 from kvplan.profile.stats import profile_log
 from kvplan.workload.file import load_workload
 from tests.kvplan.cli_runner import run_cli

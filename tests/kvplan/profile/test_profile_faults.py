@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from kvplan.profile.log import read_log
+from kvplan.profile.parsed import read_log
 from kvplan.workload.file import load_workload
 from tests.kvplan.cli_runner import run_cli
 

@@ -232,3 +232,108 @@ def test_the_simulators_sample_cache_key_covers_the_trace_file(tmp_path):
     write_trace(tmp_path / "t.jsonl", [*LINES[:-1], (7000, 61, 4, [30, 31])])
     assert sample_key(load_workload(write_workload(tmp_path)), 512, []) != first
     assert sample_key(load_workload(write_workload(tmp_path, {"speed": 2.0})), 512, []) != first
+
+
+# CSV traces (the Azure LLM inference traces, BurstGPT): told by their header, rows without hash ids
+
+AZURE = (
+    "TIMESTAMP,ContextTokens,GeneratedTokens\n"
+    "2023-11-16 18:15:46.6805900,174,44\n"  # seven fractional digits, as the 2023 traces give
+    "2023-11-16 18:15:47.1805900,96,9\n"  # + 0.5 s
+    "2023-11-16 18:15:48.6805901,120,3\n"  # + 2.0000001 s
+)
+# a later release's column order and extra columns; the 0-response row is a failed request
+BURSTGPT = (
+    "Timestamp,Model,Session ID,Request tokens,Response tokens,Total tokens,Log Type,Elapsed time\n"
+    "5,ChatGPT,,80,20,100,Conversation log,1.5\n"
+    "6,GPT-4,,50,0,50,Conversation log,0.1\n"
+    "9,ChatGPT,s1,30,7,37,API log,2\n"
+)
+
+
+def write_csv_workload(folder: Path, text: str, dataset: dict | None = None) -> Path:
+    (folder / "t.csv").write_text(text)
+    dataset = {"kind": "trace", "path": "t.csv", "speed": 2.0, **(dataset or {})}
+    # block 4: the shipped calibration of tiny-random-llama the simulator steps by
+    engine = {"model": "tiny-random-llama", "dtype": "float32", "block_size": 4, "num_blocks": 1024}
+    doc = {"name": "csv", "engine": engine, "dataset": dataset, "buckets": [{"name": "trace"}]}
+    path = folder / "trace.yaml"
+    path.write_text(json.dumps(doc))
+    return path
+
+
+def test_an_azure_csv_trace_replays_its_rows_from_the_first_time_over_speed(tmp_path):
+    from kvplan.traffic.prompts import sample_buckets
+    from kvplan.workload.trace import read_trace
+
+    workload = load_workload(write_csv_workload(tmp_path, AZURE))
+    trace = read_trace(workload)
+    assert [r.line for r in trace.requests] == [2, 3, 4]
+    # offsets 0, 0.5 and 2.0000001 s from the first row, halved by speed 2; every fractional digit kept
+    assert [r.offset_s for r in trace.requests] == pytest.approx([0.0, 0.25, 1.00000005], abs=1e-9)
+    assert [(r.input_length, r.output_length, r.hash_ids) for r in trace.requests] == [
+        (174, 44, None),
+        (96, 9, None),
+        (120, 3, None),
+    ]
+    assert workload.buckets[0].num_requests == 3 and trace.mean_rate == pytest.approx(2 / 1.00000005)
+    requests = sample_buckets(workload, None, 512).requests["trace"]
+    assert [(r.num_prompt_tokens, r.max_tokens) for r in requests] == [(174, 44), (96, 9), (120, 3)]
+    first, second = (r.prompt_token_ids for r in requests[:2])
+    assert first[:16] != second[:16]  # no hash ids: blocks of its own, shared with nothing
+
+
+def test_a_burstgpt_trace_leaves_out_failed_rows_and_takes_max_requests_of_the_rest(tmp_path):
+    from kvplan.workload.trace import read_trace
+
+    trace = read_trace(load_workload(write_csv_workload(tmp_path, BURSTGPT)))
+    assert [(r.line, r.offset_s, r.input_length, r.output_length) for r in trace.requests] == [
+        (2, 0.0, 80, 20),
+        (4, 2.0, 30, 7),  # (9 - 5) s / speed 2; line 3 (0 response tokens) is not a request
+    ]
+    capped = read_trace(
+        load_workload(write_csv_workload(tmp_path, BURSTGPT + "12,ChatGPT,,9,9,18,API log,1\n", {"max_requests": 2}))
+    )
+    assert [r.line for r in capped.requests] == [2, 4]
+
+
+def test_a_csv_trace_simulates_its_rows_at_their_times(tmp_path):
+    from kvplan.run.sim.setups import engine_setup
+
+    workload = load_workload(write_csv_workload(tmp_path, AZURE))
+    run = load_run(simulate(workload, engine_setup(workload)[0], tmp_path / "sim", search=False))
+    (level,) = run.result.levels
+    assert (level.key.mode, level.num_completed) == ("open", 3)
+    records = by_index(run)
+    assert [r.arrival_time - records[0].arrival_time for r in records] == pytest.approx([0, 0.25, 1.00000005], abs=1e-6)
+    assert [r.num_prompt_tokens for r in records] == [174, 96, 120]
+
+
+CSV_BAD = {
+    "unknown_header": (
+        "time,in,out\n1,2,3\n",
+        "t.csv: line 1: header: names no trace format kvplan knows (time, in, out); give a Mooncake JSONL trace"
+        " or a CSV whose header holds one format's columns: azure: TIMESTAMP, ContextTokens, GeneratedTokens;"
+        " burstgpt: Timestamp, Request tokens, Response tokens",
+    ),
+    "bad_time": (AZURE + "yesterday,4,2\n", "t.csv: line 5: TIMESTAMP: is not a number of s or an ISO 8601 time"),
+    "bad_length": (AZURE.replace(",96,", ",many,"), "t.csv: line 3: ContextTokens: must be a whole number of tokens"),
+    "zero_prompt": (AZURE.replace(",96,", ",0,"), "t.csv: line 3: ContextTokens: must be >= 1 token (got 0)"),
+    "fields": (AZURE + "2023-11-16 18:15:49,4\n", "t.csv: line 5: 2 fields where the header has 3"),
+    "out_of_order": (
+        AZURE + "2023-11-16 18:15:40,4,2\n",
+        "t.csv: line 5: TIMESTAMP: 2023-11-16 18:15:40 is before line 4's; sort the trace by time",
+    ),
+    "no_rows": (
+        "TIMESTAMP,ContextTokens,GeneratedTokens\n",
+        "t.csv: the trace has no requests (no rows after the header)",
+    ),
+}
+
+
+@pytest.mark.parametrize("name", sorted(CSV_BAD))
+def test_a_bad_csv_trace_is_one_line_naming_the_line_and_column(name, tmp_path):
+    text, expected = CSV_BAD[name]
+    with pytest.raises(KvplanError) as caught:
+        load_workload(write_csv_workload(tmp_path, text))
+    assert expected in str(caught.value) and "\n" not in str(caught.value)
