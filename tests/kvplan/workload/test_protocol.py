@@ -76,6 +76,12 @@ def test_the_load_test_sends_the_protocol_s_counts_and_lengths(measured):
 def test_the_simulation_equals_the_protocol_run_at_every_step(measured, tmp_path):
     workload = load_workload(WORKLOAD)
     run = load_run(simulate(workload, replay_setup(workload, measured.run_dir), tmp_path / "sim", search=False))
+    assert_same_run(run, measured)
+
+
+def assert_same_run(run, measured):
+    """A simulated run equals a measured one step for step (blocks, preemptions, queues, tokens,
+    prefix hits), request for request and level for level."""
     fields = ("num_used_blocks", "num_preemptions", "num_running", "num_prefill_tokens", "num_decode_tokens")
     fields += ("kv_resident_request_ids", "num_prefix_hit_tokens", "num_waiting")
     assert len(run.steps) == len(measured.steps)

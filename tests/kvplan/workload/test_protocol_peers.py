@@ -22,6 +22,7 @@ from kvplan.traffic.prompts import draw_lengths
 from kvplan.workload.file import load_workload
 from kvplan.workload.protocol import BenchProtocol
 from tests.kvplan.cli_runner import run_cli
+from tests.kvplan.workload.test_protocol import assert_same_run
 
 WORKLOAD = Path(__file__).resolve().parents[1] / "data" / "protocol_peers.yaml"
 AIPERF_WARM, AIPERF_COUNT = 3, 8  # the file's warmup_request_count, request_count
@@ -156,14 +157,7 @@ def test_the_summaries_count_the_measured_requests_with_their_means(measured):
 def test_the_simulation_equals_the_peer_protocol_run_at_every_step(measured, tmp_path):
     workload = load_workload(WORKLOAD)
     run = load_run(simulate(workload, replay_setup(workload, measured.run_dir), tmp_path / "sim", search=False))
-    fields = ("num_used_blocks", "num_preemptions", "num_running", "num_prefill_tokens", "num_decode_tokens")
-    fields += ("kv_resident_request_ids", "num_prefix_hit_tokens", "num_waiting")
-    assert len(run.steps) == len(measured.steps)
-    for a, b in zip(run.steps, measured.steps):
-        assert [getattr(a, f) for f in fields] == [getattr(b, f) for f in fields], b.step_index
-    shape = lambda rs: sorted((r.request_id, r.num_prompt_tokens, r.num_output_tokens) for r in rs)  # noqa: E731
-    assert shape(run.requests) == shape(measured.requests)
-    assert [lv.num_completed for lv in run.result.levels] == [lv.num_completed for lv in measured.result.levels]
+    assert_same_run(run, measured)
 
 
 @pytest.mark.parametrize(
