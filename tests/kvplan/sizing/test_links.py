@@ -1,0 +1,109 @@
+"""The link table and the KV transfer price, checked by hand arithmetic."""
+
+import pytest
+
+from kvplan.errors import KvplanError
+from kvplan.sizing.gpus.links import Link, SharedLink, link_table, lookup_link, prompt_transfer_bytes
+from kvplan.sizing.models.model_spec import ModelSpec
+
+TINY = {  # 2 layers x 2 KV heads x head dim 16, bf16: 2 x 2 x (2 x 16) x 2 = 256 bytes a token
+    "model_type": "llama",
+    "num_hidden_layers": 2,
+    "hidden_size": 64,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "intermediate_size": 128,
+    "vocab_size": 512,
+    "max_position_embeddings": 256,
+    "torch_dtype": "bfloat16",
+}
+
+
+def test_every_link_has_a_source_a_bandwidth_and_a_setup():
+    for name, entry in link_table().items():
+        assert entry["gbps"] > 0 and entry["setup_us"] >= 0 and len(entry["source"]) > 40, name
+
+
+def test_lookup_by_name_and_alias_in_any_case():
+    pcie5 = lookup_link("PCIe5")
+    assert pcie5.name == "pcie5"
+    assert pcie5.bytes_per_s == pytest.approx(32e9 * 16 * 128 / 130 / 8, rel=1e-3)  # 32 GT/s x16, 128b/130b
+    assert lookup_link("nvlink").name == "nvlink4" and lookup_link("nvlink").bytes_per_s == 450e9
+    assert lookup_link("rdma_400g").bytes_per_s == 50e9  # 400 Gb/s / 8
+    assert lookup_link("dynamo-mocker").bytes_per_s == 64e9 and lookup_link("dynamo-mocker").setup_s == 0
+    own = lookup_link({"gbps": 10, "setup_us": 20})
+    assert (own.bytes_per_s, own.setup_s) == (10e9, 20e-6)
+
+
+@pytest.mark.parametrize(
+    ("link", "problem"),
+    [
+        ("pcie7", "unknown link 'pcie7'"),
+        ({"gbps": 0}, "needs a `gbps` above 0"),
+        ({"gbps": 1, "setup_us": -1}, "`setup_us`"),
+    ],
+)
+def test_bad_links_are_one_line_naming_the_field(link, problem):
+    with pytest.raises(KvplanError) as err:
+        lookup_link(link, "engine.disagg.link")
+    assert err.value.field == "engine.disagg.link" and problem in err.value.problem
+    assert "\n" not in str(err.value)
+
+
+def test_unknown_link_names_the_closest():
+    with pytest.raises(KvplanError) as err:
+        lookup_link("pcie")
+    assert "pcie4" in err.value.fix or "pcie5" in err.value.fix
+
+
+def test_prompt_bytes_are_whole_blocks_per_rank():
+    spec = ModelSpec.from_hf_config(TINY, "tiny")
+    # 100 tokens in blocks of 16: 7 blocks = 112 token slots x 256 bytes
+    assert prompt_transfer_bytes(spec, 100, 16) == 7 * 16 * 256
+    # tp 2: each rank holds 1 of the 2 KV heads, half the bytes
+    assert prompt_transfer_bytes(spec, 100, 16, tp=2) == 7 * 16 * 128
+    # fp8 KV: 1 byte an element
+    assert prompt_transfer_bytes(spec, 100, 16, kv_cache_dtype="fp8") == 7 * 16 * 128
+
+
+def test_one_transfer_alone_is_setup_plus_bytes_over_bandwidth():
+    link = Link("test", bytes_per_s=1e9, setup_s=1e-3)
+    assert link.seconds(2e6) == pytest.approx(1e-3 + 2e-3)
+    shared = SharedLink(link)
+    shared.start("a", 10.0, 2e6)
+    assert shared.next_end() == pytest.approx(10.003)
+    assert shared.take_done(10.0029) == []
+    assert shared.take_done(10.003) == ["a"] and len(shared) == 0
+
+
+def test_two_transfers_started_together_take_twice_as_long():
+    shared = SharedLink(Link("test", 1e9, 0.0))
+    shared.start("a", 0.0, 1e6)
+    shared.start("b", 0.0, 1e6)
+    assert shared.next_end() == pytest.approx(2e-3)  # each at 0.5 GB/s
+    assert shared.take_done(2e-3) == ["a", "b"]
+
+
+def test_a_late_transfer_shares_the_rest():
+    # a: 3 MB at t=0 on 1 GB/s; b: 1 MB at t=1 ms. a alone moves 1 MB by 1 ms; then both at
+    # 0.5 GB/s: b's 1 MB ends at 3 ms (a has moved 1 MB more, 1 MB left); a alone again: 4 ms.
+    shared = SharedLink(Link("test", 1e9, 0.0))
+    shared.start("a", 0.0, 3e6)
+    shared.start("b", 1e-3, 1e6)
+    assert shared.next_end() == pytest.approx(3e-3)
+    assert shared.take_done(3e-3) == ["b"]
+    assert shared.next_end() == pytest.approx(4e-3)
+    assert shared.take_done(4e-3) == ["a"]
+
+
+def test_setup_time_holds_no_bandwidth():
+    # 1 GB/s, 1 ms setup. a (1 MB) starts at 0 and flows from 1 ms; b (1 MB) starts at 0.5 ms and
+    # flows from 1.5 ms. a alone moves 0.5 MB by 1.5 ms, then both at 0.5 GB/s: a's last 0.5 MB
+    # ends at 2.5 ms (b has 0.5 MB left), b alone again: 3 ms.
+    shared = SharedLink(Link("test", 1e9, 1e-3))
+    shared.start("a", 0.0, 1e6)
+    shared.start("b", 0.5e-3, 1e6)
+    assert shared.next_end() == pytest.approx(2.5e-3)
+    assert shared.take_done(2.5e-3) == ["a"]
+    assert shared.next_end() == pytest.approx(3e-3)
+    assert shared.take_done(3e-3) == ["b"]
