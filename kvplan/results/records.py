@@ -95,6 +95,9 @@ class RequestRecord:
     # reasoning text) arrived, the end of TTFO; None when the stream carried no reasoning
     first_output_time: float | None = None
     tenant_name: str | None = None  # the tenant admission counted it under (kvplan.workload.admission); None: none
+    # a disaggregated deployment: seconds the prompt's KV took to move from its prefill worker to its
+    # decode worker (admission to arrival, setup included); None: served aggregated
+    kv_transfer_s: float | None = None
 
     @property
     def key(self) -> LevelKey:

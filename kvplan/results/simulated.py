@@ -96,6 +96,11 @@ class TargetCapacity(_Part):
     backend: str | None = Field(
         None, description="A GPU target's serving engine (vllm, sglang, trtllm); None for the engine."
     )
+    disagg: str | None = Field(
+        None,
+        description="A disaggregated target's pools and link (``2P tp2 + 3D tp4 over rdma-400g``: prefill"
+        " workers and their tp, decode workers and theirs); None: one engine per replica.",
+    )
 
     def bucket(self, name: str) -> BucketCapacity | None:
         return next((b for b in self.buckets if b.name == name), None)

@@ -287,6 +287,7 @@ def summary_json(result: RunResult) -> dict[str, Any]:
                 "weight_dtype": t.weight_dtype,
                 "ep": t.ep,
                 "backend": t.backend,
+                "disagg": t.disagg,
                 "buckets": [{"name": b.name, **capacity_json(b, t.attainment_target)} for b in t.buckets],
             }
             for t in result.capacity

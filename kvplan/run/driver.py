@@ -178,6 +178,7 @@ class Finished:
     sent_time: float | None = None  # an HTTP target: when the request went out
     output_tokens_source: str = ""  # an HTTP target: usage | tokenizer | chunks
     first_output_time: float | None = None  # an HTTP target: its first answer (non-reasoning) chunk
+    kv_transfer_s: float | None = None  # disaggregated: seconds its prompt's KV took to move (None: not)
 
 
 class RunStopped(Exception):

@@ -1,6 +1,8 @@
 """A workload's ``plan:`` entries: the production targets its buckets are sized on (kvplan
 estimate's capacity arithmetic in a load test's report; GPU targets in ``kvplan simulate``), and
-the KV dtype validation they share with the ``engine:`` section.
+the KV dtype validation they share with the ``engine:`` section. An entry with ``disagg:`` is a
+disaggregated deployment: a pool of prefill workers and a pool of decode workers joined by a link
+(docs/simulate.md, "Disaggregated targets").
 """
 
 from __future__ import annotations
@@ -23,6 +25,45 @@ def kv_cache_dtype_value(value: Any, allowed: tuple[str, ...]) -> Any:
         return dtypes.canonical(value, allowed=allowed)
     except KvplanError as err:
         raise ValueError(f"{err.problem}; {err.fix}") from None
+
+
+class DisaggPool(StrictModel):
+    """One pool of a disaggregated deployment: ``workers`` engines alike, each on ``tp`` GPUs with
+    its own KV pool and scheduler limits (null: the plan entry's tp, the engine section's limits)."""
+
+    workers: Count = Field(1, description="Engines in the pool, each with its own KV pool and scheduler.")
+    tp: Count | None = Field(
+        None, description="Tensor parallelism of each worker of the pool; null = the plan entry's ``tp``."
+    )
+    max_num_seqs: Count | None = Field(None, description="Each worker's max_num_seqs; null = the engine section's.")
+    max_num_batched_tokens: Count | None = Field(
+        None, description="Each worker's token budget per step; null = the engine section's."
+    )
+
+
+class Disagg(StrictModel):
+    """Prefill/decode disaggregation of a plan entry: ``prefill`` workers compute each prompt's KV
+    and its first token, the KV moves over ``link`` to one of the ``decode`` workers, which
+    generates the rest (DISAGG semantics: docs/simulate.md)."""
+
+    prefill: DisaggPool = Field(default_factory=DisaggPool, description="The prefill pool.")
+    decode: DisaggPool = Field(default_factory=DisaggPool, description="The decode pool.")
+    link: str | dict[str, float] = Field(
+        "rdma-400g",
+        description="The link the KV moves over, by name (kvplan/sizing/data/links.yaml: ``nvlink``, ``pcie5``,"
+        " ``rdma-400g``, ...) or as ``{gbps: N, setup_us: N}`` (10**9 bytes/s one way, microseconds).",
+    )
+
+    @field_validator("link")
+    @classmethod
+    def _link(cls, value: Any) -> Any:
+        from kvplan.sizing.gpus.links import lookup_link
+
+        try:
+            lookup_link(value)
+        except KvplanError as err:
+            raise ValueError(f"{err.problem}; {err.fix}") from None
+        return value
 
 
 class Deployment(StrictModel):
@@ -77,6 +118,12 @@ class Deployment(StrictModel):
         None,
         description="The ``backend``'s database version (default: the one aiconfigurator-core maintains as"
         " current for the GPU).",
+    )
+
+    disagg: Disagg | None = Field(
+        None,
+        description="Serve this target disaggregated: ``{prefill: {workers, tp, max_num_seqs,"
+        " max_num_batched_tokens}, decode: {...}, link}``; null = aggregated replicas.",
     )
 
     @field_validator("weight_dtype", mode="before")

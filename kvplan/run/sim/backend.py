@@ -41,8 +41,10 @@ def _decode_work(num_decodes: int, num_context_tokens: int) -> StepWork:
     return StepWork(0, num_decodes, 0, num_context_tokens, num_context_tokens, num_context_tokens)
 
 
-def scheduler_for(facts: EngineFacts, admission: Mapping[str, Any] | None = None) -> Scheduler:
-    """A fresh engine scheduler with the KV pool and limits of ``facts``, and ``admission``'s
+def scheduler_for(
+    facts: EngineFacts, admission: Mapping[str, Any] | None = None, cls: type[Scheduler] = Scheduler
+) -> Scheduler:
+    """A fresh engine scheduler (``cls``) with the KV pool and limits of ``facts``, and ``admission``'s
     settings (EngineConfig's admission fields, engine.admission; None: off), so a simulation
     admits and refuses exactly the requests the engine would."""
     config = EngineConfig(
@@ -56,7 +58,7 @@ def scheduler_for(facts: EngineFacts, admission: Mapping[str, Any] | None = None
         prefill_first=facts.prefill_first,
         **(admission or {}),
     )
-    return Scheduler(config, facts.num_blocks, facts.max_model_len)
+    return cls(config, facts.num_blocks, facts.max_model_len)
 
 
 class SimBackend:

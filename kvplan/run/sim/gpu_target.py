@@ -17,6 +17,7 @@ Prompts are the workload's own, tokenised by the engine section's model.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 from kvplan.errors import KvplanError
@@ -229,6 +230,9 @@ def plan_setups(workload: Workload) -> tuple[list[SimSetup], list[str]]:
             notes.append(f"plan[{i}]: {err.problem}; no capacity answers for it")
             continue
         try:
+            if entry.disagg is not None:
+                setups.append(disagg_setup(workload, entry, f"plan[{i}]"))
+                continue
             setups.append(
                 gpu_setup(
                     workload,
@@ -255,3 +259,69 @@ def plan_setups(workload: Workload) -> tuple[list[SimSetup], list[str]]:
                 ) from None
             raise err.within(source=workload.source, prefix=f"plan[{i}]") from None
     return setups, notes
+
+
+def disagg_setup(workload: Workload, entry: Any, target: str) -> SimSetup:
+    """A plan entry with ``disagg:`` (kvplan.workload.deployment.Disagg): each pool a GPU target of
+    its own tp and scheduler limits (:func:`gpu_setup`), simulated together on
+    kvplan.run.sim.disagg's backend, the prompt's KV priced over the link per rank at the smaller
+    tp. Its ``facts`` (fit checks, the search's top) are the decode pool's with the smaller pool
+    of the two and ``max_num_seqs`` x the decode workers.
+
+    Raises:
+        KvplanError: what gpu_setup raises, a pool's tp or ep named ``disagg.<pool>.tp`` (plan_setups
+            puts the entry's ``plan[i]`` in front).
+    """
+    from kvplan.run.sim.disagg import DisaggBackend
+    from kvplan.sizing import kv_math
+    from kvplan.sizing.gpus.links import lookup_link
+
+    disagg = entry.disagg
+    link = lookup_link(disagg.link, "disagg.link")
+    pools = []
+    for role, pool in (("prefill", disagg.prefill), ("decode", disagg.decode)):
+        limits = {"max_num_seqs": pool.max_num_seqs, "max_num_batched_tokens": pool.max_num_batched_tokens}
+        engine = workload.engine.model_copy(update={k: v for k, v in limits.items() if v is not None})
+        tp = pool.tp or entry.tp
+        try:
+            setup = gpu_setup(
+                workload.model_copy(update={"engine": engine}),
+                entry.model,
+                entry.gpu,
+                tp,
+                entry.kv_cache_dtype,
+                entry.weight_dtype,
+                target=target,
+                backend=entry.backend,
+                backend_version=entry.backend_version,
+                ep=entry.ep,
+            )
+        except KvplanError as err:
+            if err.field in ("tp", "ep"):
+                raise err.within(prefix=f"disagg.{role}") from None
+            raise
+        pools.append((setup, pool.workers, tp))
+    (pre, x, tp_p), (dec, y, tp_d) = pools
+    spec = ModelSpec.from_hf_config(*load_model_config(workload.resolve_model(entry.model))[:2])
+    layers = kv_math.rank_layer_specs(spec, entry.kv_cache_dtype, min(tp_p, tp_d))
+    block = workload.engine.block_size
+
+    def backend() -> DisaggBackend:
+        return DisaggBackend(
+            (pre.facts, pre.clock, x),
+            (dec.facts, dec.clock, y),
+            link,
+            lambda n: kv_math.request_bytes(layers, n, block),
+        )
+
+    shape = f"{x}P tp{tp_p} + {y}D tp{tp_d} over {link.name}"
+    facts = dec.facts.model_copy(
+        update={
+            "num_blocks": min(pre.facts.num_blocks, dec.facts.num_blocks),
+            "max_num_seqs": y * dec.facts.max_num_seqs,
+        }
+    )
+    info = dec.cost_model.model_copy(update={"description": f"{shape}; {dec.cost_model.description}"})
+    return replace(
+        dec, facts=facts, cost_model=info, notes=pre.notes + dec.notes, make_backend=backend, disagg=shape, tp=tp_d
+    )

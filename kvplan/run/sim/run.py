@@ -158,8 +158,19 @@ def simulate(
     if search and status == "complete" and setup.timed:
         targets = []
         for target in (setup, *plan):
-            own_knees = knees if target is setup else simulated_knees(workload, target.facts, sampled.requests)
-            buckets = search_capacity(workload, target.facts, sampled.requests, target.clock, attainment, own_knees)
+            if target is setup:
+                own_knees = knees
+            else:  # a disaggregated target has no one pool to find a knee in
+                own_knees = {} if target.make_backend else simulated_knees(workload, target.facts, sampled.requests)
+            buckets = search_capacity(
+                workload,
+                target.facts,
+                sampled.requests,
+                target.clock,
+                attainment,
+                own_knees,
+                make_backend=target.make_backend,
+            )
             targets.append(
                 TargetCapacity(
                     target=target.target,
@@ -173,6 +184,7 @@ def simulate(
                     weight_dtype=target.weight_dtype,
                     ep=target.ep,
                     backend=target.backend,
+                    disagg=target.disagg,
                 )
             )
         result = result.model_copy(update={"capacity": targets})

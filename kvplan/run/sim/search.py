@@ -134,8 +134,10 @@ class Prober:
         facts: EngineFacts,
         clock: Callable[[], StepClock],
         sampled: dict[str, list[SampledRequest]],
+        make_backend: Callable[[], Any] | None = None,
     ):
         self.workload, self.facts, self.clock, self.sampled = workload, facts, clock, sampled
+        self.make_backend = make_backend  # a disaggregated target's backends (kvplan.run.sim.disagg)
         shared = workload.shared_prefix is not None
         # the knee as the load test's summary takes it, with nothing shared; the SLO with the
         # prefixes shared as the workload's tenants would share them
@@ -169,7 +171,11 @@ class Prober:
         slos = self.workload.class_slos.get(bucket.name)
         records = _Records(level, stop_on_preemption, self.workload.slo, decide, slos)
         try:
-            backend = SimBackend(self.facts, self.clock(), admission=self.workload.engine.admission.model_dump())
+            backend = (
+                self.make_backend()
+                if self.make_backend is not None
+                else SimBackend(self.facts, self.clock(), admission=self.workload.engine.admission.model_dump())
+            )
             run_level(backend, level, records, self.workload.seed)
         except _Preempted:
             return None
@@ -355,10 +361,12 @@ def search_capacity(
     attainment: float,
     knees: dict[str, int | None],
     precision: float = CONCURRENCY_PRECISION,
+    make_backend: Callable[[], Any] | None = None,
 ) -> list[BucketCapacity]:
-    """Every bucket's SLO answers on ``facts`` timed by ``clock``, with its knee from ``knees``
-    (the concurrency to within ``precision``)."""
-    prober = Prober(workload, facts, clock, sampled)
+    """Every bucket's SLO answers on ``facts`` timed by ``clock`` (or on ``make_backend``'s fresh
+    backends: a disaggregated target), with its knee from ``knees`` (the concurrency to within
+    ``precision``)."""
+    prober = Prober(workload, facts, clock, sampled, make_backend)
     return [prober.capacity(i, attainment, knees.get(b.name), precision) for i, b in enumerate(workload.buckets)]
 
 

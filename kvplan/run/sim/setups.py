@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 from kvplan.errors import KvplanError
 from kvplan.results.run_result import EngineFacts
@@ -39,6 +40,9 @@ class SimSetup:
     ep: int = 1  # a GPU target's expert-parallel size
     backend: str | None = None  # a GPU target's serving engine (vllm, sglang, trtllm)
     levels: frozenset[str] | None = None  # a replay's: the ids of the levels the measured run ran (None: all)
+    # a disaggregated target's: a fresh backend of its two pools (kvplan.run.sim.disagg); None: one engine
+    make_backend: Callable[[], Any] | None = None
+    disagg: str | None = None  # a disaggregated target's shape: ``2P tp2 + 3D tp4 over rdma-400g``
 
     def own_levels(self, levels: list[Level]) -> list[Level]:
         """The ``levels`` this setup can simulate: a replay's, those the measured run ran (a load test

@@ -1,0 +1,277 @@
+"""A disaggregated deployment simulated: x prefill and y decode engine schedulers, a KV transfer between.
+
+Every worker is the engine's own ``Scheduler`` and ``BlockManager`` on its own clock (as
+kvplan.run.sim.backend's single engine), and the pools follow the shared disaggregation rules
+(docs/simulate.md, "Disaggregated targets")::
+
+    arrival i -> prefill worker i mod x: the request with max_tokens 1 (token 1 streams at the end
+        of the step that samples it: the client's TTFT); its blocks stay held (a handoff)
+    handoff -> decode worker i mod y, FIFO: admitted at the start of that worker's step while
+        running + in transfer < max_num_seqs and its pool allocates prompt + 1 tokens' blocks
+    admitted -> the prompt's KV moves over the worker's link (kvplan.sizing.gpus.links.SharedLink:
+        setup + bytes / bandwidth, shared equally); at its end the prefill worker frees the blocks
+    moved -> the request joins the decode worker's running set at its first step starting at or
+        after the transfer's end, num_computed_tokens = prompt, token 1 its next input
+
+Events run in time order (ties: step ends, then transfer ends, then step starts; workers in
+index order). A step is scheduled at its start and updated at its end, so what another worker
+does meanwhile (a transfer freeing prefill blocks) lands between the two, as on a real cluster.
+The backend reports requests as the router streams them (token 1 from the prefill worker, the
+rest from the decode worker) and the seconds each one's KV took to move (``kv_transfer_s``);
+each pool's steps are kept in ``steps`` (the driver gets none: two pools have no one step index).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from operator import attrgetter
+from typing import Any
+
+from engine.decode_run import SIMULATED_TOKEN_ID
+from engine.request import FinishReason, Request, RequestStatus, SamplingParams
+from engine.scheduler import Scheduler
+from kvplan.results.run_result import EngineFacts
+from kvplan.run.driver import Finished, Submission
+from kvplan.run.sim.backend import _finished, scheduler_for
+from kvplan.run.sim.cost import StepClock, StepWork
+from kvplan.sizing.gpus.links import Link, SharedLink
+
+_REQUEST_ID = attrgetter("request_id")
+
+
+class PrefillScheduler(Scheduler):
+    """The engine's scheduler whose requests that reach max_tokens (1: the prefill) finish for
+    the client but keep their blocks (``held``) until :meth:`release`: a handoff."""
+
+    held: dict[str, Request]
+
+    def _finish(self, request: Request, reason: str, now: float, detail: str = "") -> None:
+        if reason != FinishReason.LENGTH or request.status is not RequestStatus.RUNNING:
+            return super()._finish(request, reason, now, detail)
+        self.running.remove(request)
+        request.status = RequestStatus.FINISHED
+        request.finish_reason, request.finish_time = reason, now
+        self._finished.append(request)
+        self.held[request.request_id] = request
+
+    def release(self, request_id: str) -> None:
+        """The handoff's KV has moved: its blocks join the free queue (and the prefix cache) as a
+        finished request's do."""
+        del self.held[request_id]
+        self.block_manager.free(request_id)
+
+
+@dataclass
+class _Worker:
+    scheduler: Scheduler
+    clock: StepClock
+    now: float = 0.0  # when it may start its next step
+    idle: bool = True  # nothing to do until an outside event (a request, a handoff, a freed block)
+    step: tuple[Any, float, float] | None = None  # (SchedulerOutput, start, end) while a step runs
+    steps: list[Any] = field(default_factory=list)
+    handoffs: deque[tuple[float, Request]] = field(default_factory=deque)  # decode: (ready at, prefilled)
+    moving: dict[str, tuple[float, Request]] = field(default_factory=dict)  # decode: id -> (start, prefilled)
+    moved: list[tuple[float, Request]] = field(default_factory=list)  # decode: (moved at, prefilled)
+
+    def wake(self, at: float) -> None:
+        self.idle, self.now = False, max(self.now, at)
+
+
+class DisaggBackend:
+    """The driver's backend (kvplan.run.driver.Backend) over ``x`` prefill and ``y`` decode engine
+    schedulers (each pool's ``facts``: KV pool and limits; ``clock``: a fresh StepClock per worker)
+    and one ``link`` into each decode worker; ``transfer_bytes(prompt_tokens)``: bytes a rank moves.
+
+    Raises (from ``advance``):
+        RuntimeError: requests in flight while no worker can step and nothing moves (the request
+            checks against both pools rule it out beforehand).
+    """
+
+    def __init__(
+        self,
+        prefill: tuple[EngineFacts, Callable[[], StepClock], int],
+        decode: tuple[EngineFacts, Callable[[], StepClock], int],
+        link: Link,
+        transfer_bytes: Callable[[int], float],
+    ):
+        self.prefill = [_Worker(_prefill_scheduler(prefill[0]), prefill[1]()) for _ in range(prefill[2])]
+        self.decode = [_Worker(scheduler_for(decode[0]), decode[1]()) for _ in range(decode[2])]
+        self.links = [SharedLink(link) for _ in self.decode]
+        self.transfer_bytes = transfer_bytes
+        self.now_s = 0.0
+        self._count = 0  # requests routed so far (the router's index i)
+        self._route: dict[str, tuple[int, int, int]] = {}  # id -> (prefill worker, decode worker, max_tokens)
+        self._level: str | None = None
+        self.transfer_s: dict[str, float] = {}
+
+    def now(self) -> float:
+        return self.now_s
+
+    def wait_until(self, when: float) -> None:
+        self.now_s = max(self.now_s, when)
+
+    def submit(self, submission: Submission) -> None:
+        level = submission.request_id.rsplit("/", 1)[0]
+        if level != self._level:
+            self._level = level
+            for worker in (*self.prefill, *self.decode):
+                worker.clock.begin_level(level, self.now_s)
+        i, self._count = self._count, self._count + 1
+        p, d = i % len(self.prefill), i % len(self.decode)
+        self._route[submission.request_id] = (p, d, submission.max_tokens)
+        params = SamplingParams(max_tokens=1, ignore_eos=True, forced_token_ids=submission.output_token_ids)
+        arrival = self.now_s if submission.arrival_time is None else submission.arrival_time
+        request = Request(
+            submission.request_id,
+            submission.prompt_token_ids,
+            params,
+            arrival,
+            submission.cache_salt,
+            submission.tenant,
+        )
+        self.prefill[p].scheduler.add_request(request, self.now_s)
+        self.prefill[p].wake(self.now_s)
+
+    def _events(self) -> list[tuple[float, int, float, str, int]]:
+        """(time, tie order, time up to which arrivals join it, kind, index) of every next event."""
+        events = []
+        for kind, workers in (("prefill", self.prefill), ("decode", self.decode)):
+            for i, w in enumerate(workers):
+                if w.step is not None:
+                    events.append((w.step[2], 0, w.step[2], f"{kind}-end", i))
+                elif not w.idle:
+                    check, start = w.clock.next_start(w.now)
+                    events.append((start, 2, check, f"{kind}-start", i))
+        for i, link in enumerate(self.links):
+            if (at := link.next_end()) is not None:
+                events.append((at, 1, at, "moved", i))
+        return events
+
+    def advance(self, until: float | None) -> tuple[list[Finished], list[Any]]:
+        """The next event (a step's start or end, a transfer's end), unless an arrival (``until``)
+        comes first; the requests finished by it."""
+        events = self._events()
+        if not events:
+            if until is None:
+                raise RuntimeError("simulation: requests in flight but no worker can step and nothing moves")
+            self.now_s = max(self.now_s, until)
+            return [], []
+        at, _, check, kind, i = min(events, key=lambda e: (e[0], e[1], e[3], e[4]))
+        if until is not None and until <= check:
+            self.now_s = max(self.now_s, until)
+            return [], []
+        self.now_s = max(self.now_s, at)
+        if kind == "moved":
+            self._moved(i, at)
+            return [], []
+        pool = self.prefill if kind.startswith("prefill") else self.decode
+        worker = pool[i]
+        if kind.endswith("start"):
+            if pool is self.decode:
+                self._admit(i, at)
+            self._start(worker, at)
+            return [], []
+        return self._end(worker, pool is self.prefill, at), []
+
+    def _start(self, worker: _Worker, start: float) -> None:
+        output = worker.scheduler.schedule(start)
+        if output.is_empty:
+            worker.idle = True  # blocked or done: woken by the next request, handoff or freed block
+            return
+        worker.step = (output, start, worker.clock.step_end(start, StepWork.of(output)))
+
+    def _end(self, worker: _Worker, is_prefill: bool, end: float) -> list[Finished]:
+        assert worker.step is not None
+        output, start, _ = worker.step
+        scheduler = worker.scheduler
+        scheduler.update_from_output(output, dict.fromkeys(map(_REQUEST_ID, output.scheduled), SIMULATED_TOKEN_ID), end)
+        finished = scheduler.take_finished()
+        worker.steps.append(scheduler.step_stats(len(worker.steps), start, end, output, len(finished)))
+        worker.step, worker.now = None, end
+        out = []
+        for request in finished:
+            if not is_prefill:
+                del self._route[request.request_id]
+                out.append(replace(_finished(request), kv_transfer_s=self.transfer_s.pop(request.request_id, None)))
+                continue
+            _, d, max_tokens = self._route[request.request_id]
+            if isinstance(scheduler, PrefillScheduler) and request.request_id in scheduler.held:
+                if max_tokens == 1:  # nothing left to decode: no handoff
+                    scheduler.release(request.request_id)
+                    del self._route[request.request_id]
+                    out.append(_finished(request))
+                    continue
+                self.decode[d].handoffs.append((end, request))
+                self.decode[d].wake(end)
+            else:  # refused or cut short on the prefill worker (cannot fit): the client's answer
+                del self._route[request.request_id]
+                out.append(_finished(request))
+        return out
+
+    def _admit(self, d: int, start: float) -> None:
+        """Decode worker ``d`` at the start of its step: the moved requests join its running set,
+        then its handoffs are admitted FIFO while max_num_seqs and its pool allow."""
+        worker = self.decode[d]
+        scheduler = worker.scheduler
+        for moved_at, prefilled in [m for m in worker.moved if m[0] <= start]:
+            worker.moved.remove((moved_at, prefilled))
+            _join(scheduler, prefilled, self._route[prefilled.request_id][2], start)
+        while worker.handoffs and worker.handoffs[0][0] <= start:
+            prefilled = worker.handoffs[0][1]
+            if len(scheduler.running) + len(worker.moving) >= scheduler.max_num_seqs:
+                break
+            rid = prefilled.request_id
+            if not scheduler.block_manager.allocate(rid, prefilled.num_prompt_tokens + 1):
+                break
+            worker.handoffs.popleft()
+            worker.moving[rid] = (start, prefilled)
+            self.links[d].start(rid, start, self.transfer_bytes(prefilled.num_prompt_tokens))
+
+    def _moved(self, d: int, at: float) -> None:
+        worker = self.decode[d]
+        for rid in self.links[d].take_done(at):
+            started, prefilled = worker.moving.pop(rid)
+            self.transfer_s[rid] = at - started
+            p = self._route[rid][0]
+            scheduler = self.prefill[p].scheduler
+            assert isinstance(scheduler, PrefillScheduler)
+            scheduler.release(rid)
+            self.prefill[p].wake(at)
+            worker.moved.append((at, prefilled))
+            worker.wake(at)
+
+
+def _prefill_scheduler(facts: EngineFacts) -> PrefillScheduler:
+    scheduler = scheduler_for(facts, cls=PrefillScheduler)
+    assert isinstance(scheduler, PrefillScheduler)
+    scheduler.held = {}
+    return scheduler
+
+
+def _join(scheduler: Scheduler, prefilled: Request, max_tokens: int, now: float) -> None:
+    """A prefilled request whose KV has moved joins ``scheduler``'s running set (its blocks were
+    allocated at admission): the whole prompt computed, token 1 its next input, ``max_tokens`` its
+    client's."""
+    params = replace(prefilled.sampling_params, max_tokens=max_tokens)
+    request = Request(
+        prefilled.request_id,
+        prefilled.prompt_token_ids,
+        params,
+        prefilled.arrival_time,
+        prefilled.cache_salt,
+        prefilled.tenant,
+    )
+    request.output_token_ids = list(prefilled.output_token_ids)
+    request.token_times = list(prefilled.token_times)
+    request.first_scheduled_time = prefilled.first_scheduled_time
+    request.num_cached_tokens = prefilled.num_cached_tokens
+    request.num_preemptions = prefilled.num_preemptions
+    scheduler.add_request(request, now)
+    if request.is_finished:  # refused by the decode pool (checked beforehand; kept for safety)
+        return
+    scheduler.waiting.remove(request)
+    scheduler.running.append(request)
+    request.status = RequestStatus.RUNNING
+    request.num_computed_tokens = request.num_prompt_tokens

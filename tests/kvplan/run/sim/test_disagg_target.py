@@ -1,0 +1,78 @@
+"""A plan entry with ``disagg:``: its settings checked in one line each (exit 2), and simulated on
+two pools of the engine's schedulers with the KV transfer priced over the named link."""
+
+import json
+
+import pytest
+
+from kvplan.run.driver import Submission
+from kvplan.run.sim.cost import StepWork
+from kvplan.run.sim.gpu_target import disagg_setup
+from kvplan.workload.file import parse_workload
+from tests.kvplan.cli_runner import run_cli
+
+ENTRY = "{model: llama-3.1-8b, gpu: H100-SXM, tp: 1}"
+DISAGG = "{model: llama-3.1-8b, gpu: H100-SXM, tp: 1, disagg: {prefill: {workers: 1}, decode: {workers: 2, max_num_seqs: 32}, link: rdma-400g}}"  # noqa: E501
+WORKLOAD = f"""name: dis
+engine: {{model: SmolLM2-135M-Instruct, block_size: 16, num_blocks: 2048, max_num_seqs: 64,
+         max_num_batched_tokens: 4096, enable_prefix_caching: false}}
+dataset: random
+slo: {{ttft_ms: 2000, tpot_ms: 50}}
+buckets: [{{name: long, input_tokens: 2000, output_tokens: 64, concurrency: [1], num_requests: 4}}]
+plan: [{ENTRY}, {DISAGG}]
+"""
+
+
+@pytest.mark.parametrize(
+    ("setting", "line"),
+    [
+        ("prefill: {workers: 0}", "plan[1].disagg.prefill.workers: must be >= 1 (got 0)"),
+        ("decode: {tp: 3}", "plan[1].disagg.decode.tp: 3 does not divide the 32 attention heads"),
+        ("link: pcie9", "plan[1].disagg.link: unknown link 'pcie9'; use one of: pcie5, pcie4"),
+        ("link: {gbps: 0}", "plan[1].disagg.link: needs a gbps above 0 (got 0.0)"),
+        ("prefill: {max_num_seqs: 0}", "plan[1].disagg.prefill.max_num_seqs: must be >= 1"),
+    ],
+)
+def test_bad_disagg_settings_are_one_line_and_exit_2(tmp_path, setting, line):
+    workload = tmp_path / "w.yaml"
+    workload.write_text(WORKLOAD.replace(DISAGG, f"{{model: llama-3.1-8b, gpu: H100-SXM, disagg: {{{setting}}}}}"))
+    code, out, err = run_cli("simulate", str(workload), "--out", str(tmp_path / "run"))
+    assert code == 2 and line in err and len(err.strip().splitlines()) == 1, err
+    assert not (tmp_path / "run").exists()
+
+
+def test_one_request_through_the_pools_on_the_target_clock():
+    workload = parse_workload(__import__("yaml").safe_load(WORKLOAD))
+    setup = disagg_setup(workload, workload.plan[1], "plan[1]")
+    assert setup.disagg == "1P tp1 + 2D tp1 over rdma-400g" and setup.facts.max_num_seqs == 2 * 32
+    backend = setup.make_backend()
+    backend.submit(Submission("L/0", tuple(range(2000)), 3, 0, "s", arrival_time=0.0))
+    done = []
+    while not done:
+        done, _ = backend.advance(None)
+    (r,) = done
+    (step,) = backend.prefill[0].steps  # the whole prompt in one step of the 4,096-token budget
+    assert step.num_prefill_tokens == 2000 and r.token_times[0] == step.end_time > 0
+    # Llama-3.1-8B bf16 KV: 32 layers x 2 x 8 heads x 128 x 2 bytes = 131,072 bytes a token; 2,000
+    # tokens in 125 blocks of 16; rdma-400g: 50 GB/s, 5 us setup
+    assert r.kv_transfer_s == pytest.approx(5e-6 + 125 * 16 * 131072 / 50e9)
+    decode = backend.decode[0]
+    first = decode.steps[0]  # the decode worker's first step starts when the transfer ends
+    assert first.start_time == pytest.approx(r.token_times[0] + r.kv_transfer_s)
+    assert r.token_times[1] == first.end_time
+    assert first.end_time - first.start_time == pytest.approx(
+        decode.clock.step_end(0.0, StepWork(0, 1, 0, 2001, 2001, 2001))
+    )
+
+
+def test_simulate_answers_for_a_disaggregated_plan_entry(tmp_path):
+    workload = tmp_path / "w.yaml"
+    workload.write_text(WORKLOAD)
+    code, out, err = run_cli("simulate", str(workload), "--out", str(tmp_path / "run"), "--json")
+    assert code == 0, err
+    targets = {t["target"]: t for t in json.loads(out)["targets"]}
+    assert targets["plan[0]"]["disagg"] is None
+    assert targets["plan[1]"]["disagg"] == "1P tp1 + 2D tp1 over rdma-400g"
+    agg, dis = targets["plan[0]"]["buckets"][0], targets["plan[1]"]["buckets"][0]
+    # three GPUs carry more than one: each probe ran the pools (the capacity search is unchanged)
+    assert dis["max_request_rate"]["level"] > agg["max_request_rate"]["level"]
