@@ -84,6 +84,19 @@ def plan(
         Path | None,
         typer.Option(help="Write the Pareto chart here (PNG): output tok/s per GPU against per user, the frontier."),
     ] = None,
+    window: Annotated[
+        float | None,
+        typer.Option(
+            help="Size a trace workload window by window, this many seconds each (3600: per hour): replicas per"
+            " window, a static deployment sized for the busiest against one that follows; the load is the trace's.",
+        ),
+    ] = None,
+    scale_up_s: Annotated[
+        float, typer.Option(help="With --window: seconds a new replica takes to serve; a scale-up is paid this early.")
+    ] = 300.0,
+    window_requests: Annotated[
+        int, typer.Option(help="With --window: requests per window the capacity search uses at most (evenly spaced).")
+    ] = 1000,
     json_output: Annotated[bool, typer.Option("--json", help="Print one JSON object instead of tables.")] = False,
 ) -> None:
     # one line: `kvplan --help` shows this paragraph's line breaks as they are written
@@ -110,6 +123,9 @@ def plan(
         out=out,
         attainment=attainment,
         pareto=pareto,
+        window_s=window,
+        scale_up_s=scale_up_s,
+        window_requests=window_requests,
     )
     console = make_console()
     outcome = plan_deployments(request, lambda total: _progress(console, total, quiet=json_output), warn)
@@ -123,6 +139,10 @@ def plan(
         from kvplan.results.report.plan_view import print_plan
 
         print_plan(run.configs, run.model, run.load, console, interrupted=cut)
+        if run.windows is not None:
+            from kvplan.results.report.plan_view import print_windows
+
+            print_windows(run.windows, console)
         console.print(f"report: {run_dir}", markup=False, highlight=False)
     if run.interrupted:
         raise typer.Exit(130)

@@ -24,7 +24,7 @@ by $/hour, then by GPU count (an unpriced GPU ranks by GPU count, and says so).
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from itertools import product
 
@@ -76,7 +76,7 @@ class Job:
     model: str
     bucket: int
     config: Config
-    sampled: dict[str, list[SampledRequest]]
+    sampled: Mapping[str, list[SampledRequest]]  # by bucket name (a trace window's: built when read)
     rate: float | None
     users: int | None
     attainment: float

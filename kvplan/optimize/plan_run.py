@@ -11,14 +11,16 @@ from __future__ import annotations
 
 import datetime as dt
 import math
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
 from kvplan.errors import KvplanError
 from kvplan.optimize import plan as planning
+from kvplan.optimize import plan_windows
 from kvplan.results.plan_result import ConfigResult, PlanRun
+from kvplan.traffic.requests import SampledRequest
 
 Progress = Callable[[int], AbstractContextManager[Callable[[ConfigResult], None]]]
 Warn = Callable[[list[str], str], None]
@@ -51,6 +53,9 @@ class PlanRequest:
     out: Path | None = None
     attainment: float = 0.95
     pareto: Path | None = None
+    window_s: float | None = None  # size a trace window by window (kvplan.optimize.plan_windows)
+    scale_up_s: float = plan_windows.DEFAULT_SCALE_UP_S
+    window_requests: int = plan_windows.DEFAULT_WINDOW_REQUESTS
 
 
 @dataclass(frozen=True)
@@ -69,7 +74,14 @@ def _silent(total: int) -> Iterator[Callable[[ConfigResult], None]]:
 def _check(request: PlanRequest) -> None:
     """The request's own values (before the workload is read)."""
     rate, users = request.rate, request.users
-    if (rate is None) == (users is None):
+    if request.window_s is not None:
+        if rate is not None or users is not None:
+            raise KvplanError("window", "takes the load from the trace's own arrivals", "leave out --rate and --users")
+        if not (request.scale_up_s >= 0 and math.isfinite(request.scale_up_s)):
+            raise KvplanError("scale_up_s", f"must be a finite number of seconds >= 0 (got {request.scale_up_s:g})")
+        if request.window_requests < 1:
+            raise KvplanError("window_requests", f"must be >= 1 (got {request.window_requests})", "e.g. 1000")
+    elif (rate is None) == (users is None):
         raise KvplanError("rate", "give the load as --rate or as --users, one of them", "e.g. --rate 20")
     if rate is not None and not (rate > 0 and math.isfinite(rate)):
         raise KvplanError("rate", f"must be a finite number > 0 requests/s (got {rate:g})")
@@ -178,16 +190,18 @@ def plan_deployments(request: PlanRequest, progress: Progress = _silent, warn: W
     if not configs:
         raise KvplanError("tp", f"no --tp value is within --max-gpus {request.max_gpus}", "give a smaller --tp")
     engine_model = spec.engine.model
-    sampled = cached_sample(
-        spec,
-        lambda: tokenize_function(engine_model),
-        model_config(engine_model).get("vocab_size") or 1,
-        tokenizer_identity(engine_model),
-    ).requests
-    price_of = {g: (p.usd_per_gpu_hour, p.source) for g, p in priced.items()}
+    vocab = model_config(engine_model).get("vocab_size") or 1
     rate, users = request.rate, request.users
+    sampled_requests: Mapping[str, list[SampledRequest]]
+    if request.window_s is None:
+        sampled = cached_sample(spec, lambda: tokenize_function(engine_model), vocab, tokenizer_identity(engine_model))
+        sampled_requests = sampled.requests
+    else:
+        windowed = plan_windows.TraceWindows(spec, index, vocab, request.window_s, request.window_requests, model)
+        spec, sampled_requests, rate = windowed.busiest_spec, windowed.busiest, windowed.busiest_rate
+    price_of = {g: (p.usd_per_gpu_hour, p.source) for g, p in priced.items()}
     work = [
-        planning.Job(spec, model, index, c, sampled, rate, users, request.attainment, price_of.get(c.gpu))
+        planning.Job(spec, model, index, c, sampled_requests, rate, users, request.attainment, price_of.get(c.gpu))
         for c in configs
     ]
     check_out(request.out)
@@ -198,11 +212,18 @@ def plan_deployments(request: PlanRequest, progress: Progress = _silent, warn: W
     with progress(len(work)) as say:
         results, interrupted = search(work, request.jobs, say, request.ray)
     load: dict[str, float | int] = {"rate": rate} if rate is not None else {"users": users or 0}
+    windows = None
+    best = results[0] if results and results[0].meets_slo else None
+    if request.window_s is not None and best is not None and not interrupted:
+        with progress(len(windowed.jobs)) as say:
+            price = price_of.get(best.gpu)
+            found = windowed.judge(best, request.attainment, request.scale_up_s, price, request.jobs, request.ray, say)
+            windows, interrupted = found
     run = PlanRun(
         load=load,
         slo=spec.slo.model_dump(),
         configs=results,
-        best=results[0] if results and results[0].meets_slo else None,
+        best=best,
         model=model,
         workload=str(request.workload),
         bucket=names[index],
@@ -210,6 +231,7 @@ def plan_deployments(request: PlanRequest, progress: Progress = _silent, warn: W
         num_configs=len(work),
         interrupted=interrupted,
         created=dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC"),
+        windows=windows,
     )
     write_plan(run_dir, run)
     if pareto is not None:

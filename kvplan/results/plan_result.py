@@ -47,6 +47,35 @@ class ConfigResult(BaseModel):
     output_tokens_per_s_per_user: float | None = None
 
 
+class WindowResult(BaseModel):
+    """One window of a trace sized apart (``kvplan plan --window``): the best configuration judged on
+    the window's own requests at the window's own rate (kvplan.optimize.plan_windows)."""
+
+    index: int  # 0-based, in time order
+    start_s: float  # from the trace's first arrival, s
+    num_requests: int  # arrivals in the window
+    judged_requests: int  # of them, the ones the capacity search cycled (evenly spaced when capped)
+    rate: float  # arrivals / window length, req/s
+    slo_max_request_rate: float | None  # per replica, req/s; None: no rate meets the SLO (or no request)
+    replicas: int | None  # needed within the SLO (at least 1); None: the window cannot meet it
+    meets_slo: bool
+
+
+class WindowPlan(BaseModel):
+    """A trace sized window by window: replicas per window, a static deployment sized for the busiest
+    window against one that follows the windows (kvplan.optimize.plan_windows has the cost rules)."""
+
+    window_s: float
+    scale_up_s: float
+    gpu: str  # the configuration sized (the best at the busiest window)
+    tp: int
+    windows: list[WindowResult]
+    static_replicas: int | None  # the most any window needs; None: some window cannot meet the SLO
+    static_usd: float | None  # static_replicas all along; None: unpriced or unmet
+    following_usd: float | None  # each window's replicas, scale-ups paid scale_up_s early
+    usd_per_gpu_hour: float | None
+
+
 class PlanRun(BaseModel):
     """One ``kvplan plan`` search. ``load``, ``slo``, ``configs`` (ranked, cheapest meeting the SLO
     first) and ``best`` (the first, when it meets the SLO; else null) are ``--json``'s contract."""
@@ -69,6 +98,7 @@ class PlanRun(BaseModel):
     num_configs: int = 0  # in the grid; more than len(configs) when interrupted
     interrupted: bool = False
     created: str = ""
+    windows: WindowPlan | None = None  # with --window: the trace sized window by window
 
 
 def is_plan_dir(run_dir: Path) -> bool:

@@ -3,18 +3,20 @@ hash blocks (the format, the hash-block expansion and the level's timing: kvplan
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numpy as np
 
 from kvplan.traffic.requests import SampledBuckets, SampledRequest
 from kvplan.workload.schema import Workload
-from kvplan.workload.trace import clipped, read_trace
+from kvplan.workload.trace import Trace, clipped, read_trace
 
 
-def sample_trace(workload: Workload, vocab_size: int) -> SampledBuckets:
-    """Every bucket's requests: the trace's lines in order, prompts built from their hash blocks
-    (module docstring), the same list for each bucket. vocab_size: token ids lie in [0, vocab_size)."""
-    trace = read_trace(workload)
-    assert trace is not None  # a trace workload
+def trace_requests(workload: Workload, trace: Trace, vocab_size: int, picked: Sequence[int]) -> list[SampledRequest]:
+    """The requests of the trace's lines at 0-based positions ``picked`` (in that order), prompts
+    built from their hash blocks (module docstring): a line's request is the same whichever other
+    lines are picked beside it, since every block is drawn from its own seed. vocab_size: token ids
+    lie in [0, vocab_size)."""
     dataset, seed = workload.dataset, workload.seed
     size = dataset.block_tokens
     shared: dict[int, np.ndarray] = {}
@@ -23,7 +25,8 @@ def sample_trace(workload: Workload, vocab_size: int) -> SampledBuckets:
         return np.random.default_rng([seed, *key]).integers(0, vocab_size, size=size)
 
     requests = []
-    for r in trace.requests:
+    for i in picked:
+        r = trace.requests[i]
         length = clipped(r.input_length, dataset.max_input_tokens)
         count = -(-length // size)
         if r.hash_ids is None:  # the line's own blocks, shared with nothing
@@ -33,5 +36,14 @@ def sample_trace(workload: Workload, vocab_size: int) -> SampledBuckets:
         ids = np.concatenate(parts)[:length]
         out = clipped(r.output_length, dataset.max_output_tokens)
         requests.append(SampledRequest(tuple(int(t) for t in ids), out, f"trace:{r.line}"))
+    return requests
+
+
+def sample_trace(workload: Workload, vocab_size: int) -> SampledBuckets:
+    """Every bucket's requests: the trace's lines in order (``trace_requests``), the same list for
+    each bucket. vocab_size: token ids lie in [0, vocab_size)."""
+    trace = read_trace(workload)
+    assert trace is not None  # a trace workload
+    requests = trace_requests(workload, trace, vocab_size, range(len(trace.requests)))
     info = {"kind": "trace", "path": str(workload.dataset_path), "num_lines": len(requests)}
     return SampledBuckets({b.name: list(requests) for b in workload.buckets}, info)

@@ -5,6 +5,8 @@
     summary.md    the ranked table, the infeasible ones with their reasons, the best ``vllm serve``
     configs.csv   every configuration evaluated, one row each (the ``configs`` keys as columns)
     pareto.png    output tok/s per GPU against per user (kvplan.results.report.plan_view.plot_pareto)
+    windows.csv   with --window: replicas per window of the trace (plan_view.windows_frame)
+    windows.png   with --window: required replicas per window, the static deployment, the arrivals
 
 Every file is written atomically (kvplan.results.store.write_atomic); summary.md, configs.csv
 and pareto.png are views, rebuilt from plan.json alone.
@@ -56,6 +58,18 @@ def summary_markdown(run: PlanRun) -> str:
     else:
         note = "" if best.usd_per_hour is not None else " (unpriced: ranked by GPU count)"
         lines += [f"{best.replicas} replica(s){note}:", "", "```bash", serve_command(run.model, best), "```"]
+    if run.windows is not None:
+        from kvplan.results.report.plan_view import windows_frame, windows_lines
+
+        lines += [
+            "",
+            "## Windows",
+            "",
+            "The busiest window's load ranks the grid above; the best is sized on every window:",
+            "",
+        ]
+        lines += [f"- {line}" for line in windows_lines(run.windows)]
+        lines += ["", to_markdown(windows_frame(run.windows)).rstrip("\n")]
     return "\n".join(lines) + "\n"
 
 
@@ -81,4 +95,9 @@ def render_plan(run_dir: Path, run: PlanRun | None = None) -> PlanRun:
     write_atomic(run_dir / "summary.md", summary_markdown(run))
     write_atomic(run_dir / "configs.csv", configs_frame(run).to_csv(index=False))
     plot_pareto(run.configs, run.slo.get("tpot_ms"), run_dir / "pareto.png")
+    if run.windows is not None:
+        from kvplan.results.report.plan_view import plot_windows, windows_frame
+
+        write_atomic(run_dir / "windows.csv", windows_frame(run.windows).to_csv(index=False))
+        plot_windows(run.windows, run_dir / "windows.png")
     return run

@@ -1,5 +1,5 @@
-"""The views of ``kvplan plan`` (kvplan.optimize.plan): the ranked table and the best
-configuration's ``vllm serve`` command."""
+"""The views of ``kvplan plan`` (kvplan.optimize.plan): the ranked table, the best
+configuration's ``vllm serve`` command, the Pareto chart, and a trace's windows (``--window``)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from collections.abc import Sequence
 
 import pandas as pd
 
-from kvplan.results.plan_result import ConfigResult
+from kvplan.results.plan_result import ConfigResult, WindowPlan, WindowResult
 
 
 def served_name(model: str) -> str:
@@ -178,3 +178,82 @@ def pareto(results: Sequence[ConfigResult]) -> list[ConfigResult]:
         )
     ]
     return sorted(front, key=lambda r: r.output_tokens_per_s_per_user or 0.0)
+
+
+def windows_frame(plan: WindowPlan) -> pd.DataFrame:
+    """windows.csv: one row per window of ``kvplan plan --window`` (WindowResult's fields as columns)."""
+    return pd.DataFrame([w.model_dump() for w in plan.windows], columns=list(WindowResult.model_fields))
+
+
+def windows_lines(plan: WindowPlan) -> list[str]:
+    """What the window sizing says: the configuration, the replica range, both costs and the saving."""
+    unmet = [w.index for w in plan.windows if not w.meets_slo]
+    hours = plan.window_s * len(plan.windows) / 3600
+    lines = [
+        f"{len(plan.windows)} window(s) of {plan.window_s:g} s ({hours:.3g} h) on {plan.gpu} x{plan.tp}:"
+        f" {min((w.replicas or 0) for w in plan.windows)}-{max((w.replicas or 0) for w in plan.windows)}"
+        f" replica(s) per window"
+    ]
+    if unmet:
+        lines.append(f"window(s) {', '.join(map(str, unmet[:10]))} cannot meet the SLO on this configuration")
+    elif plan.static_usd is None or plan.following_usd is None:
+        lines.append(f"static: {plan.static_replicas} replica(s) all along (unpriced GPU: no cost)")
+    else:
+        change = plan.following_usd / plan.static_usd - 1 if plan.static_usd else 0.0
+        lines += [
+            f"static, sized for the busiest window: {plan.static_replicas} replica(s), ${plan.static_usd:,.2f}",
+            f"following the windows (scale-up {plan.scale_up_s:g} s ahead): ${plan.following_usd:,.2f}"
+            f" ({abs(change):.0%} {'less' if change <= 0 else 'more'} than static)",
+        ]
+    return lines
+
+
+def print_windows(plan: WindowPlan, console) -> None:
+    """The per-window table and ``windows_lines``."""
+    from kvplan.results.report.tables import to_rich
+
+    frame = windows_frame(plan)[["index", "start_s", "num_requests", "rate", "slo_max_request_rate", "replicas"]]
+    console.print(to_rich(frame, "replicas per window"))
+    for line in windows_lines(plan):
+        console.print(line, markup=False, highlight=False, soft_wrap=True)
+
+
+def plot_windows(plan: WindowPlan, path) -> None:
+    """Required replicas per window (steps), the static deployment (sized for the busiest window)
+    and the arrival rate (right axis) against hours from the trace's start; written to ``path`` (PNG).
+
+    Raises:
+        KvplanError: ``path`` cannot be written.
+    """
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
+
+    from kvplan.errors import KvplanError
+
+    end = plan.windows[-1].start_s + plan.window_s
+    unit, per = ("hours", 3600.0) if end >= 7200 else ("seconds", 1.0)
+    starts = [w.start_s / per for w in plan.windows] + [end / per]
+    need = [w.replicas or 0 for w in plan.windows]
+    fig, ax = plt.subplots(figsize=(9, 4.5))
+    ax.yaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.stairs(need, starts, color="tab:blue", lw=2, label="required (following)")
+    if plan.static_replicas is not None:
+        ax.hlines(plan.static_replicas, starts[0], starts[-1], colors="tab:red", linestyles="--", label="static")
+    ax.set_xlabel(f"{unit} from the trace's first arrival")
+    ax.set_ylabel(f"replicas ({plan.gpu} x{plan.tp})")
+    ax.set_ylim(0, max(need + [plan.static_replicas or 0]) + 1)
+    rate = ax.twinx()
+    rate.stairs([w.rate for w in plan.windows], starts, color="tab:gray", alpha=0.5, label="arrivals")
+    rate.set_ylabel("arrivals, req/s")
+    handles = ax.get_legend_handles_labels()[0] + rate.get_legend_handles_labels()[0]
+    ax.legend(handles=handles, fontsize=8, loc="upper left")
+    fig.tight_layout()
+    try:
+        fig.savefig(path, dpi=110)
+    except OSError as err:
+        raise KvplanError("window", f"cannot write {path} ({err.strerror or err})") from None
+    finally:
+        plt.close(fig)
