@@ -1,12 +1,12 @@
 """``kvplan plan --window 3600`` on a day of traffic at its real size: a generated Mooncake-format day
 (bench/profile_scale.py's generator: the published Mooncake conversation trace's lengths, turns and
 3 s ticks, about 10.2 requests a tick swung +-50 % over 24 h, some 290,000 requests) sized hour by
-hour on the default grid (6 GPU kinds x tp 1, 2, 4, 8) for Llama-3.1-8B, prompts clipped to 8,192
-tokens and replies to 1,024 (the workload below). Prints the wall time against the target (5
-minutes, issue 38), the same grid's plain ``kvplan plan --rate`` at the busiest hour's rate in the
-same run on the busiest hour's judged requests (the peer: what sizing every window adds; a plain
-plan over the whole day's requests builds every prompt and does not fit this machine's memory),
-the replicas per hour, both costs, the date and the machine.
+hour on the default grid (6 GPU kinds x tp 1, 2, 4, 8) for Llama-3.1-70B, prompts clipped to 8,192
+tokens and replies to 1,024 (the workload below), each window judged on 300 of its requests. Prints
+the wall time against the target (5 minutes, issue 38), the same grid's plain ``kvplan plan --rate``
+at the busiest hour's rate in the same run on the busiest hour's judged requests (the peer: what
+sizing every window adds; a plain plan over the whole day's requests builds every prompt and does
+not fit this machine's memory), the replicas per hour, both costs, the date and the machine.
 
     .venv/bin/python bench/plan_trace_day.py                 # alone on the machine
     .venv/bin/python bench/plan_trace_day.py --hours 2       # a lighter slice
@@ -76,16 +76,21 @@ def busiest_hour(trace: Path, out: Path, cap: int) -> int:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--hours", type=float, default=24.0, help="hours of traffic (default: a day)")
-    parser.add_argument("--model", default="llama-3.1-8b")
+    parser.add_argument("--model", default="llama-3.1-70b")
     parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
-    parser.add_argument("--window-requests", type=int, default=1000)
+    parser.add_argument("--window-requests", type=int, default=300)
     args = parser.parse_args()
     print(f"kvplan plan --window 3600 on a generated day ({dt.date.today()}, {machine()})")
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)
         made = generate(folder / "day.jsonl", round(args.hours * PER_HOUR))
-        (folder / "day.yaml").write_text(WORKLOAD)
-        print(f"  trace: {made['requests']:,} requests over {made['hours']:.1f} h", flush=True)
+        # the lines within the hours asked (a workload's trace may span at most a level's 24 h)
+        span_ms = args.hours * 3.6e6
+        kept = sum(1 for line in open(folder / "day.jsonl") if json.loads(line)["timestamp"] < span_ms)
+        (folder / "day.yaml").write_text(
+            WORKLOAD.replace("  path: day.jsonl", f"  path: day.jsonl\n  max_requests: {kept}")
+        )
+        print(f"  trace: {kept:,} requests over {args.hours:g} h (of {made['requests']:,} generated)", flush=True)
         common = ["--model", args.model, "--jobs", str(args.jobs)]
         window = ["--window", "3600", "--window-requests", str(args.window_requests)]
         took, run = _kvplan("plan", str(folder / "day.yaml"), *common, *window, "--out", str(folder / "w"))

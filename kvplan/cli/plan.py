@@ -96,7 +96,7 @@ def plan(
     ] = 300.0,
     window_requests: Annotated[
         int, typer.Option(help="With --window: requests per window the capacity search uses at most (evenly spaced).")
-    ] = 1000,
+    ] = 300,
     json_output: Annotated[bool, typer.Option("--json", help="Print one JSON object instead of tables.")] = False,
 ) -> None:
     # one line: `kvplan --help` shows this paragraph's line breaks as they are written

@@ -35,7 +35,7 @@ from kvplan.workload.schema import Workload
 from kvplan.workload.trace import Trace, TraceRequest
 
 DEFAULT_SCALE_UP_S = 300.0  # an assumption, stated and settable (--scale-up-s): a replica's start and model load
-DEFAULT_WINDOW_REQUESTS = 1000  # requests per window the capacity search cycles at most
+DEFAULT_WINDOW_REQUESTS = 300  # requests per window the capacity search cycles at most
 
 
 @dataclass(frozen=True)
