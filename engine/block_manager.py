@@ -186,6 +186,27 @@ class BlockManager:
                 block.block_hash = block_hash
                 self._cached[block_hash] = block.block_id
 
+    def uncached_hashes(self, request: Request) -> list[bytes]:
+        """Hashes of the request's full computed blocks not yet offered to the cache (what the
+        next ``cache_computed_blocks`` would offer, oldest first); changes no cache entry."""
+        start = self._num_checked.get(request.request_id, 0)
+        return self._block_hashes(request, request.num_computed_tokens)[start:]
+
+    def hashes_evicted_by(self, num: int) -> set[bytes]:
+        """Prefix-cache hashes that taking ``num`` blocks off the free queue would evict (the
+        cached ones among its first ``num``, past the never-used ids); changes nothing."""
+        num_old = num - (self.num_blocks - self._next_unused)
+        if num_old <= 0 or not self._cached:
+            return set()
+        blocks, out = self.blocks, set()
+        for block_id in self._free:
+            if num_old <= 0:
+                break
+            num_old -= 1
+            if (block_hash := blocks[block_id].block_hash) is not None:
+                out.add(block_hash)
+        return out
+
     # ---- allocation --------------------------------------------------------------------
     def allocate(self, request_id: str, num_tokens: int, cached_block_ids: Sequence[int] = ()) -> bool:
         """Grow ``request_id``'s block table to hold ``num_tokens`` tokens, all or nothing.

@@ -14,8 +14,9 @@ steps can be taken together: per step only the blocks, the clock and the step's 
 computed; each request's counters, output ids and token times are brought forward once at the
 end. A run stops before the step in which a request would finish, before a step an arrival
 (``until``) would join, and before a step the free blocks could not supply; the backend then takes
-that step through the scheduler itself. With prefix caching on, filling a block enters it into
-the cache, so runs are not taken there (the scheduler steps as usual)::
+that step through the scheduler itself. The blocks a run takes and the blocks it fills (entered
+into the prefix cache with caching on) are settled once after it, as the steps would have left
+them (``_settle``)::
 
     step j of the run (0-based), request i with c_i tokens computed at the run's start:
       computes token c_i + j (one decode token); holds ceil((c_i + j + 1) / block_size) blocks
@@ -103,11 +104,9 @@ def decode_run(
             fills.setdefault(-(computed[i] + 1) % block_size, []).append(i)
     num_waiting = len(scheduler.waiting)
     tenants = scheduler.admission.tenant_columns() if scheduler.admission is not None else {}
-    # deferred: the pool's never-used blocks cover every block the run can take, so taking them
-    # evicts no cached block and the blocks and cache entries can all be settled after the run
-    deferred = bm.num_fresh_blocks >= n * (room // block_size + 1)
-    taken: list[str] = []  # deferred: a request id per block taken, in the order they are taken
-    filled: list[tuple[int, list[int]]] = []  # deferred: (step, the requests whose block filled then)
+    # blocks taken and filled blocks are settled after the run (_settle), as the steps would have
+    grown: list[tuple[int, list[str]]] = []  # (step, a request id per block taken then, in order)
+    filled: list[tuple[int, list[int]]] = []  # (step, the requests whose block filled then)
     free, used = bm.num_free_blocks, bm.num_used_blocks
     steps: list[StepStats] = []
     ends: list[float] = []
@@ -120,10 +119,7 @@ def decode_run(
             break  # the scheduler would preempt: it takes this step itself
         if grow:
             grow = sorted(grow)  # in admission order, as the scheduler allocates
-            if deferred:
-                taken += [ids[i] for i in grow]
-            else:
-                assert bm.append_blocks([ids[i] for i in grow])
+            grown.append((j, [ids[i] for i in grow]))
             free -= len(grow)
             used += len(grow)
             later = due.setdefault(j + block_size, [])
@@ -136,12 +132,7 @@ def decode_run(
         full = fills.pop(j, None)
         if full:  # as update_from_output offers a filled block, in admission order (each list ascends:
             # a request's fills are block_size steps apart, all first fills within the first block_size)
-            if deferred:
-                filled.append((j, full))
-            else:
-                for i in full:
-                    _bring_forward(running[i], computed[i] + j + 1)
-                    bm.cache_computed_blocks(running[i])
+            filled.append((j, full))
             fills[j + block_size] = full[:]
         steps.append(
             StepStats(
@@ -175,15 +166,48 @@ def decode_run(
     if not steps:
         return None
     k = len(steps)
-    if taken:
-        assert bm.append_blocks(taken)
     for r, c in zip(running, computed):
         _bring_forward(r, c + k)
         r.token_times.extend(ends)
-    if filled:
-        _cache_filled(bm, running, computed, filled, k)
+    if grown or filled:
+        _settle(bm, running, computed, grown, filled, k)
     scheduler._blocks_held = bm.num_used_blocks  # as schedule() leaves it after its last step
     return steps, now
+
+
+def _settle(
+    bm: BlockManager,
+    running: list[Request],
+    computed: list[int],
+    grown: list[tuple[int, list[str]]],
+    filled: list[tuple[int, list[int]]],
+    k: int,
+) -> None:
+    """Take the run's blocks and offer its filled blocks to the prefix cache, leaving the block
+    manager as the run's ``k`` steps would have, each taking its blocks (``grown``) and then
+    offering the blocks it filled (``filled``). Taking blocks never touches a filled block's
+    cache entry unless it evicts a cached block of the same hash, so where none of the evicted
+    hashes is a filled block's, all blocks are taken first (one call) and the filled blocks
+    offered after (``_cache_filled``); else step by step, in the steps' order."""
+    taken = [rid for _, ids in grown for rid in ids]
+    evicted = bm.hashes_evicted_by(len(taken)) if filled else set()
+    if evicted and any(
+        h in evicted for i in {i for _, full in filled for i in full} for h in bm.uncached_hashes(running[i])
+    ):
+        grows, fills = dict(grown), dict(filled)  # each step at most once in either
+        for j in sorted(grows.keys() | fills.keys()):
+            if j in grows:
+                assert bm.append_blocks(grows[j])
+            for i in fills.get(j, ()):
+                running[i].num_computed_tokens = computed[i] + j + 1
+                bm.cache_computed_blocks(running[i])
+        for i, r in enumerate(running):
+            r.num_computed_tokens = computed[i] + k
+        return
+    if taken:
+        assert bm.append_blocks(taken)
+    if filled:
+        _cache_filled(bm, running, computed, filled, k)
 
 
 def _cache_filled(

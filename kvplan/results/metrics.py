@@ -9,6 +9,7 @@ span, from its first arrival to its last finish.
 
 from __future__ import annotations
 
+from bisect import bisect_right
 from collections.abc import Mapping, Sequence
 from itertools import chain
 
@@ -171,7 +172,9 @@ def summarize_level(
         start, end = (t0 + window[0], t0 + window[1]) if window is not None else (0.0, 0.0)
         span = end - start
         rate = (lambda n: n / span) if span > 0 else (lambda n: None)
-        out_tokens = sum(start < t <= end for r in done for t in r.token_times)
+        # a request's token times are in order (token i reaches the client after token i - 1):
+        # its tokens in (start, end] are counted by two bisections, not read one by one
+        out_tokens = sum(bisect_right(r.token_times, end) - bisect_right(r.token_times, start) for r in done)
         prefilled = sum(r.num_prompt_tokens for r in done if r.token_times and start < r.token_times[0] <= end)
         all_tokens = out_tokens + prefilled
         served = [(r, good) for r, good in served if start < r.finish_time <= end]

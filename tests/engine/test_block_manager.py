@@ -170,3 +170,22 @@ def test_append_blocks_gives_what_allocate_would_one_request_after_another():
     # all or nothing: 4 free blocks (6, 7, 2, 1) cannot give 5 requests one each
     assert not mine.append_blocks(["a", "c", "a", "c", "a"])
     assert mine.block_table("a") == (0, 5) and mine.num_free_blocks == 4
+
+
+def test_uncached_hashes_and_hashes_evicted_by():
+    """A pool of 4: "a" holds 9 computed tokens in blocks 0, 1, 2; its two full blocks hash as
+    hash_block chains them, none offered yet. Once offered and freed (tail first: free queue
+    3 | 2 1 0, block 3 never used), taking 1 block evicts nothing, 2 evict nothing (block 2 is
+    partial, uncached), 3 evict block 1's hash, 4 both; asking changes nothing."""
+    bm = BlockManager(num_blocks=4, block_size=4, enable_prefix_caching=True)
+    a = req("a", range(9))
+    assert bm.allocate("a", 9)
+    h0 = hash_block(None, [0, 1, 2, 3], None)
+    h1 = hash_block(h0, [4, 5, 6, 7], None)
+    assert bm.uncached_hashes(a) == [h0, h1]
+    bm.cache_computed_blocks(a)
+    assert bm.uncached_hashes(a) == []
+    bm.free("a")
+    assert bm.free_queue() == [3, 2, 1, 0]
+    assert [bm.hashes_evicted_by(n) for n in (1, 2, 3, 4)] == [set(), set(), {h1}, {h0, h1}]
+    assert bm.free_queue() == [3, 2, 1, 0] and bm.num_evictions == 0

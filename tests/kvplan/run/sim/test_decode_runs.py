@@ -256,3 +256,20 @@ def test_runs_with_requests_waiting_where_none_can_be_admitted():
         assert fast.steps == slow.steps and fast.finished == slow.finished and fast.pool == slow.pool
         assert max(fast.batches) > 2, (seqs, prefill_first)
         assert any(s["num_waiting"] for s in slow.steps), (seqs, prefill_first)
+
+
+def test_a_run_that_evicts_the_hashes_its_own_blocks_fill_settles_step_by_step():
+    """One user, two requests with the same prompt (3 tokens: no full block to hit) and the same
+    20-token reply, on a pool of exactly the 6 blocks of 4 that the first one holds (23 tokens).
+    The second reuses the first's freed blocks, tail first: as it grows it evicts the first's
+    cached blocks 4, 3, 2, ... while its own blocks fill with those same hashes, so which of them
+    the cache keeps depends on the order of the steps (a fill before its hash is evicted is a
+    duplicate, one after is cached). The run settles these step by step: the cache, the free
+    queue and the evictions equal stepping one by one."""
+    engine = facts(4, 6, 1, 64, True)
+    reply = tuple(range(100, 120))
+    requests = [SampledRequest((1, 2, 3), 20, "random", reply_token_ids=reply, session=s, turn=1) for s in range(2)]
+    case = (engine, requests, "closed", 1, None, 0.0)
+    fast, slow = run(*case, decode_runs=True), run(*case, decode_runs=False)
+    assert fast.steps == slow.steps and fast.finished == slow.finished and fast.pool == slow.pool
+    assert max(fast.batches) > 2 and slow.pool["evictions"] > 0
