@@ -244,6 +244,12 @@ def test_a_larger_pool_passes_although_the_peak_rises_where_the_baseline_was_poo
     larger.write_text(CI.read_text().replace("num_blocks: 48", "num_blocks: 96"))
     run_dir = loadtest(larger, tmp_path / "run")
     result = run_gate(run_dir, baseline)
+    timed = {m.name for m in METRICS if m.unit in ("ms", "tokens/s", "requests/s")}
+    if result.regressions and all(c.key.metric in timed for c in result.regressions):
+        # a level stalled by the shared machine reads as a timing regression (the CI suite saw
+        # tpot_p95_ms at long c=3 once): once more on a fresh run, as .ci/run reruns its gate
+        run_dir = loadtest(larger, tmp_path / "rerun")
+        result = run_gate(run_dir, baseline)
     assert result.exit_code == 0, [c.key for c in result.regressions]
     peaks = {
         c.key.scope_label: (c.baseline, c.current, c.limit) for c in result.checks if c.key.metric == "peak_used_blocks"
