@@ -51,29 +51,31 @@ class WindowResult(BaseModel):
     """One window of a trace sized apart (``kvplan plan --window``): the best configuration judged on
     the window's own requests at the window's own rate (kvplan.optimize.plan_windows)."""
 
-    index: int  # 0-based, in time order
-    start_s: float  # from the trace's first arrival, s
-    num_requests: int  # arrivals in the window
-    judged_requests: int  # of them, the ones the capacity search cycled (evenly spaced when capped)
-    rate: float  # arrivals / window length, req/s
-    slo_max_request_rate: float | None  # per replica, req/s; None: no rate meets the SLO (or no request)
-    replicas: int | None  # needed within the SLO (at least 1); None: the window cannot meet it
-    meets_slo: bool
+    index: int = Field(description="0-based, in time order")
+    start_s: float = Field(description="from the trace's first arrival, s")
+    num_requests: int = Field(description="arrivals in the window")
+    judged_requests: int = Field(description="of them, the ones the capacity search cycled (evenly spaced when capped)")
+    rate: float = Field(description="arrivals / window length, req/s")
+    slo_max_request_rate: float | None = Field(
+        description="per replica, req/s; None: no rate meets the SLO (or no request)"
+    )
+    replicas: int | None = Field(description="needed within the SLO (at least 1); None: the window cannot meet it")
+    meets_slo: bool = Field(description="whether the configuration meets the SLO on this window")
 
 
 class WindowPlan(BaseModel):
     """A trace sized window by window: replicas per window, a static deployment sized for the busiest
     window against one that follows the windows (kvplan.optimize.plan_windows has the cost rules)."""
 
-    window_s: float
-    scale_up_s: float
-    gpu: str  # the configuration sized (the best at the busiest window)
-    tp: int
-    windows: list[WindowResult]
-    static_replicas: int | None  # the most any window needs; None: some window cannot meet the SLO
-    static_usd: float | None  # static_replicas all along; None: unpriced or unmet
-    following_usd: float | None  # each window's replicas, scale-ups paid scale_up_s early
-    usd_per_gpu_hour: float | None
+    window_s: float = Field(description="Window length, s.")
+    scale_up_s: float = Field(description="Seconds a new replica takes to serve; a scale-up is paid this early.")
+    gpu: str = Field(description="the configuration sized (the best at the busiest window)")
+    tp: int = Field(description="Its tensor-parallel size.")
+    windows: list[WindowResult] = Field(description="One row per window, in time order.")
+    static_replicas: int | None = Field(description="the most any window needs; None: some window cannot meet the SLO")
+    static_usd: float | None = Field(description="static_replicas all along; None: unpriced or unmet")
+    following_usd: float | None = Field(description="each window's replicas, scale-ups paid scale_up_s early")
+    usd_per_gpu_hour: float | None = Field(description="The GPU price used, $/GPU-hour; null: unpriced.")
 
 
 class PlanRun(BaseModel):
@@ -98,7 +100,7 @@ class PlanRun(BaseModel):
     num_configs: int = 0  # in the grid; more than len(configs) when interrupted
     interrupted: bool = False
     created: str = ""
-    windows: WindowPlan | None = None  # with --window: the trace sized window by window
+    windows: WindowPlan | None = Field(None, description="With --window: the trace sized window by window.")
 
 
 def is_plan_dir(run_dir: Path) -> bool:
