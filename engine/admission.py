@@ -35,6 +35,7 @@ A request without a tenant is under no per-tenant limit.
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import Any
 
 from engine.config import EngineConfig, SettingError
 from engine.request import Request, RequestStatus, SamplingParams
@@ -159,7 +160,7 @@ class Admission:
             if counts == [0, 0]:
                 del self._tenants[request.tenant]
 
-    def tenant_columns(self) -> dict[str, tuple]:
+    def tenant_columns(self) -> dict[str, Any]:
         """StepStats' per-tenant fields: the tenants with a request queued or running, by name,
         and each one's running and waiting requests."""
         names = tuple(sorted(self._tenants))

@@ -17,6 +17,10 @@ token (its logits are needed, so at least one token is always computed). A hit b
 by ref count; if it sat in the free queue it leaves it. A finished request's blocks join the free
 queue tail first, so a shared prefix (the head) stays cached longest.
 
+Offload tiers (engine.offload; off unless ``offload`` is set): an evicted cached block is stored
+in a lower tier (host memory, disk); a lookup that misses the pool continues there, and
+``allocate`` loads such blocks into fresh ones (their ids are -1 in the lookup's ``PrefixHits``).
+
 Only the BlockManager changes block tables; others read copies.
 """
 
@@ -28,7 +32,9 @@ from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from types import MappingProxyType
+from typing import Any
 
+from engine.offload.tiers import Offload
 from engine.request import Request
 
 
@@ -62,6 +68,16 @@ class KVBlock:
     block_id: int
     ref_count: int = 0
     block_hash: bytes | None = None  # set while the block is in the prefix cache
+
+
+class PrefixHits(list):
+    """A lookup's hits with offload on: device block ids, -1 where the block is in a lower tier;
+    ``loads``: (hash, tier name) of each -1, in order."""
+
+    loads: list[tuple[bytes, str]]
+
+
+_NO_OFFLOAD: dict[str, Any] = {}
 
 
 def hash_block(parent: bytes | None, token_ids: list[int] | tuple[int, ...], extra: str | None) -> bytes:
@@ -107,6 +123,7 @@ class BlockManager:
         self._hashes: dict[str, list[bytes]] = {}  # chained hashes of a request's full blocks
         self._num_checked: dict[str, int] = {}  # leading table entries already offered to the cache
         self.num_evictions = 0
+        self.offload: Offload | None = None  # lower tiers (engine.offload); None: none
 
     # ---- views -------------------------------------------------------------------------
     @property
@@ -158,11 +175,28 @@ class BlockManager:
         """
         if not self.enable_prefix_caching:
             return []
+        if self.offload is not None:
+            return self._find_in_tiers(request, self.offload)
         hits: list[int] = []
         for block_hash in self._block_hashes(request, request.num_tokens - 1):
             block_id = self._cached.get(block_hash)
             if block_id is None:
                 break
+            hits.append(block_id)
+        return hits
+
+    def _find_in_tiers(self, request: Request, offload: Offload) -> PrefixHits:
+        """find_cached_prefix with lower tiers: each block from the pool, else host, else disk."""
+        hits = PrefixHits()
+        hits.loads = []
+        for block_hash in self._block_hashes(request, request.num_tokens - 1):
+            block_id = self._cached.get(block_hash)
+            if block_id is None:
+                tier = offload.tier_of(block_hash)
+                if tier is None:
+                    break
+                hits.loads.append((block_hash, tier))
+                block_id = -1
             hits.append(block_id)
         return hits
 
@@ -207,6 +241,20 @@ class BlockManager:
                 out.add(block_hash)
         return out
 
+    def num_takeable_without_eviction(self) -> int:
+        """Blocks the free queue gives before the first cached one (whose take evicts it)."""
+        num = self.num_blocks - self._next_unused
+        for block_id in self._free:
+            if self.blocks[block_id].block_hash is not None:
+                break
+            num += 1
+        return num
+
+    def offload_columns(self) -> dict[str, Any]:
+        """The offload StepStats fields of the step now ending (engine.offload.tiers.Offload.
+        step_columns); {} with offload off."""
+        return _NO_OFFLOAD if self.offload is None else self.offload.step_columns()
+
     # ---- allocation --------------------------------------------------------------------
     def allocate(self, request_id: str, num_tokens: int, cached_block_ids: Sequence[int] = ()) -> bool:
         """Grow ``request_id``'s block table to hold ``num_tokens`` tokens, all or nothing.
@@ -227,6 +275,9 @@ class BlockManager:
         if table:
             raise ValueError(f"{request_id}: cached blocks can only start an empty block table")
         num_new -= len(cached_block_ids)
+        loads = getattr(cached_block_ids, "loads", None)
+        if loads:
+            return self._allocate_loading(request_id, max(num_new, 0), cached_block_ids, loads)
         num_revived = sum(1 for b in cached_block_ids if self.blocks[b].ref_count == 0)
         if max(num_new, 0) + num_revived > self.num_free_blocks:
             return False
@@ -236,6 +287,33 @@ class BlockManager:
                 del self._free[block_id]
             block.ref_count += 1
         self._tables[request_id] = (*cached_block_ids, *self._take_free(num_new))
+        return True
+
+    def _allocate_loading(
+        self, request_id: str, num_new: int, hits: Sequence[int], loads: list[tuple[bytes, str]]
+    ) -> bool:
+        """``allocate`` from hits some of which (-1) load from a lower tier: revive the pool's hits,
+        read the sources, take fresh blocks for the loads (chain order) then the new ones in one
+        take, write the loads in and enter them in the prefix cache (OFFLOAD.md rule 5)."""
+        device = [b for b in hits if b >= 0]
+        num_revived = sum(1 for b in device if self.blocks[b].ref_count == 0)
+        if num_new + num_revived + len(loads) > self.num_free_blocks:
+            return False
+        for block_id in device:
+            block = self.blocks[block_id]
+            if block.ref_count == 0:
+                del self._free[block_id]
+            block.ref_count += 1
+        assert self.offload is not None
+        payloads = self.offload.read_sources(loads)
+        taken = self._take_free(len(loads) + num_new)
+        loaded = taken[: len(loads)]
+        self.offload.write_loaded(loaded, loads, payloads)
+        for block_id, (block_hash, _) in zip(loaded, loads):
+            self.blocks[block_id].block_hash = block_hash
+            self._cached[block_hash] = block_id
+        fresh = iter(loaded)
+        self._tables[request_id] = (*(b if b >= 0 else next(fresh) for b in hits), *taken[len(loads) :])
         return True
 
     def append_blocks(self, request_ids: Sequence[str]) -> bool:
@@ -267,6 +345,8 @@ class BlockManager:
             block_id, _ = self._free.popitem(last=False)
             block = blocks[block_id]
             if block.block_hash is not None:
+                if self.offload is not None:  # stored before the block is reused (OFFLOAD.md rule 2)
+                    self.offload.evicted(block_id, block.block_hash)
                 del self._cached[block.block_hash]
                 block.block_hash = None
                 self.num_evictions += 1

@@ -29,6 +29,7 @@ ATTENTION_BACKENDS: tuple[str, ...] = get_args(AttentionBackendName)
 DeviceName = Literal["auto", "cpu", "cuda"]
 DEVICES: tuple[str, ...] = get_args(DeviceName)
 DEFAULT_KV_CACHE_MEMORY_BYTES = 256 * 2**20
+GIB = 2**30  # bytes per GiB (offload tier sizes)
 SEED_LIMIT = 2**64  # torch.Generator.manual_seed takes [0, 2**64) as an unsigned 64-bit seed
 
 
@@ -68,6 +69,11 @@ class EngineConfig:
         and the chunks of those still in prefill); decodes run in the steps between. SGLang's
         default (prefill batches apart from decode batches unless --enable-mixed-chunk); off, a
         step mixes decodes and prefill chunks (vLLM v1, TensorRT-LLM's in-flight batching).
+    KV offload tiers (engine.offload; both None = off, the engine as before): offload_host_gib: a
+        host-memory tier of that many GiB; offload_disk_gib: a disk tier of that many GiB, one
+        file in the existing directory ``offload_disk_path``. A cached block the pool evicts is
+        stored in the next tier; a prefix lookup that misses the pool loads it back from there.
+        Needs enable_prefix_caching. (A tier below one block is an error at engine construction.)
 
     Raises:
         SettingError: ``<field>: <problem> (got <value>)`` for any out-of-range setting.
@@ -92,6 +98,9 @@ class EngineConfig:
     tenant_max_concurrency: int | None = None
     tenant_max_waiting: int | None = None
     prefill_first: bool = False
+    offload_host_gib: float | None = None
+    offload_disk_gib: float | None = None
+    offload_disk_path: str | None = None
 
     def __post_init__(self) -> None:
         def check(ok: bool, field: str, problem: str) -> None:
@@ -133,3 +142,11 @@ class EngineConfig:
         check(reserve is None or 0 <= reserve < 1, "kv_admission_reserve", "must be a fraction in [0, 1)")
         for name in ("max_num_waiting", "max_output_tokens", "tenant_max_concurrency", "tenant_max_waiting"):
             check(getattr(self, name) is None or getattr(self, name) >= 1, name, "must be >= 1 (or unset: no limit)")
+        for name in ("offload_host_gib", "offload_disk_gib"):
+            gib = getattr(self, name)
+            check(gib is None or 0 < gib < 2**33, name, "must be > 0 GiB (or unset: no such tier)")
+        disk, path = self.offload_disk_gib is not None, self.offload_disk_path is not None
+        check(disk or not path, "offload_disk_path", "names the disk tier's directory: give offload_disk_gib too")
+        check(path or not disk, "offload_disk_path", "a disk tier needs a directory for its file")
+        offload = disk or self.offload_host_gib is not None
+        check(self.enable_prefix_caching or not offload, "enable_prefix_caching", "offload tiers need it on")

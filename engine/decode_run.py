@@ -14,7 +14,9 @@ steps can be taken together: per step only the blocks, the clock and the step's 
 computed; each request's counters, output ids and token times are brought forward once at the
 end. A run stops before the step in which a request would finish, before a step an arrival
 (``until``) would join, and before a step the free blocks could not supply; the backend then takes
-that step through the scheduler itself. The blocks a run takes and the blocks it fills (entered
+that step through the scheduler itself; with offload tiers on (engine.offload) it stops too before
+a step whose block take would evict a cached block (a store), so stores are counted step by step.
+The blocks a run takes and the blocks it fills (entered
 into the prefix cache with caching on) are settled once after it, as the steps would have left
 them (``_settle``)::
 
@@ -103,11 +105,21 @@ def decode_run(
         for i in range(n):
             fills.setdefault(-(computed[i] + 1) % block_size, []).append(i)
     num_waiting = len(scheduler.waiting)
-    tenants = scheduler.admission.tenant_columns() if scheduler.admission is not None else {}
+    tenants: dict[str, Any] = {}
+    if scheduler.admission is not None:
+        tenants.update(scheduler.admission.tenant_columns())
+    if bm.offload is not None:  # a run stores and loads nothing: the tiers hold what they held
+        tenants = {
+            **tenants,
+            "num_host_blocks": bm.offload.num_blocks("host"),
+            "num_disk_blocks": bm.offload.num_blocks("disk"),
+        }
     # blocks taken and filled blocks are settled after the run (_settle), as the steps would have
     grown: list[tuple[int, list[str]]] = []  # (step, a request id per block taken then, in order)
     filled: list[tuple[int, list[int]]] = []  # (step, the requests whose block filled then)
     free, used = bm.num_free_blocks, bm.num_used_blocks
+    # offload tiers on: a step whose take would evict a cached block (a store) is the scheduler's
+    unevicting = bm.num_takeable_without_eviction() if bm.offload is not None else free
     steps: list[StepStats] = []
     ends: list[float] = []
     for j in range(room):
@@ -117,10 +129,13 @@ def decode_run(
         grow = due.get(j, ())
         if len(grow) > free:
             break  # the scheduler would preempt: it takes this step itself
+        if len(grow) > unevicting:
+            break  # it would store an evicted block in a lower tier: counted in a step of its own
         if grow:
             grow = sorted(grow)  # in admission order, as the scheduler allocates
             grown.append((j, [ids[i] for i in grow]))
             free -= len(grow)
+            unevicting -= len(grow)
             used += len(grow)
             later = due.setdefault(j + block_size, [])
             for i in grow:

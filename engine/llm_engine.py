@@ -24,6 +24,7 @@ from engine.kv_scales import KVScales, measure_kv_scales
 from engine.model_runner import ModelRunner, PromptLogits
 from engine.models.llama import Transformer, config_head_dim
 from engine.models.loader import load_model
+from engine.offload.storage import build_offload
 from engine.outputs import RequestOutput, StepStats
 from engine.request import FinishReason, Request, SamplingParams
 from engine.sampler import Sampler
@@ -65,7 +66,9 @@ class LLMEngine:
         ModelLoadError: the model cannot be loaded (see ``engine.models.loader``).
         SettingError: ``device`` cuda where torch sees no GPU, ``max_model_len`` or ``block_size``
             above the model's max_position_embeddings, a KV budget below one block, or a KV pool
-            the device cannot allocate (see ``KVCache``).
+            the device cannot allocate (see ``KVCache``), an offload tier below one block, a host tier
+            that cannot be allocated, a disk tier path that is not a writable directory or a disk
+            without room for it (see ``engine.offload.storage.build_offload``).
         InterpreterRequired (also a RuntimeError): ``triton`` on CPU without TRITON_INTERPRET=1.
     """
 
@@ -110,6 +113,7 @@ class LLMEngine:
         )
         self._max_model_len = config.max_model_len or min(max_pos, self.num_blocks * config.block_size)
         self.scheduler = Scheduler(config, self.num_blocks, self._max_model_len, self.eos_token_ids)
+        self.scheduler.block_manager.offload = build_offload(config, self.kv_cache)  # None: no lower tier
         self.runner = ModelRunner(self.model, self.kv_cache, self._device)
         self.sampler = Sampler(config.seed)
         self._ids = itertools.count()

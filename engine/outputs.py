@@ -133,6 +133,19 @@ class StepStats:
     tenant_ids: tuple[str, ...] = ()
     tenant_num_running: tuple[int, ...] = ()
     tenant_num_waiting: tuple[int, ...] = ()
+    # offload tiers on (engine.offload): blocks stored into / loaded from each lower tier during
+    # the step, the prefix-hit tokens each served (the device's = num_prefix_hit_tokens less
+    # both), bytes moved each way, and the entries each tier holds after the step; 0 when off
+    num_host_stores: int = 0
+    num_disk_stores: int = 0
+    num_host_loads: int = 0
+    num_disk_loads: int = 0
+    num_host_hit_tokens: int = 0
+    num_disk_hit_tokens: int = 0
+    offload_bytes_stored: int = 0
+    offload_bytes_loaded: int = 0
+    num_host_blocks: int = 0
+    num_disk_blocks: int = 0
 
 
 @dataclass(frozen=True)

@@ -42,8 +42,7 @@ class Scheduler:
     """Queues, token budget, preemption.
 
     Args:
-        config: max_num_seqs, max_num_batched_tokens, block_size, enable_prefix_caching.
-        num_blocks: blocks in the KV pool.
+        config: max_num_seqs, max_num_batched_tokens, block_size, enable_prefix_caching. num_blocks: pool's blocks.
         max_model_len: longest prompt + max_tokens a request may ask for (tokens).
         eos_token_ids: ids that end a request (unless its ignore_eos is set).
     """
@@ -127,6 +126,7 @@ class Scheduler:
             num_attended_tokens=output.num_attended_tokens,
             num_decode_context_tokens=output.num_decode_context_tokens,
             **(self.admission.tenant_columns() if self.admission is not None else {}),
+            **self.block_manager.offload_columns(),
         )
 
     # ---- requests in and out -----------------------------------------------------------
