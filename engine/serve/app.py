@@ -18,6 +18,10 @@ with ``Retry-After: 1`` and a message that starts with its reason (``queue_full`
 The tenant is the value of the header ``--tenant-header`` names, else the body's ``user``, else
 the bearer token of ``Authorization``; a request with none is under no per-tenant limit.
 
+KV offload tiers (engine.offload; off unless given): ``--kv-offload-host-gib`` (host memory),
+``--kv-offload-disk-gib`` and ``--kv-offload-disk-path`` (a disk tier, one file in that directory);
+/metrics then adds ``kvplan_engine_offload_*`` (stores, loads, hit tokens by tier, bytes moved).
+
 One engine loop steps for all streams (engine.serve.loop). A client that disconnects mid-stream
 aborts its request, which frees its blocks before the next step. Bad bodies are 400s with a
 message (engine.serve.api), never an exception in the loop. It binds 127.0.0.1 unless ``--host``
@@ -72,6 +76,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--api-key", default=None, help="require Authorization: Bearer <key> on /v1 routes")
+    o = p.add_argument_group("KV offload tiers (engine.offload; off unless given)")
+    o.add_argument("--kv-offload-host-gib", type=float, default=None, help="a host-memory tier of this many GiB")
+    o.add_argument("--kv-offload-disk-gib", type=float, default=None, help="a disk tier of this many GiB")
+    o.add_argument("--kv-offload-disk-path", default=None, help="an existing directory for the disk tier's file")
     a = p.add_argument_group("admission at the entry (off unless given; refused requests get 429)")
     a.add_argument("--max-num-waiting", type=int, default=None, help="the most requests queued")
     a.add_argument(
@@ -105,6 +113,9 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
         enable_prefix_caching=args.enable_prefix_caching,
         attention_backend=args.attention_backend,
         seed=args.seed,
+        offload_host_gib=args.kv_offload_host_gib,
+        offload_disk_gib=args.kv_offload_disk_gib,
+        offload_disk_path=args.kv_offload_disk_path,
         **{name: getattr(args, name) for name in SETTINGS},
     )
 
@@ -140,6 +151,9 @@ def build_app(
         num_gpu_blocks=engine.num_blocks,
         cache_dtype=engine.config.kv_cache_dtype,
         enable_prefix_caching=engine.config.enable_prefix_caching,
+        offload_tiers=tuple(t.name for t in offload.tiers)
+        if (offload := engine.scheduler.block_manager.offload)
+        else (),
     )
     loop = EngineLoop(engine, metrics)
     admission = engine.scheduler.admission

@@ -16,7 +16,12 @@ Metrics"; vllm/v1/metrics/loggers.py), so a scraper written for vLLM reads this 
     kvplan_engine_requests_rejected_total{reason}  counter  requests admission refused (HTTP 429),
                                    by reason: queue_full, tenant_waiting, kv_budget (engine.admission);
                                    the engine's own, so named apart from vLLM's
-
+    kvplan_engine_offload_stores_total{tier}  counter  KV blocks stored into a lower tier (host, disk)
+    kvplan_engine_offload_loads_total{tier}   counter  KV blocks loaded back to the device from one
+    kvplan_engine_offload_hit_tokens_total{tier} counter prefix-hit tokens served by a lower tier
+    kvplan_engine_offload_bytes_total{direction}  counter  bytes moved: stored (down), loaded (up)
+    kvplan_engine_offload_blocks{tier}     gauge    blocks a lower tier holds
+                                   (engine.offload; present only when the engine has a lower tier)
 Every gauge is set after every engine step, from that step's ``StepStats``. One registry per
 server (never the process-global one), so several servers in one test process do not collide.
 """
@@ -29,10 +34,18 @@ from engine.admission import REASONS
 
 
 class ServeMetrics:
-    """The registry and its metrics, labelled ``model_name`` as vLLM labels them."""
+    """The registry and its metrics, labelled ``model_name`` as vLLM labels them. ``offload_tiers``:
+    the engine's lower tiers (``host``, ``disk``; engine.offload), each exported by tier."""
 
     def __init__(
-        self, model_name: str, *, block_size: int, num_gpu_blocks: int, cache_dtype: str, enable_prefix_caching: bool
+        self,
+        model_name: str,
+        *,
+        block_size: int,
+        num_gpu_blocks: int,
+        cache_dtype: str,
+        enable_prefix_caching: bool,
+        offload_tiers: tuple[str, ...] = (),
     ):
         disable_created_metrics()  # no *_created series (vLLM's exposition has none either)
         self.registry = CollectorRegistry()
@@ -71,6 +84,35 @@ class ServeMetrics:
         for reason in REASONS:  # every reason shows, at 0 until one happens
             self._rejected.labels(model_name, reason)
         self._model = model_name
+        self._offload = offload_tiers
+        if offload_tiers:
+            labelled = ["model_name", "tier"]
+            stores = Counter(
+                "kvplan_engine_offload_stores", "KV blocks stored into a lower tier.", labelled, registry=r
+            )
+            loads = Counter(
+                "kvplan_engine_offload_loads", "KV blocks loaded back from a lower tier.", labelled, registry=r
+            )
+            hits = Counter(
+                "kvplan_engine_offload_hit_tokens", "Prefix-hit tokens served by a lower tier.", labelled, registry=r
+            )
+            blocks = Gauge("kvplan_engine_offload_blocks", "KV blocks a lower tier holds.", labelled, registry=r)
+            moved = Counter(
+                "kvplan_engine_offload_bytes",
+                "Bytes moved between tiers, by direction.",
+                ["model_name", "direction"],
+                registry=r,
+            )
+            self._tier_metrics = {
+                t: (
+                    stores.labels(model_name, t),
+                    loads.labels(model_name, t),
+                    hits.labels(model_name, t),
+                    blocks.labels(model_name, t),
+                )
+                for t in offload_tiers
+            }
+            self._moved = {d: moved.labels(model_name, d) for d in ("stored", "loaded")}
 
     def observe_step(self, stats, outputs, num_generated: int | None = None) -> None:
         """After one step: gauges from ``stats`` (engine.outputs.StepStats), counters advanced.
@@ -85,6 +127,14 @@ class ServeMetrics:
         self.prefix_hits.inc(stats.num_prefix_hit_tokens)
         self.prompt_tokens.inc(stats.num_prefill_tokens)
         self.generation_tokens.inc(stats.num_decode_tokens if num_generated is None else num_generated)
+        if self._offload:
+            for tier, (stores, loads, hits, blocks) in self._tier_metrics.items():
+                stores.inc(getattr(stats, f"num_{tier}_stores"))
+                loads.inc(getattr(stats, f"num_{tier}_loads"))
+                hits.inc(getattr(stats, f"num_{tier}_hit_tokens"))
+                blocks.set(getattr(stats, f"num_{tier}_blocks"))
+            self._moved["stored"].inc(stats.offload_bytes_stored)
+            self._moved["loaded"].inc(stats.offload_bytes_loaded)
         for out in outputs:
             if out.finish_reason in ("stop", "length"):
                 self._success.labels(self._model, out.finish_reason).inc()

@@ -1,5 +1,6 @@
-"""The workload's ``engine.admission:``: admission at the engine's entry, for the bundled engine and
-``kvplan simulate`` alike (the policy itself is engine.admission's; this is its YAML schema).
+"""The workload's ``engine.admission:`` and ``engine.offload:`` sections: admission at the engine's
+entry, for the bundled engine and ``kvplan simulate`` alike (the policy itself is engine.admission's;
+this is its YAML schema), and the bundled engine's KV offload tiers (engine.offload).
 
 ::
 
@@ -18,7 +19,7 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from kvplan.workload.lengths import Count, StrictModel
 
@@ -62,4 +63,54 @@ ADMISSION_FIELD = Field(
     AdmissionSettings(),
     description="Admission at the engine's entry: queue bound, KV budget, output cap, per-tenant limits"
     " (kvplan.workload.admission); all off by default.",
+)
+
+
+Gib = Annotated[float, Field(gt=0, lt=2**33, allow_inf_nan=False)]
+
+
+class OffloadSettings(StrictModel):
+    """KV offload tiers of the bundled engine (engine.offload; the policy: docs/architecture.md,
+    "KV offload tiers")::
+
+        engine:
+          offload: {host_gib: 4, disk_gib: 16, disk_path: /mnt/nvme/kv}
+
+    A cached block the device pool evicts is stored in host memory (then, evicted from there, on
+    disk); a prefix lookup that misses the pool loads it back instead of recomputing it. The keys
+    are EngineConfig's ``offload_host_gib``, ``offload_disk_gib``, ``offload_disk_path`` and
+    ``python -m engine.serve``'s ``--kv-offload-*`` flags. All null: off (the engine as before).
+    """
+
+    host_gib: Gib | None = Field(
+        None, description="The host-memory tier's size, GiB (at least one KV block); null = no host tier."
+    )
+    disk_gib: Gib | None = Field(
+        None,
+        description="The disk tier's size, GiB (at least one KV block; reserved in disk_path at start);"
+        " null = no disk tier.",
+    )
+    disk_path: str | None = Field(
+        None, description="An existing writable directory for the disk tier's file (one per engine); needs disk_gib."
+    )
+
+    @model_validator(mode="after")
+    def _disk_path_with_disk(self) -> OffloadSettings:
+        if (self.disk_gib is None) != (self.disk_path is None):
+            raise ValueError("give disk_gib and disk_path together (the disk tier's size and its directory)")
+        return self
+
+    @property
+    def is_on(self) -> bool:
+        return self.host_gib is not None or self.disk_gib is not None
+
+    def engine_fields(self) -> dict[str, float | str | None]:
+        """EngineConfig's fields of the same settings."""
+        return {f"offload_{name}": value for name, value in self.model_dump().items()}
+
+
+OFFLOAD_FIELD = Field(
+    OffloadSettings(),
+    description="KV offload tiers of the bundled engine: host memory and disk below the device pool"
+    " (kvplan.workload.admission.OffloadSettings); off by default.",
 )

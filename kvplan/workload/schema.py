@@ -48,7 +48,7 @@ from kvplan.results.gated import GateSettings
 from kvplan.results.metrics import Slo
 from kvplan.results.stats.steady import LevelSchedule
 from kvplan.sizing import dtypes
-from kvplan.workload.admission import ADMISSION_FIELD, AdmissionSettings
+from kvplan.workload.admission import ADMISSION_FIELD, OFFLOAD_FIELD, AdmissionSettings, OffloadSettings
 from kvplan.workload.buckets import Bucket, Count, Dataset, Name, StrictModel, Variant
 from kvplan.workload.deployment import Deployment, kv_cache_dtype_value
 from kvplan.workload.server import TargetSettings
@@ -130,6 +130,7 @@ class EngineSettings(StrictModel):
         " needs TRITON_INTERPRET=1 and is for tests only).",
     )
     admission: AdmissionSettings = ADMISSION_FIELD
+    offload: OffloadSettings = OFFLOAD_FIELD
 
     @field_validator("model")
     @classmethod
@@ -188,7 +189,8 @@ class EngineSettings(StrictModel):
         return dtypes.canonical(self.model_dtype if self.kv_cache_dtype == "auto" else self.kv_cache_dtype)
 
     def to_engine_config(self, seed: int) -> EngineConfig:
-        settings = self.model_dump(exclude={"kv_cache_memory", "admission"}) | self.admission.model_dump()
+        settings = self.model_dump(exclude={"kv_cache_memory", "admission", "offload"}) | self.admission.model_dump()
+        settings |= self.offload.engine_fields()
         return EngineConfig(**settings, kv_cache_memory_bytes=self.kv_cache_memory, seed=seed)
 
 

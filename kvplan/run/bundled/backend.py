@@ -19,7 +19,9 @@ from kvplan.sizing import dtypes
 from kvplan.workload.schema import Workload
 
 # EngineConfig field -> the workload YAML's name for it, where they differ
-_YAML_FIELDS = {"kv_cache_memory_bytes": "kv_cache_memory"}
+_YAML_FIELDS = {"kv_cache_memory_bytes": "kv_cache_memory"} | {
+    f"offload_{key}": f"offload.{key}" for key in ("host_gib", "disk_gib", "disk_path")
+}
 
 
 def build_engine(workload: Workload):
