@@ -7,13 +7,11 @@ string for an integer or an unknown key is an error, named with its YAML path.
 
 from __future__ import annotations
 
-import re
 from typing import Annotated, Any, Literal, get_args
 
 from pydantic import (
     Field,
     GetJsonSchemaHandler,
-    PlainValidator,
     WithJsonSchema,
     WrapValidator,
     model_validator,
@@ -28,8 +26,10 @@ from kvplan.workload.lengths import (  # noqa: F401  (re-exported: the workload 
     Distribution,
     Lengths,
     Name,
+    Span,
     StrictModel,
     _with_shorthands,
+    span_seconds,
 )
 from kvplan.workload.protocol import VLLM_KINDS, BenchProtocol
 from kvplan.workload.request_class import RequestClass, Variant
@@ -84,6 +84,16 @@ class Dataset(StrictModel):
     max_output_tokens: Count | None = Field(
         None, description="Trace only: clip each max_tokens to this, tokens; null = the trace's output_length."
     )
+    columns: dict[str, str] | None = Field(
+        None,
+        description="Trace only: the trace's columns by field, as ``kvplan profile --columns`` names them"
+        " (``timestamp``, ``input_tokens``, ``output_tokens`` required; ``session``, ``latency``, ``finish``"
+        " allowed, not replayed), for a CSV or JSONL of no known format (kvplan.workload.trace_formats);"
+        " null = the format its header or first line names.",
+    )
+    time_unit: Literal["s", "ms", "us"] = Field(
+        "s", description="Trace with ``columns`` only: the unit of a numeric ``timestamp`` (ISO text needs none)."
+    )
     sessions: Sessions | None = Field(
         None,
         description="Multi-turn sessions (sharegpt and random only): each request of a bucket becomes a session of"
@@ -123,11 +133,13 @@ class Dataset(StrictModel):
             raise ValueError("trace needs a path: dataset: {kind: trace, path: trace.jsonl}")
         if self.kind not in ("jsonl", "trace") and self.path is not None:
             raise ValueError(f"path applies to jsonl only (kind is {self.kind})")
-        trace_keys = ("speed", "max_requests", "block_tokens", "max_input_tokens", "max_output_tokens")
+        trace_keys = ("speed", "max_requests", "block_tokens", "max_input_tokens", "max_output_tokens", "columns")
         # by value, not by fields set: a stored run's config (every default written out) validates again
         given = [k for k in trace_keys if getattr(self, k) != type(self).model_fields[k].default]
         if self.kind != "trace" and given:
             raise ValueError(f"{given[0]} applies to trace only (kind is {self.kind})")
+        if self.time_unit != "s" and self.columns is None:
+            raise ValueError("time_unit applies to a trace read through columns only: give columns or drop it")
         return self
 
 
@@ -141,43 +153,6 @@ def _auto_or_levels(value: Any, handler: Any) -> Any:
     names the list or its item (a union would name both branches)."""
     return value if value == "auto" else handler(value)
 
-
-def _span(value: Any) -> int | str:
-    """A warm-up or cool-down: a whole number of requests (``8``) or a time (``"30s"``, ``"500ms"``)."""
-    if isinstance(value, bool) or not isinstance(value, int | str):
-        raise ValueError("give a number of requests (8) or a time in s or ms (30s, 500ms)")
-    if isinstance(value, int):
-        if value < 0:
-            raise ValueError(f"must be >= 0 requests (got {value})")
-        return value
-    if span_seconds(value) is None:
-        raise ValueError(f"{value!r} is neither a number of requests nor a time like 30s or 500ms")
-    return value
-
-
-def span_seconds(value: int | str) -> float | None:
-    """``"30s"`` -> 30.0, ``"500ms"`` -> 0.5; None for a count of requests or a malformed time."""
-    if not isinstance(value, str):
-        return None
-    match = re.fullmatch(r"\s*(\d+(?:\.\d*)?|\.\d+)\s*(ms|s)\s*", value)
-    if match is None:
-        return None
-    return float(match[1]) / (1000.0 if match[2] == "ms" else 1.0)
-
-
-# requests (an integer >= 0) or a time ("30s", "500ms"); kept as written, read by span_seconds
-Span = Annotated[
-    int | str,
-    PlainValidator(_span),
-    WithJsonSchema(
-        {
-            "anyOf": [
-                {"type": "integer", "minimum": 0},
-                {"type": "string", "pattern": r"^\s*(\d+(\.\d*)?|\.\d+)\s*(ms|s)\s*$"},
-            ]
-        }
-    ),
-]
 
 # a list of concurrency levels, or "auto" (the levels around the simulated knee)
 Concurrency = Annotated[

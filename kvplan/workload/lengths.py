@@ -1,12 +1,14 @@
-"""The strict base of every workload model, and token-length ranges (``input_tokens``,
-``output_tokens``): the parts of the workload schema (kvplan.workload.schema) every section shares.
+"""The strict base of every workload model, token-length ranges (``input_tokens``,
+``output_tokens``) and spans (``warmup``, ``cooldown``: requests or a time): the parts of the
+workload schema (kvplan.workload.schema) every section shares.
 """
 
 from __future__ import annotations
 
+import re
 from typing import Annotated, Any, Literal, get_args
 
-from pydantic import BaseModel, ConfigDict, Field, GetJsonSchemaHandler, model_validator
+from pydantic import BaseModel, ConfigDict, Field, GetJsonSchemaHandler, PlainValidator, WithJsonSchema, model_validator
 from pydantic_core import core_schema
 
 Count = Annotated[int, Field(ge=1)]
@@ -96,3 +98,41 @@ class Lengths(StrictModel):
     @property
     def center(self) -> float:
         return self.mean if self.mean is not None else (self.min + self.max) / 2
+
+
+def _span(value: Any) -> int | str:
+    """A warm-up or cool-down: a whole number of requests (``8``) or a time (``"30s"``, ``"500ms"``)."""
+    if isinstance(value, bool) or not isinstance(value, int | str):
+        raise ValueError("give a number of requests (8) or a time in s or ms (30s, 500ms)")
+    if isinstance(value, int):
+        if value < 0:
+            raise ValueError(f"must be >= 0 requests (got {value})")
+        return value
+    if span_seconds(value) is None:
+        raise ValueError(f"{value!r} is neither a number of requests nor a time like 30s or 500ms")
+    return value
+
+
+def span_seconds(value: int | str) -> float | None:
+    """``"30s"`` -> 30.0, ``"500ms"`` -> 0.5; None for a count of requests or a malformed time."""
+    if not isinstance(value, str):
+        return None
+    match = re.fullmatch(r"\s*(\d+(?:\.\d*)?|\.\d+)\s*(ms|s)\s*", value)
+    if match is None:
+        return None
+    return float(match[1]) / (1000.0 if match[2] == "ms" else 1.0)
+
+
+# requests (an integer >= 0) or a time ("30s", "500ms"); kept as written, read by span_seconds
+Span = Annotated[
+    int | str,
+    PlainValidator(_span),
+    WithJsonSchema(
+        {
+            "anyOf": [
+                {"type": "integer", "minimum": 0},
+                {"type": "string", "pattern": r"^\s*(\d+(\.\d*)?|\.\d+)\s*(ms|s)\s*$"},
+            ]
+        }
+    ),
+]

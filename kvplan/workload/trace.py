@@ -40,14 +40,25 @@ from __future__ import annotations
 import csv
 import json
 import math
-import re
+from collections.abc import Iterator
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from functools import lru_cache
 from pathlib import Path
 
 from kvplan.errors import KvplanError
 from kvplan.workload.schema import MAX_LEVEL_S, Workload
+from kvplan.workload.trace_formats.columns import (  # noqa: F401  (iso_seconds, iso_parts: re-exported)
+    EXAMPLE,
+    PER_SECOND,
+    Row,
+    cell_time,
+    cell_tokens,
+    check_columns,
+    header_columns,
+    iso_parts,
+    iso_seconds,
+    mapped_jsonl_rows,
+)
 
 # bucket keys a trace replaces: lengths and counts come from its lines, arrival times from its timestamps
 _REPLACED = ("input_tokens", "output_tokens", "mix", "num_requests", "concurrency", "request_rates", "arrival")
@@ -57,7 +68,6 @@ CSV_FORMATS = {
     "azure": ("TIMESTAMP", "ContextTokens", "GeneratedTokens"),
     "burstgpt": ("Timestamp", "Request tokens", "Response tokens"),
 }
-_FRACTION = re.compile(r"(?<=\d\d:\d\d:\d\d)[.,](\d+)")  # the fractional seconds after hh:mm:ss
 
 
 @dataclass(frozen=True)
@@ -126,36 +136,6 @@ def _request(row: object, number: int, speed: float, block_tokens: int, where: s
     return TraceRequest(number, stamp / 1000.0 / speed, inputs, outputs, None if ids is None else tuple(ids))
 
 
-def iso_seconds(text: str) -> float:
-    """ISO 8601 text (date and time split by ``T`` or a space) as seconds since the Unix epoch, every
-    fractional digit read (strptime's ``%f`` takes six; the Azure 2023 traces give seven); no offset
-    is read as UTC, so a trace's clock never depends on the machine's zone. (A float of seconds since
-    1970 resolves about 0.2 us; ``iso_parts`` keeps the fraction apart, for exact differences.)
-
-    Raises:
-        ValueError: not an ISO 8601 time.
-    """
-    whole, fraction = iso_parts(text)
-    return whole + fraction
-
-
-def iso_parts(text: str) -> tuple[int, float]:
-    """ISO 8601 text as whole seconds since the Unix epoch and the fraction of a second (``iso_seconds``).
-
-    Raises:
-        ValueError: not an ISO 8601 time.
-    """
-    fraction, rest = 0.0, text
-    match = _FRACTION.search(text)
-    if match:
-        fraction, rest = float("0." + match[1]), text[: match.start()] + text[match.end() :]
-    try:
-        when = datetime.fromisoformat(rest)
-        return int((when if when.tzinfo is not None else when.replace(tzinfo=UTC)).timestamp()), fraction
-    except (OverflowError, OSError):
-        raise ValueError(f"not an ISO 8601 time: {text!r}") from None
-
-
 def csv_fields(text: str) -> list[str]:
     """A CSV line's fields, spaces around each dropped (csv's quoting read where there is a quote).
 
@@ -182,85 +162,103 @@ def is_csv_header(line: str) -> bool:
         return False
 
 
-def _csv_rows(lines: list[tuple[int, str]], speed: float, max_requests: int | None, where: str) -> list[TraceRequest]:
-    """A CSV trace's requests (module docstring); ``lines`` its non-blank lines, the header first.
+Columns = tuple[tuple[str, str], ...]  # dataset.columns as sorted (field, column) pairs, hashable
+
+
+def _csv_rows(
+    lines: list[tuple[int, str]], columns: Columns | None, unit: str, where: str
+) -> tuple[tuple[str, str, str], Iterator[Row]]:
+    """A CSV trace's replayed columns (time, prompt tokens, output tokens) and rows (module
+    docstring); ``lines`` its non-blank lines, the header first: a header of a known format, or one
+    holding the columns ``columns`` maps.
 
     Raises:
-        KvplanError: a header of no known format (naming them), a row that cannot be read.
+        KvplanError: a header of no known format (naming them) or without a mapped column, a row
+            that cannot be read.
     """
     n, text = lines[0]
     header = csv_fields(text)
-    found = next((f for f, columns in CSV_FORMATS.items() if set(columns) <= set(header)), None)
-    if found is None:
-        known = "; ".join(f"{f}: {', '.join(columns)}" for f, columns in CSV_FORMATS.items())
-        problem = f"names no trace format kvplan knows ({', '.join(header)})"
-        fix = f"give a Mooncake JSONL trace or a CSV whose header holds one format's columns: {known}"
-        raise KvplanError(f"line {n}: header", problem, fix, source=where)
-    at = [header.index(c) for c in CSV_FORMATS[found]]
-    requests: list[TraceRequest] = []
-    start: tuple[float, float] | None = None
-    for n, text in lines[1:]:
-        if max_requests is not None and len(requests) >= max_requests:
-            break
+    if columns is not None:
+        found, names = "mapped", header_columns(header, dict(columns), n, where)
+    else:
+        found = next((f for f, names in CSV_FORMATS.items() if set(names) <= set(header)), "")
+        if not found:
+            known = "; ".join(f"{f}: {', '.join(names)}" for f, names in CSV_FORMATS.items())
+            problem = f"names no trace format kvplan knows ({', '.join(header)})"
+            fix = f"give a Mooncake JSONL trace or a CSV whose header holds one format's columns: {known}; or {EXAMPLE}"
+            raise KvplanError(f"line {n}: header", problem, fix, source=where)
+        names = CSV_FORMATS[found]
+    at = [header.index(c) for c in names]
+    return (names[0], names[1], names[2]), _csv_cells(lines[1:], header, at, found == "burstgpt", unit, where)
+
+
+def _csv_cells(lines: list[tuple[int, str]], header: list[str], at: list[int], burstgpt: bool, unit: str, where: str):
+    for n, text in lines:
         try:
             cells = csv_fields(text)
         except csv.Error as err:
             raise KvplanError(f"line {n}", f"not a CSV row ({err})", source=where) from None
         if len(cells) != len(header):
             raise KvplanError(f"line {n}", f"{len(cells)} fields where the header has {len(header)}", source=where)
-        stamp = cells[at[0]]
-        num_input, num_output = (_csv_tokens(cells[i], n, header[i], where) for i in at[1:])
-        if found == "burstgpt" and num_output == 0:
+        num_input, num_output = (cell_tokens(cells[i], n, header[i], where) for i in at[1:])
+        if burstgpt and num_output == 0:
             continue  # a failed request (BurstGPT's README): not a request
-        for value, column in ((num_input, header[at[1]]), (num_output, header[at[2]])):
+        yield n, cells[at[0]], *cell_time(cells[at[0]], n, header[at[0]], unit, where), num_input, num_output
+
+
+def _row_requests(
+    named: tuple[tuple[str, str, str], Iterator[Row]], speed: float, max_requests: int | None, where: str
+) -> list[TraceRequest]:
+    """Rows (``Row``) as requests, offsets from the first row's time after ``speed``; at most
+    ``max_requests``. ``named``: the time, prompt and output columns' names, and the rows.
+
+    Raises:
+        KvplanError: a row before the one above it, a length under 1 token.
+    """
+    requests: list[TraceRequest] = []
+    start: tuple[float, float] | None = None
+    (time_column, *lengths), rows = named
+    for n, stamp, whole, fraction, num_input, num_output in rows:
+        if max_requests is not None and len(requests) >= max_requests:
+            break
+        for value, column in zip((num_input, num_output), lengths, strict=True):
             if value < 1:
                 raise KvplanError(f"line {n}: {column}", f"must be >= 1 token (got {value})", source=where)
-        whole, fraction = _csv_time(stamp, n, header[at[0]], where)
         start = (whole, fraction) if start is None else start
         request = TraceRequest(n, ((whole - start[0]) + (fraction - start[1])) / speed, num_input, num_output, None)
         if requests and request.offset_s < requests[-1].offset_s:
             problem = f"{stamp} is before line {requests[-1].line}'s"
-            raise KvplanError(f"line {n}: {header[at[0]]}", problem, "sort the trace by time", source=where)
+            raise KvplanError(f"line {n}: {time_column}", problem, "sort the trace by time", source=where)
         requests.append(request)
     return requests
 
 
-def _csv_time(cell: str, n: int, column: str, where: str) -> tuple[float, float]:
-    """A time cell as (seconds, a fraction to add): a number of s, or ISO text (``iso_parts``)."""
-    try:
-        value = float(cell)
-    except ValueError:
-        try:
-            return iso_parts(cell)
-        except ValueError:
-            problem = f"is not a number of s or an ISO 8601 time (got {cell!r})"
-            raise KvplanError(f"line {n}: {column}", problem, source=where) from None
-    if not math.isfinite(value):
-        raise KvplanError(f"line {n}: {column}", f"must be a finite time (got {cell!r})", source=where)
-    return value, 0.0
-
-
-def _csv_tokens(cell: str, n: int, column: str, where: str) -> int:
-    try:
-        value = float(cell)
-    except ValueError:
-        value = math.nan
-    if not math.isfinite(value) or value < 0 or value != int(value):
-        raise KvplanError(f"line {n}: {column}", f"must be a whole number of tokens >= 0 (got {cell!r})", source=where)
-    return int(value)
-
-
 @lru_cache(maxsize=8)
-def _read(path: str, size: int, mtime_ns: int, speed: float, max_requests: int | None, block_tokens: int) -> Trace:
+def _read(
+    path: str,
+    size: int,
+    mtime_ns: int,
+    speed: float,
+    max_requests: int | None,
+    block_tokens: int,
+    columns: Columns | None = None,
+    unit: str = "s",
+) -> Trace:
     try:
         text = Path(path).read_text(encoding="utf-8-sig")  # an editor's or spreadsheet's byte-order mark
     except (OSError, UnicodeDecodeError) as err:
         raise KvplanError("", f"cannot read the trace ({err})", source=path) from None
     numbered = [(n, raw) for n, raw in enumerate(text.splitlines(), start=1) if raw.strip()]
     if numbered and is_csv_header(numbered[0][1].strip()):
-        requests = _csv_rows(numbered, speed, max_requests, path)
+        requests = _row_requests(_csv_rows(numbered, columns, unit, path), speed, max_requests, path)
         if not requests:
             raise KvplanError("", "the trace has no requests (no rows after the header)", source=path)
+        return Trace(tuple(requests))
+    if columns is not None:
+        named = check_columns(dict(columns), path), mapped_jsonl_rows(numbered, dict(columns), unit, path)
+        requests = _row_requests(named, speed, max_requests, path)
+        if not requests:
+            raise KvplanError("", "the trace has no requests (no non-blank lines)", source=path)
         return Trace(tuple(requests))
     requests = []
     for number, raw in numbered:
@@ -296,7 +294,11 @@ def read_trace(workload: Workload) -> Trace | None:
     if dataset.kind != "trace" or path is None:
         return None
     stat = path.stat()
-    return _read(str(path), stat.st_size, stat.st_mtime_ns, dataset.speed, dataset.max_requests, dataset.block_tokens)
+    columns = None if dataset.columns is None else tuple(sorted(dataset.columns.items()))
+    if columns is not None:
+        check_columns(dict(columns), workload.source)
+    key = (str(path), stat.st_size, stat.st_mtime_ns, dataset.speed, dataset.max_requests, dataset.block_tokens)
+    return _read(*key, columns, dataset.time_unit)
 
 
 def check_trace(workload: Workload) -> None:
