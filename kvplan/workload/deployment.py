@@ -7,7 +7,7 @@ disaggregated deployment: a pool of prefill workers and a pool of decode workers
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import ConfigDict, Field, field_validator, model_validator
 
@@ -28,12 +28,16 @@ def kv_cache_dtype_value(value: Any, allowed: tuple[str, ...]) -> Any:
 
 
 class DisaggPool(StrictModel):
-    """One pool of a disaggregated deployment: ``workers`` engines alike, each on ``tp`` GPUs with
-    its own KV pool and scheduler limits (null: the plan entry's tp, the engine section's limits)."""
+    """One pool of a disaggregated deployment: ``workers`` engines alike, each on ``tp`` GPUs (experts
+    split ``ep`` ways) with its own KV pool and scheduler limits (null: the plan entry's tp and ep,
+    the engine section's limits)."""
 
     workers: Count = Field(1, description="Engines in the pool, each with its own KV pool and scheduler.")
     tp: Count | None = Field(
         None, description="Tensor parallelism of each worker of the pool; null = the plan entry's ``tp``."
+    )
+    ep: Count | None = Field(
+        None, description="Expert-parallel size of each worker of the pool (MoE); null = the plan entry's ``ep``."
     )
     max_num_seqs: Count | None = Field(None, description="Each worker's max_num_seqs; null = the engine section's.")
     max_num_batched_tokens: Count | None = Field(
@@ -52,6 +56,14 @@ class Disagg(StrictModel):
         "rdma-400g",
         description="The link the KV moves over, by name (kvplan/sizing/data/links.yaml: ``nvlink``, ``pcie5``,"
         " ``rdma-400g``, ...) or as ``{gbps: N, setup_us: N}`` (10**9 bytes/s one way, microseconds).",
+    )
+
+    first_token: Literal["prefill", "decode"] = Field(
+        "prefill",
+        description="Where the client's first token comes from: ``prefill`` (the bundled router streams the"
+        " prefill worker's token at once) or ``decode`` (vLLM's disaggregated proxies: the prefill answer is"
+        " dropped and every token the client sees comes from the decode worker, the first after the KV has"
+        " moved and one decode step).",
     )
 
     @field_validator("link")
@@ -122,8 +134,8 @@ class Deployment(StrictModel):
 
     disagg: Disagg | None = Field(
         None,
-        description="Serve this target disaggregated: ``{prefill: {workers, tp, max_num_seqs,"
-        " max_num_batched_tokens}, decode: {...}, link}``; null = aggregated replicas.",
+        description="Serve this target disaggregated: ``{prefill: {workers, tp, ep, max_num_seqs,"
+        " max_num_batched_tokens}, decode: {...}, link, first_token}``; null = aggregated replicas.",
     )
 
     @field_validator("weight_dtype", mode="before")

@@ -13,6 +13,14 @@ kvplan.run.sim.backend's single engine), and the pools follow the shared disaggr
     moved -> the request joins the decode worker's running set at its first step starting at or
         after the transfer's end, num_computed_tokens = prompt, token 1 its next input
 
+With ``first_token="decode"`` the client's tokens all come from the decode worker, as vLLM's
+disaggregated proxies stream them (github vllm-project/vllm
+benchmarks/disagg_benchmarks/disagg_prefill_proxy_server.py: the prefill request runs with
+max_tokens 1 and its answer is dropped, then the decode server's stream is the client's): the
+decode worker runs one step more (its first step yields the client's token 1, after the KV has
+moved) and the prefill worker's token never reaches the client; a max_tokens-1 request is handed
+off too.
+
 Events run in time order (ties: step ends, then transfer ends, then step starts; workers in
 index order). A step is scheduled at its start and updated at its end, so what another worker
 does meanwhile (a transfer freeing prefill blocks) lands between the two, as on a real cluster.
@@ -95,11 +103,13 @@ class DisaggBackend:
         decode: tuple[EngineFacts, Callable[[], StepClock], int],
         link: Link,
         transfer_bytes: Callable[[int], float],
+        first_token: str = "prefill",
     ):
         self.prefill = [_Worker(_prefill_scheduler(prefill[0]), prefill[1]()) for _ in range(prefill[2])]
         self.decode = [_Worker(scheduler_for(decode[0]), decode[1]()) for _ in range(decode[2])]
         self.links = [SharedLink(link) for _ in self.decode]
         self.transfer_bytes = transfer_bytes
+        self.decode_first = first_token == "decode"  # the client's token 1 from the decode worker
         self.now_s = 0.0
         self._count = 0  # requests routed so far (the router's index i)
         self._route: dict[str, tuple[int, int, int]] = {}  # id -> (prefill worker, decode worker, max_tokens)
@@ -194,11 +204,14 @@ class DisaggBackend:
         for request in finished:
             if not is_prefill:
                 del self._route[request.request_id]
-                out.append(replace(_finished(request), kv_transfer_s=self.transfer_s.pop(request.request_id, None)))
+                done = replace(_finished(request), kv_transfer_s=self.transfer_s.pop(request.request_id, None))
+                if self.decode_first:  # the prefill worker's token was dropped by the router
+                    done = replace(done, token_times=done.token_times[1:], num_output_tokens=done.num_output_tokens - 1)
+                out.append(done)
                 continue
             _, d, max_tokens = self._route[request.request_id]
             if isinstance(scheduler, PrefillScheduler) and request.request_id in scheduler.held:
-                if max_tokens == 1:  # nothing left to decode: no handoff
+                if max_tokens == 1 and not self.decode_first:  # nothing left to decode: no handoff
                     scheduler.release(request.request_id)
                     del self._route[request.request_id]
                     out.append(_finished(request))
@@ -217,7 +230,7 @@ class DisaggBackend:
         scheduler = worker.scheduler
         for moved_at, prefilled in [m for m in worker.moved if m[0] <= start]:
             worker.moved.remove((moved_at, prefilled))
-            _join(scheduler, prefilled, self._route[prefilled.request_id][2], start)
+            _join(scheduler, prefilled, self._route[prefilled.request_id][2] + self.decode_first, start)
         while worker.handoffs and worker.handoffs[0][0] <= start:
             prefilled = worker.handoffs[0][1]
             if len(scheduler.running) + len(worker.moving) >= scheduler.max_num_seqs:

@@ -294,7 +294,7 @@ def disagg_setup(workload: Workload, entry: Any, target: str) -> SimSetup:
                 target=target,
                 backend=entry.backend,
                 backend_version=entry.backend_version,
-                ep=entry.ep,
+                ep=pool.ep or entry.ep,
             )
         except KvplanError as err:
             if err.field in ("tp", "ep"):
@@ -312,9 +312,12 @@ def disagg_setup(workload: Workload, entry: Any, target: str) -> SimSetup:
             (dec.facts, dec.clock, y),
             link,
             lambda n: kv_math.request_bytes(layers, n, block),
+            disagg.first_token,
         )
 
-    shape = f"{x}P tp{tp_p} + {y}D tp{tp_d} over {link.name}"
+    shape = f"{x}P tp{tp_p} + {y}D tp{tp_d} over {link.name}" + (
+        ", first token from decode" if disagg.first_token == "decode" else ""
+    )
     facts = dec.facts.model_copy(
         update={
             "num_blocks": min(pre.facts.num_blocks, dec.facts.num_blocks),

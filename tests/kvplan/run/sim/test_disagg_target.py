@@ -31,6 +31,8 @@ plan: [{ENTRY}, {DISAGG}]
         ("link: pcie9", "plan[1].disagg.link: unknown link 'pcie9'; use one of: pcie5, pcie4"),
         ("link: {gbps: 0}", "plan[1].disagg.link: needs a gbps above 0 (got 0.0)"),
         ("prefill: {max_num_seqs: 0}", "plan[1].disagg.prefill.max_num_seqs: must be >= 1"),
+        # a pool's own ep is checked as the entry's would be (Llama-3.1-8B is dense)
+        ("decode: {tp: 2, ep: 2}", "plan[1].disagg.decode.ep:"),
     ],
 )
 def test_bad_disagg_settings_are_one_line_and_exit_2(tmp_path, setting, line):
@@ -76,3 +78,31 @@ def test_simulate_answers_for_a_disaggregated_plan_entry(tmp_path):
     agg, dis = targets["plan[0]"]["buckets"][0], targets["plan[1]"]["buckets"][0]
     # three GPUs carry more than one: each probe ran the pools (the capacity search is unchanged)
     assert dis["max_request_rate"]["level"] > agg["max_request_rate"]["level"]
+
+
+def test_first_token_from_decode_as_vllms_proxy_streams_it():
+    """first_token: decode: the prefill worker's token is dropped, the decode worker makes every
+    token the client sees (one step more), the first after the transfer and one decode step."""
+    data = __import__("yaml").safe_load(WORKLOAD)
+    data["plan"][1]["disagg"]["first_token"] = "decode"
+    workload = parse_workload(data)
+    setup = disagg_setup(workload, workload.plan[1], "plan[1]")
+    assert setup.disagg == "1P tp1 + 2D tp1 over rdma-400g, first token from decode"
+    backend = setup.make_backend()
+    backend.submit(Submission("L/0", tuple(range(2000)), 3, 0, "s", arrival_time=0.0))
+    backend.submit(Submission("L/1", tuple(range(100)), 1, 0, "s", arrival_time=0.0))
+    done = {}
+    while len(done) < 2:
+        done |= {r.request_id: r for r in backend.advance(None)[0]}
+    r, one = done["L/0"], done["L/1"]
+    (step,) = backend.prefill[0].steps  # both prompts in one prefill step
+    assert step.num_prefill_tokens == 2100
+    decode = backend.decode[0]  # L/0's worker (request i -> decode worker i mod 2)
+    assert len(decode.steps) == 3 and r.num_output_tokens == 3 == len(r.token_times)
+    # token 1 reaches the client at the end of the decode worker's first step, after the transfer
+    assert decode.steps[0].start_time == pytest.approx(step.end_time + r.kv_transfer_s)
+    assert r.token_times == tuple(s.end_time for s in decode.steps)
+    assert r.token_times[0] > step.end_time
+    # a max_tokens-1 request is handed off too: its one token from its decode worker's one step
+    (only,) = backend.decode[1].steps
+    assert one.num_output_tokens == 1 and one.token_times == (only.end_time,) and one.kv_transfer_s > 0
