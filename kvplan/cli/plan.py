@@ -98,6 +98,24 @@ def plan(
         int, typer.Option(help="With --window: requests per window the capacity search uses at most (evenly spaced).")
     ] = 300,
     json_output: Annotated[bool, typer.Option("--json", help="Print one JSON object instead of tables.")] = False,
+    disagg: Annotated[
+        bool,
+        typer.Option(
+            "--disagg",
+            help="Also search prefill/decode disaggregated units (prefill and decode tp from --tp, the worker counts"
+            " and links below) beside the aggregated replicas, and say whether disaggregation pays.",
+        ),
+    ] = False,
+    prefill_workers: Annotated[
+        str, typer.Option(help="With --disagg: prefill workers per unit to consider, comma-separated.")
+    ] = "1,2",
+    decode_workers: Annotated[
+        str, typer.Option(help="With --disagg: decode workers per unit to consider, comma-separated.")
+    ] = "1,2,4",
+    links: Annotated[
+        str,
+        typer.Option(help="With --disagg: links to consider (kvplan/sizing/data/links.yaml), comma-separated."),
+    ] = "rdma-400g",
 ) -> None:
     # one line: `kvplan --help` shows this paragraph's line breaks as they are written
     """Search GPU kind, TP, dtypes and scheduler limits for the cheapest deployment that serves --rate (or --users) of the workload's traffic within its SLO: per-replica SLO capacity by simulation, replicas, GPUs, cost."""  # noqa: E501
@@ -126,6 +144,10 @@ def plan(
         window_s=window,
         scale_up_s=scale_up_s,
         window_requests=window_requests,
+        disagg=disagg,
+        prefill_workers=tuple(_ints(prefill_workers, "prefill_workers")),
+        decode_workers=tuple(_ints(decode_workers, "decode_workers")),
+        links=_split(links),
     )
     console = make_console()
     outcome = plan_deployments(request, lambda total: _progress(console, total, quiet=json_output), warn)
@@ -143,6 +165,8 @@ def plan(
             from kvplan.results.report.plan_view import print_windows
 
             print_windows(run.windows, console)
+        if run.disagg_verdict:
+            console.print(run.disagg_verdict, markup=False, highlight=False, soft_wrap=True)
         console.print(f"report: {run_dir}", markup=False, highlight=False)
     if run.interrupted:
         raise typer.Exit(130)

@@ -15,6 +15,11 @@ requests for all::
                   requests = $/hour / (rate x the attainment at the capacity point x 3,600 / 1,000);
                   with --users, rate = users x the capacity point's requests/s per user
 
+With ``--disagg``, disaggregated configurations join the grid: ``x`` prefill workers of tp ``t_p``
+and ``y`` decode workers of tp ``t_d`` over a link (kvplan.run.sim.disagg; each pool's
+``max_num_seqs`` and ``max_num_batched_tokens`` the configuration's), judged and costed the same
+way with the ``xPyD`` unit as the replica: GPUs = replicas x (x t_p + y t_d).
+
 Configurations are independent: they run here, on a process pool (``jobs``) or as Ray tasks
 (kvplan.optimize.plan_pool), each simulated whole in one worker, so the answers do not depend on
 where they ran. Ranked: meeting the SLO first, then priced ones
@@ -25,7 +30,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from itertools import product
 
 from kvplan.errors import KvplanError
@@ -41,7 +46,9 @@ RATE_MODE_CONCURRENCY_PRECISION = 1.1  # with --rate, slo_max_concurrency is a l
 
 @dataclass(frozen=True)
 class Config:
-    """One deployment to judge: a replica of ``tp`` GPUs ``gpu`` with these dtypes and limits."""
+    """One deployment to judge: a replica of ``tp`` GPUs ``gpu`` with these dtypes and limits; with
+    ``prefill_workers`` > 0 a disaggregated unit instead: that many prefill workers of
+    ``prefill_tp`` GPUs and ``decode_workers`` of ``tp`` GPUs over ``link``."""
 
     gpu: str
     tp: int
@@ -49,6 +56,25 @@ class Config:
     weight_dtype: str
     max_num_seqs: int
     max_num_batched_tokens: int
+    prefill_workers: int = 0  # 0: aggregated
+    prefill_tp: int = 0
+    decode_workers: int = 0
+    link: str = ""
+
+    @property
+    def num_gpus(self) -> int:
+        """GPUs of one replica (a disaggregated unit: both pools)."""
+        if not self.prefill_workers:
+            return self.tp
+        return self.prefill_workers * self.prefill_tp + self.decode_workers * self.tp
+
+    @property
+    def shape(self) -> str | None:
+        """``2P tp2 + 3D tp4 over rdma-400g`` for a disaggregated unit (kvplan.run.sim.gpu_target.disagg_setup's
+        name for it), None for a replica."""
+        if not self.prefill_workers:
+            return None
+        return f"{self.prefill_workers}P tp{self.prefill_tp} + {self.decode_workers}D tp{self.tp} over {self.link}"
 
 
 def grid(
@@ -66,6 +92,24 @@ def grid(
         for g, t, k, w, s, b in product(gpus, tps, kv_cache_dtypes, weight_dtypes, max_num_seqs, max_num_batched_tokens)
         if t <= max_gpus
     ]
+
+
+def disagg_grid(
+    base: Sequence[Config],
+    tps: Sequence[int],
+    prefill_workers: Sequence[int],
+    decode_workers: Sequence[int],
+    links: Sequence[str],
+    max_gpus: int,
+) -> list[Config]:
+    """Every disaggregated unit built from ``base``'s GPUs, dtypes and limits: prefill tp and decode
+    tp from ``tps``, the worker counts and links given, with at most ``max_gpus`` GPUs in a unit."""
+    units = [
+        replace(c, tp=td, prefill_workers=x, prefill_tp=tpp, decode_workers=y, link=link)
+        for c in {replace(c, tp=0): None for c in base}
+        for tpp, td, x, y, link in product(tps, tps, prefill_workers, decode_workers, links)
+    ]
+    return [u for u in units if u.num_gpus <= max_gpus]
 
 
 @dataclass(frozen=True)
@@ -87,7 +131,7 @@ def judge(job: Job) -> ConfigResult:
     """One configuration's answer (see the module docstring); never raises for a configuration that
     cannot run: it comes back infeasible, with the reason."""
     from kvplan.run.sim.brackets import round_rate
-    from kvplan.run.sim.gpu_target import gpu_setup
+    from kvplan.run.sim.gpu_target import disagg_setup, gpu_setup
     from kvplan.run.sim.search import CONCURRENCY_PRECISION, search_capacity
 
     c = job.config
@@ -99,7 +143,12 @@ def judge(job: Job) -> ConfigResult:
     base = dict(
         gpu=c.gpu,
         tp=c.tp,
-        num_gpus_per_replica=c.tp,
+        num_gpus_per_replica=c.num_gpus,
+        disagg=c.shape,
+        prefill_workers=c.prefill_workers or None,
+        prefill_tp=c.prefill_tp or None,
+        decode_workers=c.decode_workers or None,
+        link=c.link or None,
         kv_cache_dtype=c.kv_cache_dtype,
         weight_dtype=c.weight_dtype,
         max_num_seqs=c.max_num_seqs,
@@ -117,7 +166,10 @@ def judge(job: Job) -> ConfigResult:
         meets_slo=False,
     )
     try:
-        setup = gpu_setup(workload, job.model, c.gpu, c.tp, c.kv_cache_dtype, c.weight_dtype)
+        if c.prefill_workers:
+            setup = disagg_setup(workload, _unit(job.model, c), "config")
+        else:
+            setup = gpu_setup(workload, job.model, c.gpu, c.tp, c.kv_cache_dtype, c.weight_dtype)
         sampled = {bucket.name: job.sampled[bucket.name]}
         check_requests_fit(workload, setup.facts, sampled)
     except KvplanError as err:
@@ -125,7 +177,9 @@ def judge(job: Job) -> ConfigResult:
     # --rate: replicas come from the rate (to within 2 %); the concurrency, only the Pareto point's,
     # to within RATE_MODE_CONCURRENCY_PRECISION. --users: replicas come from it, to within 2 %.
     precision = RATE_MODE_CONCURRENCY_PRECISION if job.rate is not None else CONCURRENCY_PRECISION
-    cap = search_capacity(workload, setup.facts, sampled, setup.clock, job.attainment, {}, precision)[0]
+    cap = search_capacity(
+        workload, setup.facts, sampled, setup.clock, job.attainment, {}, precision, make_backend=setup.make_backend
+    )[0]
     rate_point = cap.max_request_rate
     if cap.burst_meets_slo and cap.max_concurrency is not None:
         # a TPOT-only SLO holds at any rate (a queue never breaks it): a replica then serves what
@@ -148,7 +202,7 @@ def judge(job: Job) -> ConfigResult:
             step_times=setup.cost_model.step_times,
         )
     replicas = math.ceil(load / per_replica - 1e-9)
-    gpus = replicas * c.tp
+    gpus = replicas * c.num_gpus
     point = rate_point if job.rate is not None else cap.max_concurrency
     assert point is not None  # per_replica is its level
     attained = point.slo_attainment or 0.0
@@ -163,7 +217,7 @@ def judge(job: Job) -> ConfigResult:
     throughput = None if at_users is None else at_users.output_tokens_per_s
     return ConfigResult(
         **base,
-        output_tokens_per_s_per_gpu=None if throughput is None else throughput / c.tp,
+        output_tokens_per_s_per_gpu=None if throughput is None else throughput / c.num_gpus,
         output_tokens_per_s_per_user=None if throughput is None or at_users is None else throughput / at_users.level,
         replicas=replicas,
         num_gpus=gpus,
@@ -177,6 +231,45 @@ def judge(job: Job) -> ConfigResult:
         usd_per_k_good_requests=None if usd is None or not good else usd / (good * 3600 / 1000),
         meets_slo=True,
     )
+
+
+def _unit(model: str, c: Config):
+    """Config ``c`` as a disaggregated plan entry (kvplan.workload.deployment.Deployment)."""
+    from kvplan.workload.deployment import Deployment, Disagg, DisaggPool
+
+    pools = Disagg(
+        prefill=DisaggPool(workers=c.prefill_workers, tp=c.prefill_tp),
+        decode=DisaggPool(workers=c.decode_workers, tp=c.tp),
+        link=c.link,
+    )
+    return Deployment(
+        model=model, gpu=c.gpu, tp=c.tp, kv_cache_dtype=c.kv_cache_dtype, weight_dtype=c.weight_dtype, disagg=pools
+    )
+
+
+def disagg_verdict(ranked: Sequence[ConfigResult]) -> str | None:
+    """Whether disaggregation pays on this load: the best disaggregated unit against the best
+    aggregated replica meeting the SLO (the ranking's order: $/hour, then GPUs), with the GPUs
+    each needs and what one GPU carries; None without disaggregated configurations."""
+    dis = next((r for r in ranked if r.disagg and r.meets_slo), None)
+    agg = next((r for r in ranked if not r.disagg and r.meets_slo), None)
+    if not any(r.disagg for r in ranked):
+        return None
+    if dis is None:
+        return "disaggregation does not pay: no disaggregated configuration meets the SLO at this load"
+
+    def said(r: ConfigResult) -> str:
+        what = f"{r.gpu} {r.disagg}" if r.disagg else f"{r.gpu} x{r.tp}"
+        usd = "unpriced" if r.usd_per_hour is None else f"${r.usd_per_hour:,.2f}/h"
+        capacity = r.slo_max_request_rate if r.slo_max_request_rate is not None else r.slo_max_concurrency
+        per_gpu = (capacity or 0.0) / r.num_gpus_per_replica
+        return f"{what} x{r.replicas} ({r.num_gpus} GPUs, {usd}, {per_gpu:.3g} per GPU)"
+
+    if agg is None:
+        return f"disaggregation pays: {said(dis)}; no aggregated configuration meets the SLO at this load"
+    pays = rank_key(dis) < rank_key(agg)
+    verb = "pays" if pays else "does not pay"
+    return f"disaggregation {verb}: {said(dis)} against aggregated {said(agg)}"
 
 
 def rank_key(r: ConfigResult) -> tuple:
@@ -196,7 +289,8 @@ def rank_key(r: ConfigResult) -> tuple:
 def progress_line(r: ConfigResult) -> str:
     """One line per finished configuration (the search's progress)."""
     weights = "" if r.weight_dtype == "auto" else f" weights {r.weight_dtype}"
-    what = f"{r.gpu} x{r.tp} kv {r.kv_cache_dtype}{weights} seqs {r.max_num_seqs} tokens {r.max_num_batched_tokens}"
+    shape = f" {r.disagg}" if r.disagg else f" x{r.tp}"
+    what = f"{r.gpu}{shape} kv {r.kv_cache_dtype}{weights} seqs {r.max_num_seqs} tokens {r.max_num_batched_tokens}"
     if not r.feasible:
         return f"{what}: infeasible ({r.reason})"
     if not r.meets_slo:

@@ -56,6 +56,10 @@ class PlanRequest:
     window_s: float | None = None  # size a trace window by window (kvplan.optimize.plan_windows)
     scale_up_s: float = plan_windows.DEFAULT_SCALE_UP_S
     window_requests: int = plan_windows.DEFAULT_WINDOW_REQUESTS
+    disagg: bool = False  # also search disaggregated units (kvplan.optimize.plan.disagg_grid)
+    prefill_workers: tuple[int, ...] = (1, 2)
+    decode_workers: tuple[int, ...] = (1, 2, 4)
+    links: tuple[str, ...] = ("rdma-400g",)
 
 
 @dataclass(frozen=True)
@@ -93,7 +97,7 @@ def _check(request: PlanRequest) -> None:
         raise KvplanError("max_gpus", f"must be >= 1 (got {request.max_gpus})")
     if request.jobs < 1:
         raise KvplanError("jobs", f"must be >= 1 (got {request.jobs})", "or leave it out: the machine's cores")
-    for field in ("tp", "max_num_seqs", "max_num_batched_tokens"):
+    for field in ("tp", "max_num_seqs", "max_num_batched_tokens", "prefill_workers", "decode_workers"):
         values = getattr(request, field)
         if not values or min(values) < 1:
             raise KvplanError(
@@ -114,6 +118,20 @@ def _dtypes(values: tuple[str, ...], field: str) -> list[str]:
     if not out:
         raise KvplanError(field, "names no dtype", "e.g. auto,fp8")
     return list(dict.fromkeys(out))
+
+
+def _links(names: tuple[str, ...]) -> list[str]:
+    """The canonical names of ``names`` (kvplan/sizing/data/links.yaml), each once.
+
+    Raises:
+        KvplanError: ``links``: an unknown link (with the closest), or none given.
+    """
+    from kvplan.sizing.gpus.links import lookup_link
+
+    chosen = [lookup_link(name, "links").name for name in names if name]
+    if not chosen:
+        raise KvplanError("links", "names no link", "e.g. --links nvlink,rdma-400g")
+    return list(dict.fromkeys(chosen))
 
 
 def _gpus(names: tuple[str, ...]) -> list[str]:
@@ -187,6 +205,15 @@ def plan_deployments(request: PlanRequest, progress: Progress = _silent, warn: W
         list(dict.fromkeys(request.max_num_batched_tokens)),
         request.max_gpus,
     )
+    if request.disagg:
+        configs += planning.disagg_grid(
+            configs,
+            list(dict.fromkeys(request.tp)),
+            list(dict.fromkeys(request.prefill_workers)),
+            list(dict.fromkeys(request.decode_workers)),
+            _links(request.links),
+            request.max_gpus,
+        )
     if not configs:
         raise KvplanError("tp", f"no --tp value is within --max-gpus {request.max_gpus}", "give a smaller --tp")
     engine_model = spec.engine.model
@@ -232,6 +259,7 @@ def plan_deployments(request: PlanRequest, progress: Progress = _silent, warn: W
         interrupted=interrupted,
         created=dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC"),
         windows=windows,
+        disagg_verdict=planning.disagg_verdict(results) if request.disagg else None,
     )
     write_plan(run_dir, run)
     if pareto is not None:

@@ -45,6 +45,13 @@ class ConfigResult(BaseModel):
     # at the highest concurrency meeting the SLO, per replica: output tok/s per GPU and per user
     output_tokens_per_s_per_gpu: float | None = None
     output_tokens_per_s_per_user: float | None = None
+    # a disaggregated unit (``kvplan plan --disagg``): its shape (``2P tp2 + 3D tp4 over rdma-400g``),
+    # prefill workers and their tp, decode workers (their tp is ``tp``) and the link; None: a replica
+    disagg: str | None = None
+    prefill_workers: int | None = None
+    prefill_tp: int | None = None
+    decode_workers: int | None = None
+    link: str | None = None
 
 
 class WindowResult(BaseModel):
@@ -101,6 +108,7 @@ class PlanRun(BaseModel):
     interrupted: bool = False
     created: str = ""
     windows: WindowPlan | None = Field(None, description="With --window: the trace sized window by window.")
+    disagg_verdict: str | None = None  # --disagg: whether disaggregation pays (kvplan.optimize.plan.disagg_verdict)
 
 
 def is_plan_dir(run_dir: Path) -> bool:

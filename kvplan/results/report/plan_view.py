@@ -45,6 +45,7 @@ def plan_frame(results: list[ConfigResult], load: dict, top: int = 15) -> pd.Dat
             "#": i,
             "GPU": r.gpu,
             "tp": r.tp,
+            "disagg": r.disagg or "",
             "kv": r.kv_cache_dtype,
             "weights": r.weight_dtype,
             "seqs": r.max_num_seqs,
@@ -61,6 +62,8 @@ def plan_frame(results: list[ConfigResult], load: dict, top: int = 15) -> pd.Dat
         for i, r in enumerate([r for r in results if r.feasible][:top], 1)
     ]
     frame = pd.DataFrame(rows)
+    if "disagg" in frame and set(frame["disagg"]) == {""}:
+        frame = frame.drop(columns="disagg")  # aggregated replicas only
     if "weights" in frame and set(frame["weights"]) == {"auto"}:
         frame = frame.drop(columns="weights")  # one weight dtype asked: the checkpoint's
     return frame
@@ -99,8 +102,12 @@ def print_plan(
     best = results[0] if results else None
     if best is not None and best.meets_slo:
         note = "" if best.usd_per_hour is not None else " (unpriced: ranked by GPU count)"
+        line = serve_command(model, best)
+        if best.disagg:  # the same engine settings per worker, each pool at its tp, joined by a KV connector
+            tp = f"--tensor-parallel-size {best.tp}"
+            line = f"{best.disagg}: each worker {line.replace(tp, '--tensor-parallel-size <its pool tp>')}"
         console.print(
-            f"best{note}: {serve_command(model, best)}  # x{best.replicas} replica(s)",
+            f"best{note}: {line}  # x{best.replicas} replica(s)",
             markup=False,
             highlight=False,
             soft_wrap=True,
