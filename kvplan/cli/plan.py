@@ -30,6 +30,10 @@ def _ints(text: str, field: str) -> list[int]:
     return list(dict.fromkeys(values))  # a value given twice is judged once
 
 
+def _maybe_ints(text: str | None, field: str) -> tuple[int, ...] | None:
+    return None if text is None else tuple(_ints(text, field))
+
+
 def _split(text: str) -> tuple[str, ...]:
     """Comma-separated names, stripped, the empty ones left out."""
     return tuple(v.strip() for v in text.split(",") if v.strip())
@@ -102,8 +106,9 @@ def plan(
         bool,
         typer.Option(
             "--disagg",
-            help="Also search prefill/decode disaggregated units (prefill and decode tp from --tp, the worker counts"
-            " and links below) beside the aggregated replicas, and say whether disaggregation pays.",
+            help="Also search prefill/decode disaggregated units (the worker counts, pool tps, prefill limits and"
+            " links below; the decode pool's limits the grid's) beside the aggregated replicas, and say whether"
+            " disaggregation pays.",
         ),
     ] = False,
     prefill_workers: Annotated[
@@ -116,6 +121,23 @@ def plan(
         str,
         typer.Option(help="With --disagg: links to consider (kvplan/sizing/data/links.yaml), comma-separated."),
     ] = "rdma-400g",
+    prefill_tp: Annotated[
+        str | None, typer.Option(help="With --disagg: prefill workers' tps, comma-separated (default: --tp's).")
+    ] = None,
+    decode_tp: Annotated[
+        str | None, typer.Option(help="With --disagg: decode workers' tps, comma-separated (default: --tp's).")
+    ] = None,
+    prefill_max_num_seqs: Annotated[
+        str | None,
+        typer.Option(help="With --disagg: prefill workers' max_num_seqs, comma-separated (default: --max-num-seqs's)."),
+    ] = None,
+    prefill_max_num_batched_tokens: Annotated[
+        str | None,
+        typer.Option(
+            help="With --disagg: prefill workers' token budgets per step, comma-separated"
+            " (default: --max-num-batched-tokens's)."
+        ),
+    ] = None,
 ) -> None:
     # one line: `kvplan --help` shows this paragraph's line breaks as they are written
     """Search GPU kind, TP, dtypes and scheduler limits for the cheapest deployment that serves --rate (or --users) of the workload's traffic within its SLO: per-replica SLO capacity by simulation, replicas, GPUs, cost."""  # noqa: E501
@@ -148,6 +170,10 @@ def plan(
         prefill_workers=tuple(_ints(prefill_workers, "prefill_workers")),
         decode_workers=tuple(_ints(decode_workers, "decode_workers")),
         links=_split(links),
+        prefill_tp=_maybe_ints(prefill_tp, "prefill_tp"),
+        decode_tp=_maybe_ints(decode_tp, "decode_tp"),
+        prefill_max_num_seqs=_maybe_ints(prefill_max_num_seqs, "prefill_max_num_seqs"),
+        prefill_max_num_batched_tokens=_maybe_ints(prefill_max_num_batched_tokens, "prefill_max_num_batched_tokens"),
     )
     console = make_console()
     outcome = plan_deployments(request, lambda total: _progress(console, total, quiet=json_output), warn)

@@ -15,10 +15,10 @@ requests for all::
                   requests = $/hour / (rate x the attainment at the capacity point x 3,600 / 1,000);
                   with --users, rate = users x the capacity point's requests/s per user
 
-With ``--disagg``, disaggregated configurations join the grid: ``x`` prefill workers of tp ``t_p``
-and ``y`` decode workers of tp ``t_d`` over a link (kvplan.run.sim.disagg; each pool's
-``max_num_seqs`` and ``max_num_batched_tokens`` the configuration's), judged and costed the same
-way with the ``xPyD`` unit as the replica: GPUs = replicas x (x t_p + y t_d).
+With ``--disagg``, disaggregated units join the grid (kvplan.optimize.plan_disagg): ``x`` prefill
+workers of tp ``t_p`` and ``y`` decode workers of tp ``t_d`` over a link, each pool with its own
+limits, judged on kvplan.run.sim.disagg's pools and costed the same way with the unit as the
+replica: GPUs = replicas x (x t_p + y t_d).
 
 Configurations are independent: they run here, on a process pool (``jobs``) or as Ray tasks
 (kvplan.optimize.plan_pool), each simulated whole in one worker, so the answers do not depend on
@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from itertools import product
 
 from kvplan.errors import KvplanError
@@ -56,10 +56,12 @@ class Config:
     weight_dtype: str
     max_num_seqs: int
     max_num_batched_tokens: int
-    prefill_workers: int = 0  # 0: aggregated
+    prefill_workers: int = 0  # 0: aggregated; else a disaggregated unit, whose decode pool has the fields above
     prefill_tp: int = 0
     decode_workers: int = 0
     link: str = ""
+    prefill_max_num_seqs: int = 0
+    prefill_max_num_batched_tokens: int = 0
 
     @property
     def num_gpus(self) -> int:
@@ -77,6 +79,20 @@ class Config:
         return f"{self.prefill_workers}P tp{self.prefill_tp} + {self.decode_workers}D tp{self.tp} over {self.link}"
 
 
+def disagg_fields(c: Config) -> dict:
+    """ConfigResult's keys of a disaggregated unit (all None for a replica)."""
+    dis = bool(c.prefill_workers)
+    return dict(
+        disagg=c.shape,
+        prefill_workers=c.prefill_workers if dis else None,
+        prefill_tp=c.prefill_tp if dis else None,
+        decode_workers=c.decode_workers if dis else None,
+        link=c.link if dis else None,
+        prefill_max_num_seqs=c.prefill_max_num_seqs if dis else None,
+        prefill_max_num_batched_tokens=c.prefill_max_num_batched_tokens if dis else None,
+    )
+
+
 def grid(
     gpus: Sequence[str],
     tps: Sequence[int],
@@ -92,24 +108,6 @@ def grid(
         for g, t, k, w, s, b in product(gpus, tps, kv_cache_dtypes, weight_dtypes, max_num_seqs, max_num_batched_tokens)
         if t <= max_gpus
     ]
-
-
-def disagg_grid(
-    base: Sequence[Config],
-    tps: Sequence[int],
-    prefill_workers: Sequence[int],
-    decode_workers: Sequence[int],
-    links: Sequence[str],
-    max_gpus: int,
-) -> list[Config]:
-    """Every disaggregated unit built from ``base``'s GPUs, dtypes and limits: prefill tp and decode
-    tp from ``tps``, the worker counts and links given, with at most ``max_gpus`` GPUs in a unit."""
-    units = [
-        replace(c, tp=td, prefill_workers=x, prefill_tp=tpp, decode_workers=y, link=link)
-        for c in {replace(c, tp=0): None for c in base}
-        for tpp, td, x, y, link in product(tps, tps, prefill_workers, decode_workers, links)
-    ]
-    return [u for u in units if u.num_gpus <= max_gpus]
 
 
 @dataclass(frozen=True)
@@ -130,6 +128,7 @@ class Job:
 def judge(job: Job) -> ConfigResult:
     """One configuration's answer (see the module docstring); never raises for a configuration that
     cannot run: it comes back infeasible, with the reason."""
+    from kvplan.optimize.plan_disagg import unit
     from kvplan.run.sim.brackets import round_rate
     from kvplan.run.sim.gpu_target import disagg_setup, gpu_setup
     from kvplan.run.sim.search import CONCURRENCY_PRECISION, search_capacity
@@ -144,11 +143,7 @@ def judge(job: Job) -> ConfigResult:
         gpu=c.gpu,
         tp=c.tp,
         num_gpus_per_replica=c.num_gpus,
-        disagg=c.shape,
-        prefill_workers=c.prefill_workers or None,
-        prefill_tp=c.prefill_tp or None,
-        decode_workers=c.decode_workers or None,
-        link=c.link or None,
+        **disagg_fields(c),
         kv_cache_dtype=c.kv_cache_dtype,
         weight_dtype=c.weight_dtype,
         max_num_seqs=c.max_num_seqs,
@@ -167,7 +162,7 @@ def judge(job: Job) -> ConfigResult:
     )
     try:
         if c.prefill_workers:
-            setup = disagg_setup(workload, _unit(job.model, c), "config")
+            setup = disagg_setup(workload, unit(job.model, c), "config")
         else:
             setup = gpu_setup(workload, job.model, c.gpu, c.tp, c.kv_cache_dtype, c.weight_dtype)
         sampled = {bucket.name: job.sampled[bucket.name]}
@@ -230,46 +225,9 @@ def judge(job: Job) -> ConfigResult:
         usd_per_m_output_tokens=None if usd is None or not served_rps else usd / (served_rps * mean_out * 3600 / 1e6),
         usd_per_k_good_requests=None if usd is None or not good else usd / (good * 3600 / 1000),
         meets_slo=True,
+        ttft_p99_ms=point.ttft_p99_ms,
+        tpot_p99_ms=point.tpot_p99_ms,
     )
-
-
-def _unit(model: str, c: Config):
-    """Config ``c`` as a disaggregated plan entry (kvplan.workload.deployment.Deployment)."""
-    from kvplan.workload.deployment import Deployment, Disagg, DisaggPool
-
-    pools = Disagg(
-        prefill=DisaggPool(workers=c.prefill_workers, tp=c.prefill_tp),
-        decode=DisaggPool(workers=c.decode_workers, tp=c.tp),
-        link=c.link,
-    )
-    return Deployment(
-        model=model, gpu=c.gpu, tp=c.tp, kv_cache_dtype=c.kv_cache_dtype, weight_dtype=c.weight_dtype, disagg=pools
-    )
-
-
-def disagg_verdict(ranked: Sequence[ConfigResult]) -> str | None:
-    """Whether disaggregation pays on this load: the best disaggregated unit against the best
-    aggregated replica meeting the SLO (the ranking's order: $/hour, then GPUs), with the GPUs
-    each needs and what one GPU carries; None without disaggregated configurations."""
-    dis = next((r for r in ranked if r.disagg and r.meets_slo), None)
-    agg = next((r for r in ranked if not r.disagg and r.meets_slo), None)
-    if not any(r.disagg for r in ranked):
-        return None
-    if dis is None:
-        return "disaggregation does not pay: no disaggregated configuration meets the SLO at this load"
-
-    def said(r: ConfigResult) -> str:
-        what = f"{r.gpu} {r.disagg}" if r.disagg else f"{r.gpu} x{r.tp}"
-        usd = "unpriced" if r.usd_per_hour is None else f"${r.usd_per_hour:,.2f}/h"
-        capacity = r.slo_max_request_rate if r.slo_max_request_rate is not None else r.slo_max_concurrency
-        per_gpu = (capacity or 0.0) / r.num_gpus_per_replica
-        return f"{what} x{r.replicas} ({r.num_gpus} GPUs, {usd}, {per_gpu:.3g} per GPU)"
-
-    if agg is None:
-        return f"disaggregation pays: {said(dis)}; no aggregated configuration meets the SLO at this load"
-    pays = rank_key(dis) < rank_key(agg)
-    verb = "pays" if pays else "does not pay"
-    return f"disaggregation {verb}: {said(dis)} against aggregated {said(agg)}"
 
 
 def rank_key(r: ConfigResult) -> tuple:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import datetime as dt
 import math
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -56,10 +56,14 @@ class PlanRequest:
     window_s: float | None = None  # size a trace window by window (kvplan.optimize.plan_windows)
     scale_up_s: float = plan_windows.DEFAULT_SCALE_UP_S
     window_requests: int = plan_windows.DEFAULT_WINDOW_REQUESTS
-    disagg: bool = False  # also search disaggregated units (kvplan.optimize.plan.disagg_grid)
+    disagg: bool = False  # also search disaggregated units (kvplan.optimize.plan_disagg)
     prefill_workers: tuple[int, ...] = (1, 2)
     decode_workers: tuple[int, ...] = (1, 2, 4)
     links: tuple[str, ...] = ("rdma-400g",)
+    prefill_tp: tuple[int, ...] | None = None  # None: tp's values (so for the rest)
+    decode_tp: tuple[int, ...] | None = None
+    prefill_max_num_seqs: tuple[int, ...] | None = None
+    prefill_max_num_batched_tokens: tuple[int, ...] | None = None
 
 
 @dataclass(frozen=True)
@@ -97,9 +101,21 @@ def _check(request: PlanRequest) -> None:
         raise KvplanError("max_gpus", f"must be >= 1 (got {request.max_gpus})")
     if request.jobs < 1:
         raise KvplanError("jobs", f"must be >= 1 (got {request.jobs})", "or leave it out: the machine's cores")
-    for field in ("tp", "max_num_seqs", "max_num_batched_tokens", "prefill_workers", "decode_workers"):
+    if request.disagg and request.window_s is not None:
+        raise KvplanError("disagg", "is not judged window by window yet", "leave out --window or --disagg")
+    for field in (
+        "tp",
+        "max_num_seqs",
+        "max_num_batched_tokens",
+        "prefill_workers",
+        "decode_workers",
+        "prefill_tp",
+        "decode_tp",
+        "prefill_max_num_seqs",
+        "prefill_max_num_batched_tokens",
+    ):
         values = getattr(request, field)
-        if not values or min(values) < 1:
+        if values is not None and (not values or min(values) < 1):
             raise KvplanError(
                 field, f"must be integers >= 1 (got {','.join(map(str, values)) or 'none'})", "e.g. 64,128"
             )
@@ -120,18 +136,32 @@ def _dtypes(values: tuple[str, ...], field: str) -> list[str]:
     return list(dict.fromkeys(out))
 
 
-def _links(names: tuple[str, ...]) -> list[str]:
-    """The canonical names of ``names`` (kvplan/sizing/data/links.yaml), each once.
+def _disagg_configs(request: PlanRequest, base: list[planning.Config], model_dir: str) -> list[planning.Config]:
+    """--disagg's units over ``base``'s GPUs, dtypes and limits (kvplan.optimize.plan_disagg).
 
     Raises:
-        KvplanError: ``links``: an unknown link (with the closest), or none given.
+        KvplanError: ``links``: an unknown link (with the closest) or none; ``prefill_tp`` /
+            ``decode_tp``: a tp that does not divide the model's attention heads.
     """
+    from kvplan.optimize.plan_disagg import check_pool_tps, disagg_grid
     from kvplan.sizing.gpus.links import lookup_link
 
-    chosen = [lookup_link(name, "links").name for name in names if name]
-    if not chosen:
+    links = list(dict.fromkeys(lookup_link(name, "links").name for name in request.links))
+    if not links:
         raise KvplanError("links", "names no link", "e.g. --links nvlink,rdma-400g")
-    return list(dict.fromkeys(chosen))
+    pools: dict[str, Sequence[int]] = {
+        "prefill_tp": request.prefill_tp or request.tp,
+        "tp": request.decode_tp or request.tp,
+        "prefill_workers": request.prefill_workers,
+        "decode_workers": request.decode_workers,
+        "prefill_max_num_seqs": request.prefill_max_num_seqs or request.max_num_seqs,
+        "prefill_max_num_batched_tokens": request.prefill_max_num_batched_tokens or request.max_num_batched_tokens,
+    }
+    for key, field in (("prefill_tp", "prefill_tp"), ("tp", "decode_tp")):
+        # given: each must divide the heads; taken from --tp: the ones that do (as aggregated, the
+        # rest would only come back infeasible)
+        pools[key] = check_pool_tps(model_dir, pools[key], field, strict=getattr(request, field) is not None)
+    return disagg_grid(base, {k: list(dict.fromkeys(v)) for k, v in pools.items()}, links, request.max_gpus)
 
 
 def _gpus(names: tuple[str, ...]) -> list[str]:
@@ -160,6 +190,7 @@ def plan_deployments(request: PlanRequest, progress: Progress = _silent, warn: W
         KvplanError: bad input, naming the option or the workload field (nothing is written); or,
             after plan.json is written, no configuration fits the model at all (field ``model``).
     """
+    from kvplan.optimize.plan_disagg import disagg_verdict
     from kvplan.optimize.plan_pool import search
     from kvplan.results.report.plan import write_plan
     from kvplan.results.store import check_out, create_run_dir
@@ -206,14 +237,7 @@ def plan_deployments(request: PlanRequest, progress: Progress = _silent, warn: W
         request.max_gpus,
     )
     if request.disagg:
-        configs += planning.disagg_grid(
-            configs,
-            list(dict.fromkeys(request.tp)),
-            list(dict.fromkeys(request.prefill_workers)),
-            list(dict.fromkeys(request.decode_workers)),
-            _links(request.links),
-            request.max_gpus,
-        )
+        configs += _disagg_configs(request, configs, spec.resolve_model(model))
     if not configs:
         raise KvplanError("tp", f"no --tp value is within --max-gpus {request.max_gpus}", "give a smaller --tp")
     engine_model = spec.engine.model
@@ -259,7 +283,7 @@ def plan_deployments(request: PlanRequest, progress: Progress = _silent, warn: W
         interrupted=interrupted,
         created=dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC"),
         windows=windows,
-        disagg_verdict=planning.disagg_verdict(results) if request.disagg else None,
+        disagg_verdict=disagg_verdict(results) if request.disagg else None,
     )
     write_plan(run_dir, run)
     if pareto is not None:

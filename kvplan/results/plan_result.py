@@ -45,13 +45,28 @@ class ConfigResult(BaseModel):
     # at the highest concurrency meeting the SLO, per replica: output tok/s per GPU and per user
     output_tokens_per_s_per_gpu: float | None = None
     output_tokens_per_s_per_user: float | None = None
-    # a disaggregated unit (``kvplan plan --disagg``): its shape (``2P tp2 + 3D tp4 over rdma-400g``),
-    # prefill workers and their tp, decode workers (their tp is ``tp``) and the link; None: a replica
-    disagg: str | None = None
-    prefill_workers: int | None = None
-    prefill_tp: int | None = None
-    decode_workers: int | None = None
-    link: str | None = None
+    ttft_p99_ms: float | None = Field(
+        None,
+        description="P99 TTFT at the capacity point that sized the replicas (its rate with --rate, its users with"
+        " --users), ms; null: no point meets the SLO (or a plan written before it existed).",
+    )
+    tpot_p99_ms: float | None = Field(None, description="P99 TPOT at the same capacity point, ms; null as ttft_p99_ms.")
+    disagg: str | None = Field(
+        None,
+        description="A disaggregated unit's shape (kvplan plan --disagg), e.g. '1P tp2 + 3D tp4 over rdma-400g': x"
+        " prefill workers of tp t_p, y decode workers (the decode pool's tp, max_num_seqs and"
+        " max_num_batched_tokens are this row's tp, max_num_seqs, max_num_batched_tokens); null: a replica.",
+    )
+    prefill_workers: int | None = Field(None, description="A disaggregated unit's prefill workers; null: a replica.")
+    prefill_tp: int | None = Field(None, description="Tensor parallelism of each prefill worker; null: a replica.")
+    decode_workers: int | None = Field(None, description="A disaggregated unit's decode workers; null: a replica.")
+    link: str | None = Field(
+        None, description="The link the KV moves over (kvplan/sizing/data/links.yaml); null: a replica."
+    )
+    prefill_max_num_seqs: int | None = Field(None, description="Each prefill worker's max_num_seqs; null: a replica.")
+    prefill_max_num_batched_tokens: int | None = Field(
+        None, description="Each prefill worker's token budget per step; null: a replica."
+    )
 
 
 class WindowResult(BaseModel):
@@ -108,7 +123,11 @@ class PlanRun(BaseModel):
     interrupted: bool = False
     created: str = ""
     windows: WindowPlan | None = Field(None, description="With --window: the trace sized window by window.")
-    disagg_verdict: str | None = None  # --disagg: whether disaggregation pays (kvplan.optimize.plan.disagg_verdict)
+    disagg_verdict: str | None = Field(
+        None,
+        description="With --disagg: whether disaggregation pays at this load and why (the best unit against the best"
+        " replica: cost, GPUs added or saved, TTFT P99 at capacity; kvplan.optimize.plan_disagg.disagg_verdict).",
+    )
 
 
 def is_plan_dir(run_dir: Path) -> bool:

@@ -59,6 +59,12 @@ class SloPoint(_Part):
     slo_attainment: float
     output_tokens_per_s: float | None
     goodput_rps: float | None
+    ttft_p99_ms: float | None = Field(
+        None, description="P99 TTFT of the level's measured requests, ms; None: none completed (or an older run)."
+    )
+    tpot_p99_ms: float | None = Field(
+        None, description="P99 TPOT of the level's measured requests, ms; None: none had two tokens (or an older run)."
+    )
 
 
 class BucketCapacity(_Part):

@@ -21,6 +21,9 @@ decode worker runs one step more (its first step yields the client's token 1, af
 moved) and the prefill worker's token never reaches the client; a max_tokens-1 request is handed
 off too.
 
+A handoff that can never run on its decode worker (more blocks than its pool, or past max_model_len)
+ends at the prefill step that made it as ``cannot_fit``, its prefill blocks freed: it never waits.
+
 Events run in time order (ties: step ends, then transfer ends, then step starts; workers in
 index order). A step is scheduled at its start and updated at its end, so what another worker
 does meanwhile (a transfer freeing prefill blocks) lands between the two, as on a real cluster.
@@ -216,6 +219,15 @@ class DisaggBackend:
                     del self._route[request.request_id]
                     out.append(_finished(request))
                     continue
+                if never := _never_fits(self.decode[d].scheduler, request, max_tokens + self.decode_first):
+                    scheduler.release(request.request_id)  # as a finished request's: no handoff waits forever
+                    del self._route[request.request_id]
+                    request.finish_reason, request.finish_detail = FinishReason.CANNOT_FIT, never
+                    done = _finished(request)
+                    if self.decode_first:  # the prefill worker's token was dropped by the router
+                        done = replace(done, token_times=(), num_output_tokens=0)
+                    out.append(done)
+                    continue
                 self.decode[d].handoffs.append((end, request))
                 self.decode[d].wake(end)
             else:  # refused or cut short on the prefill worker (cannot fit): the client's answer
@@ -261,6 +273,19 @@ def _prefill_scheduler(facts: EngineFacts) -> PrefillScheduler:
     assert isinstance(scheduler, PrefillScheduler)
     scheduler.held = {}
     return scheduler
+
+
+def _never_fits(scheduler: Scheduler, prefilled: Request, max_tokens: int) -> str:
+    """Why a handoff can never run on the decode worker of ``scheduler`` ("" when it can): its whole
+    length there (prompt + ``max_tokens`` - 1 tokens, the last token needing no slot) needs more
+    blocks than the worker's pool or exceeds max_model_len, the aggregated engine's cannot_fit rule
+    (engine.scheduler.Scheduler.add_request) applied where the router hands it off; it covers a
+    prompt + 1 tokens (admission's need) larger than the pool."""
+    length = prefilled.num_prompt_tokens + max_tokens
+    if length > scheduler.max_model_len:
+        return f"prompt {prefilled.num_prompt_tokens} + max_tokens {max_tokens} = {length} tokens > max_model_len"
+    needed, pool = scheduler.block_manager.num_blocks_for(length - 1), scheduler.block_manager.num_blocks
+    return f"needs {needed} blocks, the decode worker's cache has {pool}" if needed > pool else ""
 
 
 def _join(scheduler: Scheduler, prefilled: Request, max_tokens: int, now: float) -> None:

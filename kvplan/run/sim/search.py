@@ -312,6 +312,8 @@ def _point(summary: LevelSummary) -> SloPoint:
         slo_attainment=summary.slo_attainment or 0.0,
         output_tokens_per_s=summary.output_tokens_per_s,
         goodput_rps=summary.goodput_rps,
+        ttft_p99_ms=None if summary.ttft_ms is None else summary.ttft_ms.p99,
+        tpot_p99_ms=None if summary.tpot_ms is None else summary.tpot_ms.p99,
     )
 
 

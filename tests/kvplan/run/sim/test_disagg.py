@@ -30,12 +30,11 @@ def facts(num_blocks=64, max_num_seqs=8) -> EngineFacts:
     )  # fmt: skip
 
 
-def run(n_requests, max_tokens=4, prefill=(1, None), decode=(1, None), link=LINK):
+def run(n_requests, max_tokens=4, prefill=(1, None), decode=(1, None), link=LINK, first_token="prefill"):
     """Every request sent at time 0; (backend, {id: Finished})."""
     clock = lambda: ModelClock(_Cost())  # noqa: E731
-    backend = DisaggBackend(
-        (prefill[1] or facts(), clock, prefill[0]), (decode[1] or facts(), clock, decode[0]), link, lambda n: 1e6
-    )
+    pools = (prefill[1] or facts(), clock, prefill[0]), (decode[1] or facts(), clock, decode[0])
+    backend = DisaggBackend(*pools, link, lambda n: 1e6, first_token=first_token)
     for i in range(n_requests):
         backend.submit(Submission(f"L/{i}", PROMPT, max_tokens, 0, "s", arrival_time=0.0))
     done = {}
@@ -98,3 +97,33 @@ def test_a_one_token_request_ends_at_the_prefill_worker():
     backend, done = run(1, max_tokens=1)
     assert done["L/0"].token_times == pytest.approx([PREFILL_S]) and done["L/0"].kv_transfer_s is None
     assert backend.decode[0].steps == []
+
+
+def test_a_handoff_that_can_never_fit_the_decode_pool_ends_as_cannot_fit():
+    # a decode pool of 6 blocks (96 tokens) can never take a 100-token prompt + token 1 (7 blocks):
+    # it ends when its prefill step ends, its prefill blocks freed; the next request still runs
+    backend, done = run(2, decode=(1, facts(num_blocks=6)), max_tokens=2)
+    for r in done.values():
+        assert (r.finish_reason, r.num_output_tokens) == ("cannot_fit", 1)
+        assert r.finish_time == pytest.approx(PREFILL_S) and r.token_times == pytest.approx((PREFILL_S,))
+        assert "needs 7 blocks" in r.finish_detail and r.kv_transfer_s is None
+    assert backend.decode[0].steps == [] and not backend.decode[0].handoffs
+
+
+def test_a_handoff_whose_whole_length_can_never_fit_ends_as_cannot_fit_but_one_that_fits_runs():
+    # 8 blocks (128 tokens): prompt 100 + 29 max_tokens - 1 = 128 tokens fit; 30 would need 9 blocks
+    _, done = run(1, decode=(1, facts(num_blocks=8)), max_tokens=29)
+    assert (done["L/0"].finish_reason, done["L/0"].num_output_tokens) == ("length", 29)
+    _, done = run(1, decode=(1, facts(num_blocks=8)), max_tokens=30)
+    assert (done["L/0"].finish_reason, done["L/0"].num_output_tokens) == ("cannot_fit", 1)
+    assert "needs 9 blocks, the decode worker's cache has 8" in done["L/0"].finish_detail
+
+
+def test_with_token_1_from_decode_the_decode_worker_needs_one_slot_more_and_a_cannot_fit_streams_nothing():
+    # the decode worker runs max_tokens + 1 steps' worth: 100 + 29 - 1 = 128 tokens fit 8 blocks, 129 do not
+    _, done = run(1, decode=(1, facts(num_blocks=8)), max_tokens=28, first_token="decode")
+    assert (done["L/0"].finish_reason, done["L/0"].num_output_tokens) == ("length", 28)
+    _, done = run(1, decode=(1, facts(num_blocks=8)), max_tokens=29, first_token="decode")
+    r = done["L/0"]
+    assert (r.finish_reason, r.num_output_tokens, r.token_times) == ("cannot_fit", 0, ())
+    assert r.finish_time == pytest.approx(PREFILL_S) and "needs 9 blocks" in r.finish_detail
