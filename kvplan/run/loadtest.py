@@ -40,6 +40,7 @@ from kvplan.run.lifecycle import finish_run, now_iso, run_levels, start_run
 from kvplan.run.sim.search import resolve_auto, simulated_knees, with_knees
 from kvplan.traffic.prompts import sample_buckets
 from kvplan.workload.schema import Workload
+from kvplan.workload.trace import check_replay
 from kvplan.workload.variants import all_variants, variant_workload
 
 
@@ -63,6 +64,7 @@ def run_loadtest(workload: Workload, run_dir: Path | None = None, *, engine=None
     for index in range(len(workload.plan)):  # a bad plan target fails before the model loads
         plan_target(workload, index, {})
     check_out(run_dir)
+    check_replay(workload)  # a trace replayed whole: at most a level's 24 h
     say(f"[dim]loading {workload.engine.model}...[/dim]")
     engine = engine or build_engine(workload)
     facts = engine_facts(engine)

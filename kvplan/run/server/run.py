@@ -37,6 +37,7 @@ from kvplan.run.server.server_metrics import pool_numbers
 from kvplan.run.server.tokenizer import load_target_tokenizer, random_vocab
 from kvplan.traffic.prompts import sample_buckets
 from kvplan.workload.schema import Workload
+from kvplan.workload.trace import check_replay
 
 STREAMS_PER_WORKER = 250
 
@@ -140,6 +141,7 @@ def run_target_loadtest(
     for index in range(len(workload.plan)):
         plan_target(workload, index, {})
     check_out(run_dir)
+    check_replay(workload)  # a trace replayed whole: at most a level's 24 h
     source = workload.source if url_field != "target" else None
     pre = run_preflight(target, url_field, source)
     tokenizer = load_target_tokenizer(workload)

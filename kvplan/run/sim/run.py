@@ -35,6 +35,7 @@ from kvplan.traffic.requests import SampledBuckets
 from kvplan.traffic.samples import cached_sample
 from kvplan.traffic.tokenizer import tokenize_function, tokenizer_identity
 from kvplan.workload.schema import Workload
+from kvplan.workload.trace import check_replay
 from kvplan.workload.variants import all_variants, variant_workload
 
 
@@ -61,6 +62,7 @@ def sample(workload: Workload, facts: EngineFacts) -> SampledBuckets:
         KvplanError: what sampling and the fit checks raise (kvplan.traffic.prompts, kvplan.run.checks).
     """
     model = workload.engine.model
+    check_replay(workload)  # a trace replayed whole: at most a level's 24 h
     sampled = cached_sample(
         workload, lambda: tokenize_function(model), facts.vocab_size or 1, tokenizer_identity(model)
     )
