@@ -9,7 +9,7 @@ import numpy as np
 
 from kvplan.traffic.requests import SampledBuckets, SampledRequest
 from kvplan.workload.schema import Workload
-from kvplan.workload.trace import Trace, clipped, read_trace
+from kvplan.workload.trace import PROBE_REQUESTS, Trace, clipped, read_trace
 
 
 def trace_requests(workload: Workload, trace: Trace, vocab_size: int, picked: Sequence[int]) -> list[SampledRequest]:
@@ -45,5 +45,7 @@ def sample_trace(workload: Workload, vocab_size: int) -> SampledBuckets:
     trace = read_trace(workload)
     assert trace is not None  # a trace workload
     requests = trace_requests(workload, trace, vocab_size, range(len(trace.requests)))
-    info = {"kind": "trace", "path": str(workload.dataset_path), "num_lines": len(requests)}
+    # what the knee and SLO search probes run (kvplan.run.sim.trace_sample): a sample of at most this many
+    probe = min(len(requests), PROBE_REQUESTS)
+    info = {"kind": "trace", "path": str(workload.dataset_path), "num_lines": len(requests), "probe_requests": probe}
     return SampledBuckets({b.name: list(requests) for b in workload.buckets}, info)

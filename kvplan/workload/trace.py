@@ -60,6 +60,9 @@ from kvplan.workload.trace_formats.columns import (  # noqa: F401  (iso_seconds,
     mapped_jsonl_rows,
 )
 
+# a trace bucket's knee and SLO search probes run at most this many of its requests, evenly spaced
+# (kvplan.run.sim.search.probe_sample); the replay level itself runs every one
+PROBE_REQUESTS = 1000
 # bucket keys a trace replaces: lengths and counts come from its lines, arrival times from its timestamps
 _REPLACED = ("input_tokens", "output_tokens", "mix", "num_requests", "concurrency", "request_rates", "arrival")
 _ONE_PASS = ("duration_s", "warmup", "cooldown")  # a trace level sends each line once

@@ -106,6 +106,12 @@ def simulate(
                 err.fix,
                 source=workload.source,
             ) from None
+    info = sampled.dataset_info
+    if info.get("kind") == "trace" and info.get("probe_requests", info["num_lines"]) < info["num_lines"]:
+        note(
+            f"trace: the knee and the SLO search run a sample of {info['probe_requests']:,} of its"
+            f" {info['num_lines']:,} requests, evenly spaced; the replay level runs every one"
+        )
     workload = resolve_auto(workload, setup.facts, sampled.requests)
     knees = simulated_knees(workload, setup.facts, sampled.requests)
     estimate, pricing = compute_estimate(setup.sized(workload), setup.facts, sampled.requests)

@@ -38,12 +38,15 @@ test's metrics, so a probe is exactly the level a load test or ``kvplan simulate
   that a growing queue raises (TPOT only: neither TTFT nor E2E). When not even concurrency 1 meets
   it, no rate does either (at a rate low enough that requests never meet, each runs alone, as at
   concurrency 1).
+
+A trace bucket's probes, knee and SLO alike, run a sample of at most 1,000 of its requests
+(kvplan.run.sim.trace_sample); its replay level (kvplan.run.driver) runs every request.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from kvplan.results.metrics import LevelSummary, Slo, meets_slo, summarize_level
@@ -56,6 +59,7 @@ from kvplan.run.driver import Level, Recorder, run_level
 from kvplan.run.sim.backend import SimBackend
 from kvplan.run.sim.brackets import beyond, highest_int, highest_rate, round_rate
 from kvplan.run.sim.cost import FixedStepCost, ModelClock, StepClock
+from kvplan.run.sim.trace_sample import probe_sample
 from kvplan.traffic.requests import SampledRequest
 from kvplan.workload.schema import Workload
 
@@ -133,7 +137,7 @@ class Prober:
         workload: Workload,
         facts: EngineFacts,
         clock: Callable[[], StepClock],
-        sampled: dict[str, list[SampledRequest]],
+        sampled: Mapping[str, Sequence[SampledRequest]],
         make_backend: Callable[[], Any] | None = None,
     ):
         self.workload, self.facts, self.clock, self.sampled = workload, facts, clock, sampled
@@ -323,10 +327,11 @@ def knee_clock() -> StepClock:
 
 
 def simulated_knees(
-    workload: Workload, facts: EngineFacts, sampled: dict[str, list[SampledRequest]]
+    workload: Workload, facts: EngineFacts, sampled: Mapping[str, Sequence[SampledRequest]]
 ) -> dict[str, int | None]:
     """Bucket name -> its simulated knee (no timing needed: closed-loop admission and preemption
-    depend on token counts and free blocks only)."""
+    depend on token counts and free blocks only); a trace's on ``probe_sample``'s requests."""
+    workload, sampled = probe_sample(workload, sampled)
     prober = Prober(workload, facts, knee_clock, sampled)
     return {b.name: prober.knee(i) for i, b in enumerate(workload.buckets)}
 
@@ -358,7 +363,7 @@ def resolve_auto(workload: Workload, facts: EngineFacts, sampled: dict[str, list
 def search_capacity(
     workload: Workload,
     facts: EngineFacts,
-    sampled: dict[str, list[SampledRequest]],
+    sampled: Mapping[str, Sequence[SampledRequest]],
     clock: Callable[[], StepClock],
     attainment: float,
     knees: dict[str, int | None],
@@ -367,7 +372,8 @@ def search_capacity(
 ) -> list[BucketCapacity]:
     """Every bucket's SLO answers on ``facts`` timed by ``clock`` (or on ``make_backend``'s fresh
     backends: a disaggregated target), with its knee from ``knees`` (the concurrency to within
-    ``precision``)."""
+    ``precision``); a trace's on ``probe_sample``'s requests."""
+    workload, sampled = probe_sample(workload, sampled)
     prober = Prober(workload, facts, clock, sampled, make_backend)
     return [prober.capacity(i, attainment, knees.get(b.name), precision) for i, b in enumerate(workload.buckets)]
 
