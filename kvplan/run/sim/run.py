@@ -107,10 +107,11 @@ def simulate(
                 source=workload.source,
             ) from None
     info = sampled.dataset_info
-    if info.get("kind") == "trace" and info.get("probe_requests", info["num_lines"]) < info["num_lines"]:
+    lines, probed = info.get("num_lines"), info.get("probe_requests")
+    if info.get("kind") == "trace" and isinstance(lines, int) and isinstance(probed, int) and probed < lines:
         note(
-            f"trace: the knee and the SLO search run a sample of {info['probe_requests']:,} of its"
-            f" {info['num_lines']:,} requests, evenly spaced; the replay level runs every one"
+            f"trace: the knee and the SLO search run a sample of {probed:,} of its"
+            f" {lines:,} requests, evenly spaced; the replay level runs every one"
         )
     workload = resolve_auto(workload, setup.facts, sampled.requests)
     knees = simulated_knees(workload, setup.facts, sampled.requests)
