@@ -1,7 +1,9 @@
 """A disaggregated deployment simulated: x prefill and y decode engine schedulers, a KV transfer between.
 
-Every worker is the engine's own ``Scheduler`` and ``BlockManager`` on its own clock (as
-kvplan.run.sim.backend's single engine), and the pools follow the shared disaggregation rules
+Every worker is the bundled disaggregated engine's own scheduler (engine.disagg.scheduler.
+DisaggScheduler: the aggregated ``Scheduler`` that holds a finished prefill's blocks, or joins a
+moved request) and ``BlockManager`` on its own clock (as kvplan.run.sim.backend's single engine),
+and the pools follow the shared disaggregation rules
 (docs/simulate.md, "Disaggregated targets")::
 
     arrival i -> prefill worker i mod x: the request with max_tokens 1 (token 1 streams at the end
@@ -41,7 +43,8 @@ from operator import attrgetter
 from typing import Any
 
 from engine.decode_run import SIMULATED_TOKEN_ID
-from engine.request import FinishReason, Request, RequestStatus, SamplingParams
+from engine.disagg.scheduler import DisaggScheduler
+from engine.request import FinishReason, Request, SamplingParams
 from engine.scheduler import Scheduler
 from kvplan.results.run_result import EngineFacts
 from kvplan.run.driver import Finished, Submission
@@ -50,28 +53,6 @@ from kvplan.run.sim.cost import StepClock, StepWork
 from kvplan.sizing.gpus.links import Link, SharedLink
 
 _REQUEST_ID = attrgetter("request_id")
-
-
-class PrefillScheduler(Scheduler):
-    """The engine's scheduler whose requests that reach max_tokens (1: the prefill) finish for
-    the client but keep their blocks (``held``) until :meth:`release`: a handoff."""
-
-    held: dict[str, Request]
-
-    def _finish(self, request: Request, reason: str, now: float, detail: str = "") -> None:
-        if reason != FinishReason.LENGTH or request.status is not RequestStatus.RUNNING:
-            return super()._finish(request, reason, now, detail)
-        self.running.remove(request)
-        request.status = RequestStatus.FINISHED
-        request.finish_reason, request.finish_time = reason, now
-        self._finished.append(request)
-        self.held[request.request_id] = request
-
-    def release(self, request_id: str) -> None:
-        """The handoff's KV has moved: its blocks join the free queue (and the prefix cache) as a
-        finished request's do."""
-        del self.held[request_id]
-        self.block_manager.free(request_id)
 
 
 @dataclass
@@ -108,8 +89,8 @@ class DisaggBackend:
         transfer_bytes: Callable[[int], float],
         first_token: str = "prefill",
     ):
-        self.prefill = [_Worker(_prefill_scheduler(prefill[0]), prefill[1]()) for _ in range(prefill[2])]
-        self.decode = [_Worker(scheduler_for(decode[0]), decode[1]()) for _ in range(decode[2])]
+        self.prefill = [_Worker(_disagg_scheduler(prefill[0], hold=True), prefill[1]()) for _ in range(prefill[2])]
+        self.decode = [_Worker(_disagg_scheduler(decode[0], hold=False), decode[1]()) for _ in range(decode[2])]
         self.links = [SharedLink(link) for _ in self.decode]
         self.transfer_bytes = transfer_bytes
         self.decode_first = first_token == "decode"  # the client's token 1 from the decode worker
@@ -213,7 +194,7 @@ class DisaggBackend:
                 out.append(done)
                 continue
             _, d, max_tokens = self._route[request.request_id]
-            if isinstance(scheduler, PrefillScheduler) and request.request_id in scheduler.held:
+            if isinstance(scheduler, DisaggScheduler) and request.request_id in scheduler.held:
                 if max_tokens == 1 and not self.decode_first:  # nothing left to decode: no handoff
                     scheduler.release(request.request_id)
                     del self._route[request.request_id]
@@ -261,17 +242,20 @@ class DisaggBackend:
             self.transfer_s[rid] = at - started
             p = self._route[rid][0]
             scheduler = self.prefill[p].scheduler
-            assert isinstance(scheduler, PrefillScheduler)
+            assert isinstance(scheduler, DisaggScheduler)
             scheduler.release(rid)
             self.prefill[p].wake(at)
             worker.moved.append((at, prefilled))
             worker.wake(at)
 
 
-def _prefill_scheduler(facts: EngineFacts) -> PrefillScheduler:
-    scheduler = scheduler_for(facts, cls=PrefillScheduler)
-    assert isinstance(scheduler, PrefillScheduler)
-    scheduler.held = {}
+def _disagg_scheduler(facts: EngineFacts, hold: bool) -> DisaggScheduler:
+    """A worker's scheduler: the bundled disaggregated engine's own (engine.disagg.scheduler: a
+    prefill worker holds a finished prefill's blocks until ``release``; a decode worker ``join``s
+    a moved request), with the KV pool and limits of ``facts``."""
+    scheduler = scheduler_for(facts, cls=DisaggScheduler)
+    assert isinstance(scheduler, DisaggScheduler)
+    scheduler.hold = hold
     return scheduler
 
 
@@ -306,10 +290,6 @@ def _join(scheduler: Scheduler, prefilled: Request, max_tokens: int, now: float)
     request.first_scheduled_time = prefilled.first_scheduled_time
     request.num_cached_tokens = prefilled.num_cached_tokens
     request.num_preemptions = prefilled.num_preemptions
-    scheduler.add_request(request, now)
-    if request.is_finished:  # refused by the decode pool (checked beforehand; kept for safety)
-        return
-    scheduler.waiting.remove(request)
-    scheduler.running.append(request)
-    request.status = RequestStatus.RUNNING
     request.num_computed_tokens = request.num_prompt_tokens
+    assert isinstance(scheduler, DisaggScheduler)
+    scheduler.join(request, now)  # the engine's rule: running at once, its prompt's full blocks cached

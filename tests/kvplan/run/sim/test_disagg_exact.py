@@ -37,7 +37,7 @@ from tests.engine.tiny import TINY, random_prompts
 
 SETTINGS = dict(model=TINY, dtype="float32", device="cpu", attention_backend="torch", block_size=4)
 SAME = ("num_prefill_tokens", "num_decode_tokens", "num_running", "num_used_blocks", "num_preemptions")
-SAME += ("num_finished", "num_prefill_seqs", "num_context_tokens")
+SAME += ("num_finished", "num_prefill_seqs", "num_context_tokens", "num_prefix_queried_tokens", "num_prefix_hit_tokens")
 _EPS = 1e-9
 
 
@@ -192,10 +192,14 @@ def replay(run, prompts, max_tokens, prefill, decode):
         (2, 3, dict(num_blocks=64, max_num_seqs=4)),
         # a small decode pool and budget: handoffs wait for blocks and for max_num_seqs, prompts chunk
         (1, 1, dict(num_blocks=14, max_num_seqs=3, max_num_batched_tokens=16)),
+        # prefix caching on both pools, prompts sharing whole blocks: hits on the prefill worker
+        (1, 2, dict(num_blocks=24, max_num_seqs=3, enable_prefix_caching=True)),
     ],
 )
 def test_the_simulation_with_measured_times_equals_the_in_process_disaggregated_run(prefill, decode, settings):
     prompts = random_prompts([5, 12, 8, 17, 3, 9, 14, 6], seed=5)
+    if settings.get("enable_prefix_caching"):
+        prompts = [prompts[3][:8] + p if i % 2 else p for i, p in enumerate(prompts)]  # 2 shared blocks
     run = measure(prompts, 6, prefill, decode, **settings)
     backend, schedules, done = replay(run, prompts, 6, prefill, decode)
     t0 = run["t0"]
@@ -205,6 +209,8 @@ def test_the_simulation_with_measured_times_equals_the_in_process_disaggregated_
         handed = {rid: out.token_times[0] for rid, out in run["outs"].items()}
         waited = [r for r, at in run["admitted"].items() if at > min(b for b in run["begins"][0] if b > handed[r])]
         assert waited  # some handoff passed a begin_step without admission (seqs or blocks full)
+    if settings.get("enable_prefix_caching"):
+        assert sum(s.num_prefix_hit_tokens for s in run["stats"][0]) > 0
     # which requests, with how many tokens, every step of every worker
     assert schedules == run["schedules"]
     workers = [*backend.prefill, *backend.decode]
