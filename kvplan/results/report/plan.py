@@ -50,14 +50,20 @@ def summary_markdown(run: PlanRun) -> str:
     infeasible = [r for r in run.configs if not r.feasible]
     if infeasible:
         lines += ["", f"## Infeasible ({len(infeasible)})", ""]
-        lines += [f"- {r.gpu} x{r.tp} kv {r.kv_cache_dtype} weights {r.weight_dtype}: {r.reason}" for r in infeasible]
+        lines += [
+            f"- {r.gpu} {r.disagg or f'x{r.tp}'} kv {r.kv_cache_dtype} weights {r.weight_dtype}: {r.reason}"
+            for r in infeasible
+        ]
     best = run.best
     lines += ["", "## Best", ""]
     if best is None:
         lines.append("No configuration meets the SLO at this load.")
     else:
         note = "" if best.usd_per_hour is not None else " (unpriced: ranked by GPU count)"
-        lines += [f"{best.replicas} replica(s){note}:", "", "```bash", serve_command(run.model, best), "```"]
+        unit = f" of {best.disagg}, each worker at its pool's tp and limits" if best.disagg else ""
+        lines += [f"{best.replicas} replica(s){unit}{note}:", "", "```bash", serve_command(run.model, best), "```"]
+    if run.disagg_verdict:
+        lines += ["", "## Disaggregation", "", run.disagg_verdict]
     if run.windows is not None:
         from kvplan.results.report.plan_view import windows_frame, windows_lines
 

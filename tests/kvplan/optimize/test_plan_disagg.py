@@ -102,12 +102,17 @@ def test_disaggregation_pays_when_documents_stretch_the_chats_decode_steps(tight
 
 
 def test_disaggregation_does_not_pay_when_one_pool_meets_a_loose_slo(tmp_path):
-    loose = plan_json(workload(LOOSE_TPOT), *ARGS, "--rate", "20")
+    path = workload(LOOSE_TPOT)
+    loose = plan_json(path, *ARGS, "--rate", "20")
     unit, agg = by_shape(loose)["1P tp1 + 1D tp1 over rdma-400g"], by_shape(loose)[None]
     assert loose["best"] == agg and agg["usd_per_hour"] < unit["usd_per_hour"]
     more = unit["num_gpus"] - agg["num_gpus"]
     assert loose["disagg_verdict"].startswith("disaggregation does not pay: H100-SXM 1P tp1 + 1D tp1")
     assert loose["disagg_verdict"].endswith(f": {more} GPU(s) more")
+    # the run folder's summary and kvplan report say it too
+    assert f"## Disaggregation\n\n{loose['disagg_verdict']}\n" in (path.parent / "plan" / "summary.md").read_text()
+    code, out, err = run_cli("report", str(path.parent / "plan"))
+    assert code == 0 and loose["disagg_verdict"] in out.replace("\n", ""), err
 
 
 @pytest.mark.parametrize(
