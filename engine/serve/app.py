@@ -7,7 +7,8 @@ engine.serve.metrics). Flags are vLLM's names (``--model``, ``--dtype``, ``--blo
 ``--num-gpu-blocks-override``, ``--max-num-seqs``, ``--max-num-batched-tokens``,
 ``--max-model-len``, ``--kv-cache-dtype``, ``--enable-prefix-caching``, ``--host``, ``--port``,
 ``--api-key``, ``--served-model-name``); the engine's own: ``--device``, ``--kv-cache-memory-bytes``,
-``--attention-backend``, ``--seed``.
+``--attention-backend``, ``--seed``. ``--role prefill|decode`` starts a worker of a
+disaggregated deployment instead (engine.serve.role_app; the router is engine.serve.router).
 
 Admission at the entry (engine.admission; off unless given): ``--max-num-waiting`` (queue bound),
 ``--kv-admission-reserve`` (turns on the KV budget: the pool less this fraction),
@@ -40,6 +41,7 @@ import time
 from engine.admission import SETTINGS
 from engine.config import DEFAULT_MODEL, EngineConfig
 
+ROLES = ("aggregated", "prefill", "decode")  # --role (engine.serve.role_app serves the last two)
 RETRY_AFTER_S = 1  # Retry-After of a 429: the least whole second HTTP can say (RFC 9110, 10.2.3)
 
 
@@ -76,6 +78,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--api-key", default=None, help="require Authorization: Bearer <key> on /v1 routes")
+    p.add_argument(
+        "--role",
+        default="aggregated",
+        help="aggregated (default) | prefill | decode: a worker of a disaggregated deployment (engine.serve.role_app)",
+    )
     o = p.add_argument_group("KV offload tiers (engine.offload; off unless given)")
     o.add_argument("--kv-offload-host-gib", type=float, default=None, help="a host-memory tier of this many GiB")
     o.add_argument("--kv-offload-disk-gib", type=float, default=None, help="a disk tier of this many GiB")
@@ -285,8 +292,36 @@ def serve(app, sock: socket.socket) -> None:
     uvicorn.Server(config).run(sockets=[sock])
 
 
+def role_main(args: argparse.Namespace) -> int:
+    """Start a ``--role prefill|decode`` server (engine.serve.role_app) from the parsed flags; 2 on bad settings."""
+    try:
+        from engine.disagg.workers import worker_engine
+
+        engine = worker_engine(engine_config(args), args.role)
+        sock = bind(args.host, args.port)
+    except (ValueError, RuntimeError, OSError) as err:
+        print(f"error: {str(err).splitlines()[0]}", file=sys.stderr)
+        return 2
+    from engine.serve.role_app import build_role_app
+
+    app = build_role_app(engine, args.role, args.served_model_name, args.api_key)
+    host, port = sock.getsockname()[:2]
+    print(f"serving {args.served_model_name or engine.model_name} ({args.role}) on http://{host}:{port}", flush=True)
+    serve(app, sock)
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.role not in ROLES:
+        print(f"error: role: must be one of {', '.join(ROLES)} (got {args.role!r})", file=sys.stderr)
+        return 2
+    if args.role != "aggregated":
+        for flag in ("tenant_header", "kv_offload_host_gib", "kv_offload_disk_gib", "kv_offload_disk_path"):
+            if getattr(args, flag) is not None:
+                print(f"error: {flag}: not supported on a {args.role} server; leave it unset", file=sys.stderr)
+                return 2
+        return role_main(args)
     if args.tenant_header is not None and not args.tenant_header.strip():
         print("error: tenant_header: names no header (got ''); give a header name, e.g. X-Tenant", file=sys.stderr)
         return 2

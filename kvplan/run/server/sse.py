@@ -15,6 +15,8 @@ Rules (the report's definitions say the same):
 - TTFO (time to first output) ends at the first chunk whose ``delta.content`` is non-empty, the
   first answer token (GuideLLM PR #760 and AIPerf's time_to_first_output): set only when the
   stream carried reasoning text, else None. TTFT keeps ending at the first text of any kind.
+- ``kv_transfer_s``: a chunk's top-level field of that name (engine.serve.router puts it in its
+  last chunk: the seconds the request's KV took to move between a prefill and a decode server).
 - A request *fails* (finish_reason ``error``, detail = the reason) on an HTTP error, a timeout,
   a dropped connection, an error event, a stream that ends without a finish reason, or no text
   at all (``empty output``); an HTTP 429 is no failure but a refusal (finish_reason ``rejected``,
@@ -83,6 +85,7 @@ def to_finished(
     ``arrival_time``: its scheduled arrival (open loop), else when it was sent."""
     chunks: list[tuple[float, str]] = []
     usage, finish_reason, error = None, None, result.error
+    transfer: float | None = None
     last_time = result.end_time
     reasoned, first_answer = False, None  # TTFO: the first answer chunk, where reasoning came first
     for at, payload in result.events:
@@ -100,6 +103,8 @@ def to_finished(
             break
         if obj.get("usage"):
             usage = obj["usage"]
+        if isinstance(obj.get("kv_transfer_s"), (int, float)):  # engine.serve.router's extra field
+            transfer = float(obj["kv_transfer_s"])
         for choice in obj.get("choices") or []:
             reasoning, answer = _text(choice)
             if reasoning:
@@ -138,4 +143,5 @@ def to_finished(
         sent_time=result.sent_time,
         output_tokens_source=source,
         first_output_time=first_answer if reasoned and not error else None,
+        kv_transfer_s=transfer,
     )
