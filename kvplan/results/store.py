@@ -20,6 +20,7 @@ import datetime as dt
 import json
 import os
 import secrets
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -57,15 +58,27 @@ def write_atomic(path: Path, text: str) -> None:
         ) from None
 
 
+@dataclass
+class KeptRecords:
+    """The records a RunWriter wrote, also kept in memory (a simulation's), in the order written, so
+    the run's summaries read no file back: the same records ``read_jsonl`` would give (the JSON
+    round trip keeps every value: ints, floats by repr, tuples)."""
+
+    requests: list[RequestRecord] = field(default_factory=list)
+    steps: list[StepRecord] = field(default_factory=list)
+
+
 class RunWriter:
     """Appends records to the run folder's JSONL files, flushing each line as it is written
-    (``flush`` False: when the file closes, for a simulation that writes thousands a second)."""
+    (``flush`` False: when the file closes, for a simulation that writes thousands a second);
+    ``kept``: where to keep them in memory too (None: nowhere)."""
 
-    def __init__(self, run_dir: Path, flush: bool = True):
+    def __init__(self, run_dir: Path, flush: bool = True, kept: KeptRecords | None = None):
         run_dir.mkdir(parents=True, exist_ok=True)
         self._requests = open(run_dir / REQUESTS_FILE, "a", encoding="utf-8")
         self._steps = open(run_dir / STEPS_FILE, "a", encoding="utf-8")
         self._flush = flush
+        self._kept = kept
 
     def _append(self, handle, record) -> None:
         # a shallow dict: asdict would deep-copy every tuple of token times first
@@ -75,9 +88,13 @@ class RunWriter:
 
     def write_request(self, record: RequestRecord) -> None:
         self._append(self._requests, record)
+        if self._kept is not None:
+            self._kept.requests.append(record)
 
     def write_step(self, record: StepRecord) -> None:
         self._append(self._steps, record)
+        if self._kept is not None:
+            self._kept.steps.append(record)
 
     def close(self) -> None:
         self._requests.close()

@@ -20,7 +20,7 @@ from kvplan.errors import KvplanError
 from kvplan.results.run_result import RunData, RunResult, load_run, save_result
 from kvplan.results.stats.prefix_metrics import VARIANTS as PREFIX_VARIANTS
 from kvplan.results.stats.variants import mixed_variant
-from kvplan.results.store import RunWriter, create_run_dir
+from kvplan.results.store import KeptRecords, RunWriter, create_run_dir
 from kvplan.results.summarize import summarize
 from kvplan.run.driver import Backend, Level, Recorder, RunStopped, run_level
 from kvplan.run.progress import level_progress
@@ -66,16 +66,18 @@ def run_levels(
     hooks=None,
     flush: bool = True,
     variant_backend: Callable[[str], tuple[Backend, Callable]] | None = None,
+    kept: KeptRecords | None = None,
 ) -> str:
     """Every level on ``backend``, records appended to ``run_dir`` (each line flushed as written
     unless ``flush`` is False); returns the run's status: complete, or interrupted (Ctrl-C, or the
     backend stopped: ``RunStopped``; the records written so far stay). ``hooks``:
     ``level_started(level)`` / ``level_finished(level)`` around each level. ``variant_backend``:
     an engine variant's name -> its backend and KV sizes (kvplan.workload.variants), for the levels
-    run on one; the others run on ``backend``."""
+    run on one; the others run on ``backend``. ``kept``: where the records are kept in memory too
+    (a simulation's, for ``finish_run``)."""
     say = console.print if console is not None else (lambda *a, **k: None)
     last: Backend = backend
-    with RunWriter(run_dir, flush) as writer:
+    with RunWriter(run_dir, flush, kept) as writer:
         try:
             for level in levels:
                 if hooks is not None:
@@ -100,14 +102,18 @@ def run_levels(
     return "complete"
 
 
-def finish_run(run_dir: Path, result: RunResult, status: str, charts: bool = True) -> Path:
+def finish_run(
+    run_dir: Path, result: RunResult, status: str, charts: bool = True, kept: KeptRecords | None = None
+) -> Path:
     """Summarize the records, save the final result and write the report (``charts``: its PNGs too).
+    ``kept``: the run's records as ``run_levels`` kept them (a run without server samples), instead
+    of reading its JSONL files back (the same records: kvplan.results.store.KeptRecords).
 
     Raises:
         ReportInterrupted: Ctrl-C while doing so.
     """
     try:
-        data = load_run(run_dir)
+        data = load_run(run_dir) if kept is None else RunData(run_dir, result, kept.requests, kept.steps, [])
         result = summarize(result, data.requests, data.steps, data.server_samples)
         # report_written: render_report sets it once every view is written
         result = result.model_copy(update={"status": status, "finished_at": now_iso(), "report_written": False})

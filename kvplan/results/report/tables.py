@@ -9,6 +9,7 @@ and counts its completed requests against the planned ones (the bucket's num_req
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import fields
 from pathlib import Path
 from typing import Any
@@ -320,16 +321,32 @@ def step_row(rec: StepRecord) -> dict[str, Any]:
     return row
 
 
+def step_frame(steps: list[StepRecord]) -> pd.DataFrame:
+    """steps.csv's rows (``step_row``) as a frame; built column by column where no step has tenants
+    (a step_row's keys in its order, the same frame without a dict per step: 242,804 steps of a
+    20,000-request trace took 9 s row by row), row by row otherwise."""
+    if any(s.tenant_ids for s in steps):
+        return pd.DataFrame([step_row(s) for s in steps])
+    skipped = ("kv_resident_tokens", "kv_resident_request_ids", *TENANT_COLUMNS)
+    columns: dict[str, list] = {
+        f.name: [getattr(s, f.name) for s in steps] for f in fields(StepRecord) if f.name not in skipped
+    }
+    columns["num_kv_requests"] = [len(s.kv_resident_tokens) for s in steps]
+    columns["kv_resident_tokens"] = [sum(s.kv_resident_tokens) for s in steps]
+    columns["kv_cache_usage"] = [metrics.kv_cache_usage(s) for s in steps]
+    return pd.DataFrame(columns)
+
+
 def write_tables(run_dir: Path, requests: list[RequestRecord], steps: list[StepRecord]) -> None:
     """Atomically write requests.csv and steps.csv (empty tables keep their header)."""
-    tables = [
-        ("requests.csv", [request_row(r) for r in requests], [f.name for f in fields(RequestRecord)]),
-        ("steps.csv", [step_row(s) for s in steps], [f.name for f in fields(StepRecord)]),
+    tables: list[tuple[str, list[Any], Callable[[], pd.DataFrame], type]] = [
+        ("requests.csv", list(requests), lambda: pd.DataFrame([request_row(r) for r in requests]), RequestRecord),
+        ("steps.csv", list(steps), lambda: step_frame(steps), StepRecord),
     ]
-    for name, rows, columns in tables:
-        frame = pd.DataFrame(rows) if rows else pd.DataFrame(columns=columns)
+    for name, rows, build, kind in tables:
+        frame = build() if rows else pd.DataFrame(columns=[f.name for f in fields(kind)])
         if rows:  # concurrency N stays an integer next to open-loop rates (one column would be float)
-            frame["level"] = pd.Series([r["level"] for r in rows], dtype=object)
+            frame["level"] = pd.Series([r.level for r in rows], dtype=object)
         per_tenant = [c for c in frame.columns if c.startswith(("running[", "waiting["))]
         frame[per_tenant] = frame[per_tenant].fillna(0).astype(int)  # a tenant absent from a step had none
         write_atomic(run_dir / name, frame.to_csv(index=False))

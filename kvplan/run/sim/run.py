@@ -22,7 +22,7 @@ from pathlib import Path
 from kvplan.errors import KvplanError
 from kvplan.results.run_result import EngineFacts, RunResult, WorkloadRef
 from kvplan.results.simulated import DEFAULT_ATTAINMENT, TargetCapacity
-from kvplan.results.store import check_out
+from kvplan.results.store import KeptRecords, check_out
 from kvplan.run.checks import check_requests_fit
 from kvplan.run.driver import schedule_levels
 from kvplan.run.estimate import compute_estimate
@@ -154,6 +154,7 @@ def simulate(
         kept = {lv.key.id for lv in own}
         left_out = ", ".join(lv.key.id for lv in levels if lv.key.id not in kept)
         note(f"--replay: not simulated, as the measured run did not run them: {left_out}")
+    records = KeptRecords()  # the records in memory too: the report reads no file back
     status = run_levels(
         SimBackend(setup.facts, setup.clock(), admission=workload.engine.admission.model_dump()),
         own,
@@ -163,6 +164,7 @@ def simulate(
         console,
         flush=False,
         variant_backend=variant_backend,
+        kept=records,
     )
     if search and status == "complete" and setup.timed:
         targets = []
@@ -197,4 +199,4 @@ def simulate(
                 )
             )
         result = result.model_copy(update={"capacity": targets})
-    return finish_run(run_dir, result, status, charts)
+    return finish_run(run_dir, result, status, charts, records)
