@@ -1,0 +1,270 @@
+"""kvplan simulate's disaggregated targets against measured disaggregated serving runs, beside aiconfigurator.
+
+The check set is tests/kvplan/data/silicon_disagg.yaml: the 274 disaggregated runs of
+aiconfigurator-core 0.12.0's measured sample that give both pools (bench/silicon_disagg_extract.py;
+its header says how they were chosen). A row with a ``replay`` reason is listed with it and not
+simulated. Every other row is simulated as a ``plan:`` entry with ``disagg:`` (docs/simulate.md,
+"Disaggregated targets") on the row's GPU, backend and precision, each pool with the row's workers,
+tp and expert parallel size, the decode pool's ``max_num_seqs`` the row's decode batch per worker
+("decode batch size x decode workers x attention DP = C", ../shared/SILICON_PROTOCOL.md), the
+prefill pool's the engine's defaults (the row's prefill batch, 1 everywhere, is aiconfigurator's
+static prefill batch, not a server flag), the KV moved over NVLink 5 on GB200/GB300 (one NVL72
+domain) and over 400 Gb/s RDMA between the nodes of the other systems (kvplan/sizing/data/links.yaml;
+the source does not name the fabric), the client's tokens all from the decode worker
+(``first_token: decode``: the rows were served through Dynamo's or SGLang's router, which stream
+the decode server's answer). Its load is the benchmark that measured it:
+
+- the InferenceX rows (``db-dump/`` sources: ../shared/SILICON_PROTOCOL.md, "The InferenceX
+  protocol (disaggregated, several nodes)", github NVIDIA/srt-slurm at e5c24f8b,
+  ``src/srtctl/benchmarks/scripts/sa-bench/bench.sh``): lengths in [0.8 L, L], a closed loop at C
+  whose first wave arrives together, C x 10 measured requests after a warm-up of C x 2 (measured
+  before 2026-01-21: 5 and 5; 2026-01-21 and 22: 2 and 8). The warm-up there is a separate run at
+  250 requests/s; here it is the same closed loop, drained before the measured requests start;
+- the other rows (a pipeline whose protocol is not public): fixed lengths, a wave of C warm-up
+  requests, two measured, as bench/silicon_check.py replays its "internal" rows.
+
+kvplan's mean TTFT and TPOT are compared with the measured ones (error % = predicted / measured - 1).
+The peer, in the same run: aiconfigurator's own disaggregated estimate (``cli_estimate(...,
+mode="disagg")`` with the row's pools) from its own venv (``--peer-python``; made in a temporary
+folder with ``pip install aiconfigurator==0.12.0`` when not given; ``--no-peer`` skips it).
+
+    flock /tmp/kvplan-cpu.lock .venv/bin/python bench/silicon_disagg_check.py [--limit N] [--jobs 2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from concurrent.futures import ProcessPoolExecutor
+from datetime import date
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench.silicon_check import err, measured_on, peer_python  # noqa: E402
+
+ROWS_FILE = Path(__file__).resolve().parents[1] / "tests" / "kvplan" / "data" / "silicon_disagg.yaml"
+NVL72 = {"gb200", "gb300"}
+WEIGHTS = {"fp8": "fp8", "fp4": "nvfp4", "bf16": "auto", "int4": "int4"}
+
+
+def load_rows() -> list[dict]:
+    from kvplan.yaml_input import load_data
+
+    return load_data(ROWS_FILE.read_text())["rows"]
+
+
+def protocol(row: dict) -> tuple[dict[str, Any] | None, str]:
+    """The row's benchmark (a bucket ``protocol:``, or None for fixed lengths and steady state)
+    and its words."""
+    if not row["source"].startswith("db-dump/"):
+        return None, "steady state (protocol not public)"
+    day = measured_on(row)
+    warm, main = (2, 10)
+    if day is not None and day < date(2026, 1, 21):
+        warm, main = 5, 5
+    elif day is not None and day < date(2026, 1, 23):
+        warm, main = 2, 8
+    kind = {
+        "kind": "inferencex",
+        "random_range_ratio": 0.8,
+        "num_prompts_per_concurrency": main,
+        "warmup_per_concurrency": warm,
+    }
+    return kind, f"inferencex {main}xC, warm-up {warm}xC"
+
+
+def row_workload(row: dict):
+    """The row as a workload whose one plan entry is its disaggregated deployment."""
+    from kvplan.workload.file import parse_workload
+
+    c, isl, osl = row["concurrency"], row["isl"], row["osl"]
+    kind, _ = protocol(row)
+    bucket: dict[str, Any] = {"name": "row", "input_tokens": isl, "output_tokens": osl, "concurrency": [c]}
+    if kind is not None:
+        bucket["protocol"] = kind
+    else:
+        bucket.update(num_requests=3 * c, warmup=c)
+    pre, dec = row["prefill"], row["decode"]
+
+    def pool(p: dict, seqs: int | None) -> dict[str, Any]:
+        out = {"workers": p["workers"], "tp": p["tp"], "ep": max(p["moe_ep"], 1)}
+        return out | ({"max_num_seqs": seqs} if seqs else {})
+
+    data = {
+        "name": "silicon-disagg-row",
+        "engine": {
+            "model": "tiny-random-llama",
+            "max_num_seqs": max(1024, c),
+            "max_num_batched_tokens": 8192,
+            "max_model_len": isl + osl + 16,
+        },
+        "dataset": {"kind": "random"},
+        "buckets": [bucket],
+        "plan": [
+            {
+                "model": row["preset"],
+                "gpu": row["gpu"],
+                "tp": dec["tp"],
+                "weight_dtype": WEIGHTS.get(row["precision"], "auto"),
+                "backend": row["backend"],
+                "disagg": {
+                    "prefill": pool(pre, None),
+                    "decode": pool(dec, dec["batch"]),
+                    "link": "nvlink5" if row["system"] in NVL72 else "rdma-400g",
+                    "first_token": "decode",
+                },
+            }
+        ],
+    }
+    return parse_workload(data)
+
+
+def simulate_row(row: dict) -> dict:
+    """kvplan's mean TTFT and TPOT (ms) of one row, or the reason it could not simulate."""
+    from kvplan.errors import KvplanError
+    from kvplan.run.sim.gpu_target import disagg_setup
+    from kvplan.run.sim.run import sample
+    from kvplan.run.sim.search import Prober
+
+    started = time.perf_counter()
+    out: dict[str, Any] = {"id": row["id"]}
+    try:
+        workload = row_workload(row)
+        setup = disagg_setup(workload, workload.plan[0], "plan[0]")
+        bucket = workload.buckets[0]
+        c = bucket.concurrency[0]
+        prober = Prober(workload, setup.facts, setup.clock, sample(workload, setup.facts).requests, setup.make_backend)
+        level = prober.level(0, "closed", c, plan=bucket.level_plan.at(c))
+        if level is None or not level.ttft_ms or not level.tpot_ms:
+            out["reason"] = "no finished requests"
+        else:
+            out.update(ttft_ms=level.ttft_ms.mean, tpot_ms=level.tpot_ms.mean, shape=setup.disagg)
+    except KvplanError as e:
+        out["reason"] = f"{e.field}: {e.problem}"
+    except Exception as e:  # a bench prints every row, with its reason
+        out["reason"] = f"{type(e).__name__}: {e}"
+    out["seconds"] = time.perf_counter() - started
+    return out
+
+
+PEER_SCRIPT = r"""
+import json, logging, sys
+logging.disable(logging.WARNING)
+from aiconfigurator.cli.api import cli_estimate
+for line in sys.stdin:
+    job = json.loads(line)
+    try:
+        args = {k: v for k, v in job.items() if k not in ("id", "model_path", "system")}
+        r = cli_estimate(job["model_path"], job["system"], mode="disagg", **args)
+        print(json.dumps({"id": job["id"], "ttft_ms": r.ttft, "tpot_ms": r.tpot}), flush=True)
+    except BaseException as e:
+        print(json.dumps({"id": job["id"], "reason": f"{type(e).__name__}: {str(e)[:200]}"}), flush=True)
+"""
+
+
+def peer_rows(rows: list[dict], python: str) -> dict[str, dict]:
+    """aiconfigurator's disaggregated estimate of every row, by id (the row's pools and quant modes)."""
+    jobs = []
+    for row in rows:
+        job: dict[str, Any] = {
+            "id": row["id"],
+            "model_path": row["model_path"],
+            "system": row["system"],
+            "backend_name": row["backend"],
+            "isl": row["isl"],
+            "osl": row["osl"],
+            "gemm_quant_mode": row["gemm_quant_mode"],
+            "moe_quant_mode": row["moe_quant_mode"],
+        }
+        for role in ("prefill", "decode"):
+            p = row[role]
+            job |= {
+                f"{role}_tp_size": p["tp"],
+                f"{role}_attention_dp_size": max(p["attention_dp"], 1),
+                f"{role}_moe_tp_size": p["moe_tp"] or None,
+                f"{role}_moe_ep_size": p["moe_ep"] or None,
+                f"{role}_batch_size": p["batch"],
+                f"{role}_num_workers": p["workers"],
+            }
+        jobs.append(job)
+    done = subprocess.run(
+        [python, "-c", PEER_SCRIPT],
+        input="\n".join(json.dumps(j) for j in jobs),
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONWARNINGS": "ignore"},
+    )
+    return {item["id"]: item for item in map(json.loads, filter(lambda s: s.startswith("{"), done.stdout.splitlines()))}
+
+
+def median_abs(values: list[float | None]) -> float | None:
+    kept = [abs(v) for v in values if v is not None]
+    return statistics.median(kept) if kept else None
+
+
+def report(rows: list[dict], ours: dict[str, dict], peer: dict[str, dict] | None) -> None:
+    def fmt(v: float | None) -> str:
+        return "-" if v is None else f"{v:+.1f}"
+
+    cols = ("TTFT meas", "kvplan", "peer", "TPOT meas", "kvplan", "peer")
+    print(f"{'row':60s} {'replay':42s} " + " ".join(f"{c:>{10 if 'meas' in c else 8}s}" for c in cols))
+    for row in rows:
+        o, p = ours.get(row["id"], {}), (peer or {}).get(row["id"], {})
+        said = row["replay"] or o.get("reason") or protocol(row)[1]
+        ttft, tpot = row["silicon_ttft_ms"], row["silicon_tpot_ms"]
+        cells = [f"{ttft:10.1f}", *(f"{fmt(err(x.get('ttft_ms'), ttft)):>8s}" for x in (o, p))]
+        cells += [f"{tpot:10.2f}", *(f"{fmt(err(x.get('tpot_ms'), tpot)):>8s}" for x in (o, p))]
+        print(f"{row['id'][:60]:60s} {said[:42]:42s} " + " ".join(cells))
+    ran = [r for r in rows if "ttft_ms" in ours.get(r["id"], {})]
+    both = [r for r in ran if "ttft_ms" in (peer or {}).get(r["id"], {})]
+    print(
+        f"\nrows {len(rows)}: replayed {len(ran)}, not replayable {sum(bool(r['replay']) for r in rows)},"
+        f" failed {len(rows) - len(ran) - sum(bool(r['replay']) for r in rows)}"
+    )
+    for name, subset in (("replayed", ran), ("replayed, peer too", both)):
+        if not subset:
+            continue
+        line = [f"{name:20s} {len(subset):4d} rows  median |error| %:"]
+        for who, src in (("kvplan", ours), ("peer", peer or {})):
+            t = median_abs([err(src.get(r["id"], {}).get("ttft_ms"), r["silicon_ttft_ms"]) for r in subset])
+            p = median_abs([err(src.get(r["id"], {}).get("tpot_ms"), r["silicon_tpot_ms"]) for r in subset])
+            line.append(f"{who} TTFT {fmt(t)} TPOT {fmt(p)}")
+        print("  ".join(line))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--limit", type=int, help="check this many replayable rows, spread over the file")
+    parser.add_argument("--peer-python", help="python of a venv with aiconfigurator==0.12.0")
+    parser.add_argument("--no-peer", action="store_true")
+    parser.add_argument("--jobs", type=int, default=2)
+    args = parser.parse_args()
+    rows = load_rows()
+    todo = [r for r in rows if not r["replay"]]
+    if args.limit and args.limit < len(todo):
+        todo = todo[:: max(len(todo) // args.limit, 1)][: args.limit]
+        rows = todo
+    print(f"{date.today()} on {platform.node()} ({os.cpu_count()} CPUs, {platform.processor() or platform.machine()})")
+    started = time.perf_counter()
+    with ProcessPoolExecutor(args.jobs) as pool:
+        ours = {o["id"]: o for o in pool.map(simulate_row, todo)}
+    ours_s = time.perf_counter() - started
+    peer = None
+    if not args.no_peer:
+        started = time.perf_counter()
+        peer = peer_rows(rows, peer_python(args.peer_python))
+        print(f"peer (aiconfigurator 0.12.0 cli_estimate mode=disagg): {time.perf_counter() - started:.0f} s")
+    print(f"kvplan: {len(todo)} simulations in {ours_s:.0f} s\n")
+    report(rows, ours, peer)
+
+
+if __name__ == "__main__":
+    main()
