@@ -37,6 +37,7 @@ from kvplan.results.stats.latency import (  # noqa: F401  (re-exported: kvplan.r
     ttfo_s,
     ttft_s,
 )
+from kvplan.results.stats.offload import OffloadSummary, offload_summary
 from kvplan.results.stats.shed import TenantShed, is_rejected, shed_fields
 from kvplan.results.stats.steady import LevelSchedule, window_steps
 from kvplan.results.stats.turns import TurnSummary, turn_summaries
@@ -122,6 +123,9 @@ class LevelSummary(_Summary):
     shed_fraction: float | None = Field(None, description="num_rejected / num_requests, 0..1; null without requests.")
     rejected_reasons: dict[str, int] = Field({}, description="Refusal reason (kv_budget, queue_full, ...) -> count.")
     tenants: list[TenantShed] = Field([], description="Per tenant: requests, refused, shed fraction; [] without.")
+    offload: OffloadSummary | None = Field(
+        None, description="The bundled engine's KV offload tiers: hits by tier, stores, loads, bytes; null when off."
+    )
 
     @computed_field  # type: ignore[prop-decorator]  # pydantic's documented idiom; mypy rejects it
     @property
@@ -246,6 +250,7 @@ def summarize_level(
         classes=class_summaries(requests, served, rate, slo_of),
         turns=turn_summaries(requests),
         **shed_fields(requests),
+        offload=offload_summary(steps),
     )
 
 

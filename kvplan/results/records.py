@@ -157,6 +157,18 @@ class StepRecord:
     tenant_ids: tuple[str, ...] = ()
     tenant_num_running: tuple[int, ...] = ()
     tenant_num_waiting: tuple[int, ...] = ()
+    # offload tiers on (engine.offload; engine.outputs.StepStats' fields of the same names): blocks
+    # stored into and loaded from each lower tier, hit tokens each served, bytes moved, blocks held
+    num_host_stores: int = 0
+    num_disk_stores: int = 0
+    num_host_loads: int = 0
+    num_disk_loads: int = 0
+    num_host_hit_tokens: int = 0
+    num_disk_hit_tokens: int = 0
+    offload_bytes_stored: int = 0
+    offload_bytes_loaded: int = 0
+    num_host_blocks: int = 0
+    num_disk_blocks: int = 0
 
     @property
     def key(self) -> LevelKey:

@@ -1,4 +1,5 @@
-"""The prefix-caching views of a shared_prefix run: summary.md's section, its table and charts.
+"""The prefix-caching views of a shared_prefix run: summary.md's section, its table and charts;
+and, for a run with KV offload tiers (engine.offload), the prefix hits by tier (``offload_markdown``).
 
 Present only when the run result has ``prefix_caching`` (kvplan.results.stats.prefix_metrics.compare_variants):
 TTFT with caching effective against defeated per level, the prefix hit rate per level and per
@@ -94,6 +95,56 @@ def prefix_markdown(result: RunResult) -> list[str]:
         " over the steps whose requests the records place (all, without preemption).",
         "",
         tables.to_markdown(prefix_kv_table(result)).rstrip("\n"),
+    ]
+
+
+def offload_table(result: RunResult) -> pd.DataFrame:
+    """Per level of a run with offload tiers: prefix-hit tokens by tier (device pool, host, disk),
+    blocks stored into and loaded from each lower tier, MiB moved each way, the most blocks each
+    held; empty when no level used a lower tier and the workload set none."""
+    engine = result.workload.config.get("engine")
+    offload = engine.get("offload") if isinstance(engine, dict) else None
+    configured = isinstance(offload, dict) and any(v is not None for v in offload.values())
+    if not configured and not any(lv.offload for lv in result.levels):
+        return pd.DataFrame()
+    rows = []
+    for lv in result.levels:
+        o = lv.offload
+        rows.append(
+            {
+                "bucket": lv.bucket,
+                "level": tables.level_name(lv),
+                "hit tok device": o.device_hit_tokens if o else None,
+                "hit tok host": o.num_host_hit_tokens if o else 0,
+                "hit tok disk": o.num_disk_hit_tokens if o else 0,
+                "stores host": o.num_host_stores if o else 0,
+                "stores disk": o.num_disk_stores if o else 0,
+                "loads host": o.num_host_loads if o else 0,
+                "loads disk": o.num_disk_loads if o else 0,
+                "MiB stored": (o.offload_bytes_stored if o else 0) / MIB,
+                "MiB loaded": (o.offload_bytes_loaded if o else 0) / MIB,
+                "peak blocks host": o.peak_host_blocks if o else 0,
+                "peak blocks disk": o.peak_disk_blocks if o else 0,
+            }
+        )
+    return pd.DataFrame(rows)
+
+
+def offload_markdown(result: RunResult) -> list[str]:
+    """summary.md's offload section ([] for a run without offload tiers)."""
+    frame = offload_table(result)
+    if frame.empty:
+        return []
+    return [
+        "",
+        "## KV offload tiers: prefix hits by tier",
+        "",
+        "Prefix-hit tokens by the tier that served them (device: the pool's own prefix cache; host, disk:"
+        " blocks the pool had evicted, loaded back instead of recomputed). Stores: cached blocks evicted"
+        " into a tier (from the pool, or host to disk); loads: blocks copied back to the pool. Sums over"
+        " the level's steps (docs/architecture.md, KV offload tiers).",
+        "",
+        tables.to_markdown(frame).rstrip("\n"),
     ]
 
 

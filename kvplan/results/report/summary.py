@@ -6,7 +6,7 @@ from kvplan.results.metrics import DEFINITIONS, TARGET_DEFINITIONS
 from kvplan.results.report import tables
 from kvplan.results.report.admission import admission_markdown
 from kvplan.results.report.fp8 import fp8_markdown
-from kvplan.results.report.prefix import prefix_markdown
+from kvplan.results.report.prefix import offload_markdown, prefix_markdown
 from kvplan.results.report.target import target_knee_note, target_lines, target_markdown
 from kvplan.results.report.traffic import traffic_markdown
 from kvplan.results.report.turns import turns_markdown
@@ -128,6 +128,7 @@ def summary_markdown(result: RunResult, charts: list[str]) -> str:
     lines += target_markdown(result)
     lines += fp8_markdown(result)
     lines += prefix_markdown(result)
+    lines += offload_markdown(result)
     lines += turns_markdown(result)
     lines += traffic_markdown(result)
     lines += admission_markdown(result)
