@@ -241,3 +241,24 @@ def plot_prefix_hit_rate(ax: Axes, steps: Sequence[Any], levels: Sequence[LevelS
     ax.set_xlabel("time since first step (s)")
     ax.set_ylabel("hit rate (prompt tokens)")
     ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=3, frameon=False)
+
+
+TIER_COLORS = {"device": "tab:blue", "host": "tab:orange", "disk": "tab:brown"}
+
+
+def plot_hits_by_tier(ax: Axes, levels: Sequence[LevelSummary]) -> None:
+    """Per level of a run with offload tiers, its prefix-hit tokens stacked by the tier that
+    served them (device pool, host, disk)."""
+    ax.set_title("Prefix-hit tokens by tier (KV offload)")
+    rows = [lv for lv in levels if lv.offload is not None]
+    if not rows:
+        return no_data(ax, "no level used a lower tier")
+    bottom = [0] * len(rows)
+    for tier, color in TIER_COLORS.items():
+        key = "device_hit_tokens" if tier == "device" else f"num_{tier}_hit_tokens"
+        values = [getattr(lv.offload, key) for lv in rows]
+        ax.bar(range(len(rows)), values, 0.6, bottom=bottom, color=color, label=tier)
+        bottom = [b + v for b, v in zip(bottom, values)]
+    ax.set_xticks(range(len(rows)), [f"{lv.bucket}\n{tables.level_name(lv)}" for lv in rows], fontsize=7)
+    ax.set_ylabel("prefix-hit tokens")
+    ax.legend(fontsize=8)

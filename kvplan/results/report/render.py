@@ -51,6 +51,13 @@ def render_charts(data: RunData) -> list[str]:
     names.append("kv_over_time.png")
     if result.prefix_caching is not None:
         names += render_prefix_charts(data)
+    if any(lv.offload is not None for lv in levels):  # KV offload tiers (engine.offload)
+        from kvplan.results.report.prefix import plot_hits_by_tier
+
+        fig, (ax,) = _figure(9, 4.5)
+        plot_hits_by_tier(ax, levels)
+        _save(fig, out / "offload_hits_by_tier.png")
+        names.append("offload_hits_by_tier.png")
     from kvplan.results.report import traffic
 
     if traffic.has_interference(levels):

@@ -71,6 +71,8 @@ def test_the_summary_and_steps_csv_show_the_tiers(run):
     assert "## KV offload tiers: prefix hits by tier" in summary
     row = f"| short | c=2 cached | {o.device_hit_tokens} | {o.num_host_hit_tokens} | 0 | {o.num_host_stores} | 0 |"
     assert row in summary
+    assert "![offload_hits_by_tier.png](offload_hits_by_tier.png)" in summary
+    assert (run.run_dir / "offload_hits_by_tier.png").stat().st_size > 0
     with open(run.run_dir / "steps.csv") as f:
         steps = list(csv.DictReader(f))
     assert sum(int(s["num_host_loads"]) for s in steps if s["variant"] == "cached") == o.num_host_loads
