@@ -16,10 +16,12 @@ import pytest
 import yaml
 
 from engine.config import EngineConfig
-from engine.disagg.workers import worker_engine
+from engine.disagg.workers import Handoff, worker_engine
+from engine.request import SamplingParams
 from engine.serve import router
 from engine.serve.app import bind, build_app, main
 from engine.serve.role_app import build_role_app
+from engine.serve.role_loops import handoff_json
 from tests.engine.test_serve import events, metric, post
 from tests.engine.tiny import TINY, random_prompts, tiny_engine
 
@@ -189,6 +191,19 @@ def test_a_cancel_while_the_handoff_waits_frees_the_held_blocks():
         assert d.dw.num_transfers == 1 and d.pw.num_exported_blocks == 3  # the first only: ceil(9 / 4)
     finally:
         d.close()
+
+
+def test_an_abort_before_its_request_arrives_and_a_failed_fetch_hold_nothing(deployment):
+    # the router's cancel can overtake its request: the prefill server answers it "abort" at once
+    assert post(f"{deployment.prefill.url}/kv/abort/early", b"")[0] == 200
+    status, raw = post(f"{deployment.prefill.url}/kv/prefill/completion?request_id=early", body([5, 6, 7], 4, False))
+    assert status == 200 and json.loads(raw)["finish_reason"] == "abort" and json.loads(raw)["handoff"] is None
+    # a handoff whose source holds nothing: the fetch gets a 404, the decode server frees its blocks
+    handoff = Handoff("ghost", (5, 6, 7, 8, 9), 11, SamplingParams(max_tokens=4), 0.0, 0.0, 4)
+    offer = {"handoff": handoff_json(handoff), "source": deployment.prefill.url, "first_text": "<11>"}
+    status, raw = post(f"{deployment.decode.url}/kv/decode", offer)
+    assert status == 200 and [json.loads(line)["finish_reason"] for line in raw.splitlines()] == ["abort"]
+    assert deployment.idle() and deployment.dw.num_waiting_handoffs == 0 and not deployment.dw.in_transfer
 
 
 def test_kvplan_loadtest_against_the_router_records_ttft_tpot_and_transfer_time(deployment, tmp_path):
