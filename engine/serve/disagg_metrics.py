@@ -75,3 +75,31 @@ class DisaggMetrics(ServeMetrics):
         self.bytes.inc(num_bytes)
         if seconds is not None and self.role == "decode":
             self.transfer_seconds.observe(seconds)
+
+
+def merge_expositions(texts: list[tuple[str, str]]) -> str:
+    """One Prometheus text exposition of several servers': ``texts`` is [(server label, its
+    /metrics text)]; every sample gains the label ``server`` (a name several servers expose is one
+    family with a label set per server, as a data-parallel vLLM exposes its engines). The router's
+    /metrics (engine.serve.router). Raises ValueError: a text that is not Prometheus' format."""
+    from prometheus_client.parser import text_string_to_metric_families
+    from prometheus_client.utils import floatToGoString
+
+    families: dict[str, tuple[str, str, list[str]]] = {}  # TYPE-line name -> (type, help, sample lines)
+    for server, text in texts:
+        for family in text_string_to_metric_families(text):
+            key = f"{family.name}_total" if family.type == "counter" else family.name
+            kind = "gauge" if family.type == "info" else family.type
+            lines = families.setdefault(key, (kind, family.documentation, []))[2]
+            for sample in family.samples:
+                labels = {**sample.labels, "server": server}
+                body = ",".join(f'{k}="{_escape(v)}"' for k, v in sorted(labels.items()))
+                lines.append(f"{sample.name}{{{body}}} {floatToGoString(sample.value)}")
+    out = []
+    for key, (kind, doc, lines) in families.items():
+        out += [f"# HELP {key} {_escape(doc)}", f"# TYPE {key} {kind}", *lines]
+    return "\n".join(out) + "\n" if out else ""
+
+
+def _escape(value: str) -> str:
+    return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')

@@ -13,8 +13,11 @@ prefill server i mod x and its handoff to decode server i mod y. Per request::
 
 Routes: ``POST /v1/completions`` and ``/v1/chat/completions`` (streaming or not, as the aggregated
 server answers them), ``GET /v1/models`` (the first prefill server's), ``GET /health``, ``GET
-/metrics`` (``kvplan_router_requests_total``, ``kvplan_kv_transfer_seconds`` as the router saw
-them; each server's own pool is on its own /metrics). Token 1 is streamed as soon as the prefill
+/metrics``: the router's ``kvplan_router_requests_total`` (by server pair) and
+``kvplan_router_kv_transfer_seconds``, then every server's own metrics read at that moment, each
+sample labelled ``server="decode0"`` .. ``"prefill0"`` .. (decode servers first, so a reader that
+takes the first ``vllm:cache_config_info`` gets a decode server's pool; a server that does not
+answer is left out). Token 1 is streamed as soon as the prefill
 server has it. The finishing chunk, the usage chunk (where asked) and a non-streamed answer carry
 the extra field ``kv_transfer_s``: seconds the request's KV took to move (None: it ended at the prefill
 server). A client that disconnects, at any point, aborts the request on both servers, which frees
@@ -54,7 +57,7 @@ def build_router(prefill: list[str], decode: list[str], api_key: str | None = No
     from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
     from starlette.background import BackgroundTask
 
-    from engine.serve.disagg_metrics import TRANSFER_BUCKETS
+    from engine.serve.disagg_metrics import TRANSFER_BUCKETS, merge_expositions
 
     registry = CollectorRegistry()
     routed = Counter(
@@ -64,7 +67,10 @@ def build_router(prefill: list[str], decode: list[str], api_key: str | None = No
         registry=registry,
     )
     transfers = Histogram(
-        "kvplan_kv_transfer_seconds", "KV transfer seconds per request.", buckets=TRANSFER_BUCKETS, registry=registry
+        "kvplan_router_kv_transfer_seconds",
+        "KV transfer seconds per request.",
+        buckets=TRANSFER_BUCKETS,
+        registry=registry,
     )
     count = itertools.count()
     tag = uuid.uuid4().hex[:8]
@@ -97,7 +103,25 @@ def build_router(prefill: list[str], decode: list[str], api_key: str | None = No
 
     @app.get("/metrics")
     async def prometheus():
-        return Response(generate_latest(registry), media_type="text/plain; version=0.0.4; charset=utf-8")
+        servers = [(f"decode{i}", u) for i, u in enumerate(decode)] + [
+            (f"prefill{i}", u) for i, u in enumerate(prefill)
+        ]
+
+        async def read(url: str) -> str | None:
+            try:
+                async with state["session"].get(f"{url}/metrics") as resp:
+                    return (await resp.text()) if resp.status == 200 else None
+            except aiohttp.ClientError:
+                return None
+
+        texts = await asyncio.gather(*(read(url) for _, url in servers))
+        try:
+            merged = merge_expositions([(label, t) for (label, _), t in zip(servers, texts) if t is not None])
+        except ValueError:
+            merged = ""
+        return Response(
+            generate_latest(registry) + merged.encode(), media_type="text/plain; version=0.0.4; charset=utf-8"
+        )
 
     @app.get("/v1/models")
     async def models():

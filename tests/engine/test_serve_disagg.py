@@ -22,6 +22,7 @@ from engine.serve import router
 from engine.serve.app import bind, build_app, main
 from engine.serve.role_app import build_role_app
 from engine.serve.role_loops import handoff_json
+from kvplan.run.server.server_metrics import parse_metrics
 from tests.engine.test_serve import events, metric, post
 from tests.engine.tiny import TINY, random_prompts, tiny_engine
 
@@ -138,6 +139,13 @@ def test_router_gives_the_aggregated_servers_greedy_tokens_and_moves_every_block
     assert metric(deployment.decode.url, "vllm:prompt_tokens_total") == 0
     assert metric(deployment.prefill.url, "vllm:prompt_tokens_total") == sum(map(len, prompts))
     assert metric(deployment.prefill.url, "vllm:generation_tokens_total") == len(prompts)
+    # the router's /metrics: every server's, labelled by server, read as kvplan reads a data-parallel vLLM
+    text = urllib.request.urlopen(f"{deployment.router.url}/metrics").read().decode()
+    read = parse_metrics(text)
+    assert read.values["prompt_tokens_total"] == sum(map(len, prompts))
+    assert read.values["generation_tokens_total"] == sum(b["max_tokens"] for b in bodies)  # token 1 + decode's
+    assert read.pool["num_gpu_blocks"] == "64" and 'server="decode0"' in text and 'server="prefill0"' in text
+    assert f'kvplan_kv_imported_bytes_total{{model_name="{TINY}",server="decode0"}} {num_blocks * PER_BLOCK}.0' in text
 
 
 def test_one_token_ends_at_the_prefill_server_and_bad_bodies_are_its_400s(deployment):
@@ -227,6 +235,7 @@ def test_kvplan_loadtest_against_the_router_records_ttft_tpot_and_transfer_time(
         assert r.token_times[0] > r.arrival_time and len(r.token_times) == 8
     level = run.result.levels[0]
     assert level.ttft_ms.p50 > 0 and level.tpot_ms.p50 > 0
+    assert level.server_preemptions == 0  # read from the servers' metrics through the router
     assert deployment.idle()
 
 
