@@ -238,3 +238,21 @@ def test_tier_bookkeeping_cascades_lru_without_a_mover():
     assert columns["offload_bytes_stored"] == 800 and (columns["num_host_blocks"], columns["num_disk_blocks"]) == (2, 2)
     assert off.step_columns()["num_host_stores"] == 0  # counters are per step
     off.check()
+
+
+@pytest.mark.parametrize("kv_dtype", ["fp8", "bfloat16", "float32"])
+def test_a_loaded_block_holds_the_bytes_it_was_evicted_with(kv_dtype, tmp_path):
+    """Every KV dtype moves as bytes: A's 4 cached blocks, read from the pool before B evicts
+    them, are byte for byte the blocks A's second request loads back (host tier, then disk)."""
+    for tiers in ({"offload_host_gib": gib(8)}, {"offload_disk_gib": gib(8), "offload_disk_path": str(tmp_path)}):
+        engine = tiny_engine(num_blocks=6, kv_cache_dtype=kv_dtype, **tiers)
+        bm = engine.scheduler.block_manager
+        mover = bm.offload.mover
+        run_one_by_one(engine, [A])
+        before = {h: mover._device_block(b).clone() for h, b in bm._cached.items()}
+        assert len(before) == 4
+        outputs, stats = run_one_by_one(engine, [B, A])
+        assert stats[1][0].num_prefix_hit_tokens == 16
+        for h, data in before.items():
+            assert mover._device_block(bm._cached[h]).equal(data)
+        del engine
