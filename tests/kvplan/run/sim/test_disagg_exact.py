@@ -9,8 +9,9 @@ The replay (issue 36 item 2, the aggregated exactness test's mechanism extended 
 - a worker's clock (``LoopClock``) replays the engine's loop: DisaggEngine.step runs every
   prefill worker's step, then each decode worker's ``begin_step`` (joins, then FIFO admission) and
   its step. A simulated worker's next step starts at the first measured start at or after the time
-  it may start (a decode worker's "starts" are its measured ``begin_step`` times, with a step or
-  not) and ends at that step's measured end;
+  it may start (a prefill worker's starts are all its measured steps, also those that scheduled
+  nothing, since such a step may have preempted; a decode worker's are its measured ``begin_step``
+  times, with a step or not) and ends at that step's measured end;
 - a transfer (``LoopLink``) ends when the run's ``complete`` of that request ended: from its
   admission, the rest of the admitting decode step and the export/import in the next loop
   (inproc.py: a transfer overlaps the decode step it was admitted in).
@@ -159,8 +160,9 @@ def replay(run, prompts, max_tokens, prefill, decode):
     clocks = iter(
         [
             *(
-                LoopClock([s.start_time - t0 for s in w], {s.start_time - t0: s.end_time - t0 for s in w})
-                for w in stats[:prefill]
+                # every step the run took, also one that scheduled nothing (it may have preempted)
+                LoopClock([s.start_time - t0 for s in every], {s.start_time - t0: s.end_time - t0 for s in w})
+                for every, w in zip(run["stats"][:prefill], stats[:prefill], strict=True)
             ),
             *(
                 LoopClock(
@@ -186,22 +188,27 @@ def replay(run, prompts, max_tokens, prefill, decode):
 
 
 @pytest.mark.parametrize(
-    ("prefill", "decode", "settings"),
+    ("prefill", "decode", "settings", "max_tokens"),
     [
-        (1, 1, dict(num_blocks=64, max_num_seqs=4)),
-        (2, 3, dict(num_blocks=64, max_num_seqs=4)),
+        (1, 1, dict(num_blocks=64, max_num_seqs=4), 6),
+        (2, 3, dict(num_blocks=64, max_num_seqs=4), 6),
         # a small decode pool and budget: handoffs wait for blocks and for max_num_seqs, prompts chunk
-        (1, 1, dict(num_blocks=14, max_num_seqs=3, max_num_batched_tokens=16)),
+        (1, 1, dict(num_blocks=14, max_num_seqs=3, max_num_batched_tokens=16), 6),
         # prefix caching on both pools, prompts sharing whole blocks: hits on the prefill worker
-        (1, 2, dict(num_blocks=24, max_num_seqs=3, enable_prefix_caching=True)),
+        (1, 2, dict(num_blocks=24, max_num_seqs=3, enable_prefix_caching=True), 6),
+        # 10 blocks and 12 tokens out: recompute preemption on both workers (the decode worker
+        # recomputes prompt + output so far)
+        (1, 1, dict(num_blocks=10, max_num_seqs=3, max_num_batched_tokens=16), 12),
     ],
 )
-def test_the_simulation_with_measured_times_equals_the_in_process_disaggregated_run(prefill, decode, settings):
+def test_the_simulation_with_measured_times_equals_the_in_process_disaggregated_run(
+    prefill, decode, settings, max_tokens
+):
     prompts = random_prompts([5, 12, 8, 17, 3, 9, 14, 6], seed=5)
     if settings.get("enable_prefix_caching"):
         prompts = [prompts[3][:8] + p if i % 2 else p for i, p in enumerate(prompts)]  # 2 shared blocks
-    run = measure(prompts, 6, prefill, decode, **settings)
-    backend, schedules, done = replay(run, prompts, 6, prefill, decode)
+    run = measure(prompts, max_tokens, prefill, decode, **settings)
+    backend, schedules, done = replay(run, prompts, max_tokens, prefill, decode)
     t0 = run["t0"]
     if settings.get("max_num_batched_tokens") == 16:  # what the small pool claims to exercise
         steps = run["stats"][0]
@@ -211,6 +218,8 @@ def test_the_simulation_with_measured_times_equals_the_in_process_disaggregated_
         assert waited  # some handoff passed a begin_step without admission (seqs or blocks full)
     if settings.get("enable_prefix_caching"):
         assert sum(s.num_prefix_hit_tokens for s in run["stats"][0]) > 0
+    if max_tokens == 12:
+        assert sum(s.num_preemptions for s in run["stats"][1]) > 0  # the decode worker preempted
     # which requests, with how many tokens, every step of every worker
     assert schedules == run["schedules"]
     workers = [*backend.prefill, *backend.decode]
@@ -231,7 +240,7 @@ def test_the_simulation_with_measured_times_equals_the_in_process_disaggregated_
     spans = [(s.start_time - t0, s.end_time - t0) for w in measured for s in w]
     for rid in run["ids"]:
         out, sim = run["outs"][rid], done[rid]
-        assert sim.num_output_tokens == len(out.output_token_ids) == 6
+        assert sim.num_output_tokens == len(out.output_token_ids) == max_tokens
         ends = [next(e for b, e in spans if b <= t - t0 <= e) for t in out.token_times]
         assert sim.token_times == pytest.approx(ends, abs=1e-9)
         assert sim.kv_transfer_s == pytest.approx(run["moved"][rid] - run["admitted"][rid], abs=1e-9)
