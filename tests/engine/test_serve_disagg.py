@@ -214,6 +214,24 @@ def test_an_abort_before_its_request_arrives_and_a_failed_fetch_hold_nothing(dep
     assert deployment.idle() and deployment.dw.num_waiting_handoffs == 0 and not deployment.dw.in_transfer
 
 
+def test_two_prefill_and_two_decode_servers_take_requests_round_robin():
+    engines = {r: [worker_engine(EngineConfig(**SETTINGS), r) for _ in range(2)] for r in ("prefill", "decode")}
+    servers = {r: [Up(build_role_app(e, r)) for e in es] for r, es in engines.items()}
+    front = Up(router.build_router([u.url for u in servers["prefill"]], [u.url for u in servers["decode"]]))
+    try:
+        prompts = random_prompts([5, 12, 8, 17], seed=8)
+        for p in prompts:  # one at a time: request i is the router's i-th
+            assert answer(front.url, body(p, 3, stream=True))[0].count("<") == 3
+        assert [-(-len(p) // 4) for p in prompts] == [2, 3, 2, 5]  # blocks per request
+        # request i: prefill server i mod 2, decode server i mod 2
+        assert [u.app.state.worker.num_exported_blocks for u in servers["prefill"]] == [2 + 2, 3 + 5]
+        assert [u.app.state.worker.num_imported_blocks for u in servers["decode"]] == [2 + 2, 3 + 5]
+        assert [u.app.state.worker.num_transfers for u in servers["decode"]] == [2, 2]
+    finally:
+        for u in (front, *servers["decode"], *servers["prefill"]):
+            u.close()
+
+
 def test_kvplan_loadtest_against_the_router_records_ttft_tpot_and_transfer_time(deployment, tmp_path):
     from kvplan.results.run_result import load_run
     from kvplan.run.server.run import run_target_loadtest
