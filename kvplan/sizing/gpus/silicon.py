@@ -42,7 +42,7 @@ from typing import Any
 from kvplan.errors import KvplanError
 from kvplan.sizing import dtypes
 from kvplan.sizing.gpus.silicon_db import available, database_versions, default_version, nvlink_domain, quiet
-from kvplan.sizing.gpus.silicon_models import bundled_configs, match_model, quant_method, quant_modes
+from kvplan.sizing.gpus.silicon_models import bundled_configs, match_model, mla_modes, quant_method, quant_modes
 
 BACKENDS = ("vllm", "sglang", "trtllm")
 SILICON_KV_DTYPES = ("auto", "bf16", "fp16", "fp8")  # the KV cache modes its databases measure
@@ -159,7 +159,12 @@ def silicon_cost(
             tp,
             ep,
             tuple(
-                sorted(quant_modes(weight_dtype, kv_cache_dtype, quant_method(bundled_configs()[model_path])).items())
+                sorted(
+                    (
+                        quant_modes(weight_dtype, kv_cache_dtype, quant_method(bundled_configs()[model_path]))
+                        | mla_modes(bundled_configs()[model_path])
+                    ).items()
+                )
             ),
         )
     except Exception as err:  # the database lacks this shape or precision: the roofline covers it
@@ -306,6 +311,7 @@ def _build_engine(source: SiliconSource, tp: int, ep: int, modes: dict[str, str]
         "gemm_quant_mode": common.GEMMQuantMode,
         "moe_quant_mode": common.MoEQuantMode,
         "kvcache_quant_mode": common.KVCacheQuantMode,
+        "fmha_quant_mode": common.FMHAQuantMode,
     }
     quant: dict[str, Any] = {k: enums[k][v] for k, v in modes.items()}
     with quiet():

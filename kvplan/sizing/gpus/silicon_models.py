@@ -101,6 +101,16 @@ def quant_modes(weight_dtype: str, kv_cache_dtype: str, checkpoint: str | None =
     return modes
 
 
+def mla_modes(config: dict[str, Any]) -> dict[str, str]:
+    """The attention precision to name for an MLA model (a bundled ``config`` with
+    ``kv_lora_rank``; {} for others): ``bfloat16``. aiconfigurator-core 0.12.0 infers FP8 attention
+    for an FP8 checkpoint such as DeepSeek-V3/R1, but its MLA tables hold only ``mla_dtype``
+    bfloat16 rows for context on every backend (the b200_sxm and h200_sxm ``mla`` parquet files of
+    sglang 0.5.14, trtllm 1.3.0rc20 and vllm 0.24.0, read 2026-12-05), so without it every MLA
+    step fails with "context MLA data missing" and the roofline prices the model instead."""
+    return {"fmha_quant_mode": "bfloat16"} if config.get("kv_lora_rank") else {}
+
+
 @cache
 def bundled_configs() -> dict[str, dict[str, Any]]:
     """aiconfigurator-core's bundled model configs by model id (file ``org--name_config.json``),

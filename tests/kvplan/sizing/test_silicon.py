@@ -213,3 +213,31 @@ def test_an_aiconfigurator_error_is_shortened_to_one_line_without_paths():
         "missing system flops: quant mode 'fp8' needs 'fp8_tc_flops', which this system's YAML does not define (or "
         "defines as a ..."
     )
+
+
+@pytest.mark.parametrize("backend", ["trtllm", "sglang", "vllm"])
+def test_an_mla_model_is_priced_on_silicon_with_bf16_attention(backend):
+    """DeepSeek-V3 (MLA, an FP8 checkpoint) on B200, tp 8, experts split 8 ways: aiconfigurator's
+    default FP8 attention has no MLA rows, so kvplan names bf16 attention; its decode step then
+    equals aiconfigurator's own decode-step estimate for the same model config."""
+    from aiconfigurator_core.sdk import common, config
+    from aiconfigurator_core.sdk.models import get_model
+    from aiconfigurator_core.sdk.perf_database import get_database
+    from aiconfigurator_core.sdk.rust_engine_step import estimate_decode_step_latency_with_rust
+
+    cost = silicon.silicon_cost(
+        load_model_config("deepseek-v3")[0], "b200_sxm", 8, backend=backend, ep=8, fit=UNCORRECTED
+    )
+    assert isinstance(cost, silicon.SiliconStepCost), cost
+    logging.disable(logging.WARNING)
+    try:
+        database = get_database("b200_sxm", backend, cost.source.version)
+        mc = config.ModelConfig(tp_size=8, moe_tp_size=1, moe_ep_size=8, fmha_quant_mode=common.FMHAQuantMode.bfloat16)
+        model = get_model(cost.source.model_path, mc, backend)
+    finally:
+        logging.disable(logging.NOTSET)
+    batch, isl, osl = 32, 1024, 254
+    context = isl + osl // 2 + 1
+    theirs = estimate_decode_step_latency_with_rust(model, database, gen_tokens=batch, isl=isl, osl=osl)
+    work = StepWork(0, batch, 0, batch * context, batch * context, batch * context)
+    assert cost.step_seconds(work) * 1e3 == pytest.approx(theirs, rel=1e-9)
