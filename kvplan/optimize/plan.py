@@ -172,8 +172,17 @@ def judge(job: Job) -> ConfigResult:
     # --rate: replicas come from the rate (to within 2 %); the concurrency, only the Pareto point's,
     # to within RATE_MODE_CONCURRENCY_PRECISION. --users: replicas come from it, to within 2 %.
     precision = RATE_MODE_CONCURRENCY_PRECISION if job.rate is not None else CONCURRENCY_PRECISION
+    # on exactly the requests the job gives (a trace window's judged ones: --window-requests), unsampled
     cap = search_capacity(
-        workload, setup.facts, sampled, setup.clock, job.attainment, {}, precision, make_backend=setup.make_backend
+        workload,
+        setup.facts,
+        sampled,
+        setup.clock,
+        job.attainment,
+        {},
+        precision,
+        make_backend=setup.make_backend,
+        trace_sample=False,
     )[0]
     rate_point = cap.max_request_rate
     if cap.burst_meets_slo and cap.max_concurrency is not None:

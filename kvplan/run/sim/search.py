@@ -369,11 +369,13 @@ def search_capacity(
     knees: dict[str, int | None],
     precision: float = CONCURRENCY_PRECISION,
     make_backend: Callable[[], Any] | None = None,
+    trace_sample: bool = True,
 ) -> list[BucketCapacity]:
     """Every bucket's SLO answers on ``facts`` timed by ``clock`` (or on ``make_backend``'s fresh
     backends: a disaggregated target), with its knee from ``knees`` (the concurrency to within
-    ``precision``); a trace's on ``probe_sample``'s requests."""
-    workload, sampled = probe_sample(workload, sampled)
+    ``precision``); a trace's on ``probe_sample``'s requests (``trace_sample`` False: on all given)."""
+    if trace_sample:
+        workload, sampled = probe_sample(workload, sampled)
     prober = Prober(workload, facts, clock, sampled, make_backend)
     return [prober.capacity(i, attainment, knees.get(b.name), precision) for i, b in enumerate(workload.buckets)]
 

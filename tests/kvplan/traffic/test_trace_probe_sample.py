@@ -85,3 +85,25 @@ def test_simulate_replays_every_request_and_says_it_sampled(traces):
     (level,) = run.result.levels
     assert level.num_completed == N and len(run.requests) == N
     assert run.result.run.dataset["probe_requests"] == 1000 and run.result.capacity
+
+
+def test_plan_jobs_search_on_every_request_they_are_given(traces, monkeypatch):
+    """``kvplan plan`` judges exactly its job's requests (a window's --window-requests): unsampled."""
+    import kvplan.run.sim.search as search
+
+    _, full, _, _ = traces
+    setup = engine_setup(full)[0]
+    sampled = sample(full, setup.facts).requests
+    seen = []
+    real = search.Prober.__init__
+
+    def spy(self, workload, facts, clock, requests, make_backend=None):
+        seen.append((workload.buckets[0].num_requests, len(requests["t"])))
+        real(self, workload, facts, clock, requests, make_backend)
+
+    monkeypatch.setattr(search.Prober, "__init__", spy)
+    search_capacity(full, setup.facts, sampled, setup.clock, 0.9, {}, trace_sample=False)
+    search_capacity(full, setup.facts, sampled, setup.clock, 0.9, {})
+    assert seen == [(N, N), (1000, 1000)]
+    source = (Path(search.__file__).parents[2] / "optimize" / "plan.py").read_text()
+    assert "trace_sample=False" in source
