@@ -35,7 +35,7 @@ def trace_requests(workload: Workload, trace: Trace, vocab_size: int, picked: Se
             parts = [shared[h] if h in shared else shared.setdefault(h, block(0, h)) for h in r.hash_ids[:count]]
         ids = np.concatenate(parts)[:length]
         out = clipped(r.output_length, dataset.max_output_tokens)
-        requests.append(SampledRequest(tuple(int(t) for t in ids), out, f"trace:{r.line}"))
+        requests.append(SampledRequest(tuple(ids.tolist()), out, f"trace:{r.line}"))  # Python ints, in C
     return requests
 
 
