@@ -9,6 +9,10 @@ worker i mod x and its handoff to decode worker i mod y. One ``step()``::
         set: the first step that starts after their transfer ended; new handoffs admitted),
         then one step if it has work
 
+A handoff its decode worker can never run (``DecodeWorker.never_fits``: over its max_model_len or
+its whole pool) is not offered: its prefill blocks are freed and it ends with token 1 and reason
+cannot_fit, as kvplan's simulator ends it (docs/simulate.md, "Disaggregated targets").
+
 A transfer therefore overlaps the decode step it was admitted in, and between two ``step()``
 calls an admitted handoff is in transfer with blocks on both sides (a cancel then frees both).
 """
@@ -19,10 +23,10 @@ import time
 from collections.abc import Sequence
 
 from engine.disagg.kv_blocks import layout_of
-from engine.disagg.workers import DecodeWorker, PrefillWorker
+from engine.disagg.workers import DecodeWorker, Handoff, PrefillWorker
 from engine.llm_engine import LLMEngine
 from engine.outputs import RequestOutput, StepStats
-from engine.request import SamplingParams
+from engine.request import FinishReason, SamplingParams
 
 
 class DisaggEngine:
@@ -89,7 +93,12 @@ class DisaggEngine:
                 self.prefill_stats[i].append(stats)
                 finished += done
                 for h in handoffs:
-                    self.decode[self._route[h.request_id][1]].offer(h)
+                    dw = self.decode[self._route[h.request_id][1]]
+                    if reason := dw.never_fits(h):  # ends here, its prefill blocks freed: nothing waits forever
+                        pw.release(h.request_id)
+                        finished.append(_cannot_fit(h, reason))
+                    else:
+                        dw.offer(h)
         for j, dw in enumerate(self.decode):
             for request_id in list(dw.in_transfer):
                 source = self.prefill[self._route[request_id][0]]
@@ -105,3 +114,22 @@ class DisaggEngine:
         for out in finished:
             self._route.pop(out.request_id, None)
         return finished
+
+
+def _cannot_fit(h: Handoff, reason: str) -> RequestOutput:
+    """The client's answer for a handoff no decode worker can run: token 1 (already streamed) and
+    finish reason cannot_fit."""
+    return RequestOutput(
+        request_id=h.request_id,
+        prompt_token_ids=h.prompt_token_ids,
+        output_token_ids=(h.first_token,),
+        text=None,
+        finish_reason=FinishReason.CANNOT_FIT,
+        finish_detail=reason,
+        arrival_time=h.arrival_time,
+        first_scheduled_time=h.first_scheduled_time,
+        token_times=(h.first_token_time,),
+        finish_time=time.perf_counter(),
+        num_preemptions=0,
+        num_cached_tokens=h.num_cached_tokens,
+    )

@@ -170,6 +170,19 @@ class DecodeWorker:
     def offer(self, handoff: Handoff) -> None:
         self.queue.append(handoff)
 
+    def never_fits(self, handoff: Handoff) -> str:
+        """Why ``handoff`` can never run on this worker ("" when it can), by the aggregated engine's
+        cannot_fit rule (Scheduler.add_request): prompt + max_tokens tokens over max_model_len, or
+        blocks for prompt + max_tokens - 1 tokens (the last token needs no slot) more than the
+        whole pool. Such a handoff would wait at the head of the FIFO forever."""
+        length = len(handoff.prompt_token_ids) + handoff.params.max_tokens
+        if length > self.scheduler.max_model_len:
+            prompt, wanted = len(handoff.prompt_token_ids), handoff.params.max_tokens
+            return f"prompt {prompt} + max_tokens {wanted} = {length} tokens > max_model_len"
+        bm = self.scheduler.block_manager
+        needed = bm.num_blocks_for(length - 1)
+        return f"needs {needed} blocks, the decode worker's cache has {bm.num_blocks}" if needed > bm.num_blocks else ""
+
     def begin_step(self, now: float | None = None) -> list[Handoff]:
         """Join the completed transfers, then admit handoffs FIFO; returns the admitted ones (their
         blocks allocated here, under the request id), whose K/V the caller moves."""

@@ -122,7 +122,8 @@ def test_a_cancel_in_each_phase_frees_every_block_on_both_sides(phase):
     config = EngineConfig(**SETTINGS)
     small = EngineConfig(**{**SETTINGS, "num_blocks": 6})
     engine = DisaggEngine([worker_engine(config, "prefill")], [worker_engine(small, "decode")])
-    prompts = random_prompts([12, 12, 19], seed=7)  # 19 + 1 tokens: 5 of the decode pool's 6 blocks
+    # 18 + 1 tokens: 5 of the decode pool's 6 blocks (18 + 6 = 24 = its max_model_len: it can run there)
+    prompts = random_prompts([12, 12, 18], seed=7)
     params = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
     ids = [engine.add_request(p, params) for p in prompts]
     # one step prefills all three; 0 admitted (in transfer, 4 blocks), 1 and 2 wait for decode blocks
@@ -164,3 +165,30 @@ def torch_randn_like(t):
     import torch
 
     return torch.randn(t.shape, generator=torch.Generator().manual_seed(t.numel()), dtype=t.dtype)
+
+
+def test_a_handoff_the_decode_pool_can_never_hold_ends_as_cannot_fit_not_waiting_forever():
+    """Decode pool of 4 blocks of 4 (16 tokens): a 17-token prompt with 4 tokens to generate needs
+    blocks for 20 tokens (5 blocks) there, so it ends after its prefill with token 1 and
+    cannot_fit; a 5-token prompt behind it still decodes; nothing stays held on either side."""
+    big, small = EngineConfig(**SETTINGS), EngineConfig(**{**SETTINGS, "num_blocks": 4, "max_model_len": 64})
+    engine = DisaggEngine([worker_engine(big, "prefill")], [worker_engine(small, "decode")])
+    long, short = random_prompts([17, 5], seed=7)
+    out = run(engine, [long, short], SamplingParams(max_tokens=4, ignore_eos=True))
+    refused, served = out["0"], out["1"]
+    assert refused.finish_reason == "cannot_fit" and len(refused.output_token_ids) == 1
+    assert refused.finish_detail == "needs 5 blocks, the decode worker's cache has 4"
+    assert served.finish_reason == "length" and len(served.output_token_ids) == 4
+    assert engine.decode[0].num_transfers == 1  # only the short one moved
+    assert_no_blocks_held(engine)
+
+
+def test_a_handoff_past_the_decode_workers_max_model_len_ends_as_cannot_fit():
+    small = EngineConfig(**{**SETTINGS, "num_blocks": 8, "max_model_len": 16})
+    engine = DisaggEngine([worker_engine(EngineConfig(**SETTINGS), "prefill")], [worker_engine(small, "decode")])
+    (out,) = run(engine, random_prompts([12], seed=9), SamplingParams(max_tokens=6, ignore_eos=True)).values()
+    assert (
+        out.finish_reason == "cannot_fit"
+        and out.finish_detail == "prompt 12 + max_tokens 6 = 18 tokens > max_model_len"
+    )
+    assert_no_blocks_held(engine)
