@@ -40,6 +40,7 @@ import time
 
 from engine.admission import SETTINGS
 from engine.config import DEFAULT_MODEL, EngineConfig
+from engine.serve.http_base import base_app, fail, model_card
 
 ROLES = ("aggregated", "prefill", "decode")  # --role (engine.serve.role_app serves the last two)
 RETRY_AFTER_S = 1  # Retry-After of a 429: the least whole second HTTP can say (RFC 9110, 10.2.3)
@@ -135,15 +136,14 @@ def build_app(
     import contextlib
     from dataclasses import replace
 
-    from fastapi import FastAPI, Request
-    from fastapi.responses import JSONResponse, Response, StreamingResponse
+    from fastapi import Request
+    from fastapi.responses import Response, StreamingResponse
 
     from engine.serve.api import (
         BadRequest,
         JobKind,
         Limits,
         chunk,
-        error_body,
         full_response,
         parse_body,
         usage_chunk,
@@ -181,22 +181,8 @@ def build_app(
         yield
         loop.stop()
 
-    app = FastAPI(title="engine.serve", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
+    app = base_app("engine.serve", lifespan, api_key)
     app.state.loop, app.state.metrics = loop, metrics
-
-    def fail(message: str, status: int) -> JSONResponse:
-        return JSONResponse(error_body(message, status), status_code=status)
-
-    @app.middleware("http")
-    async def check_key(request: Request, call_next):
-        if api_key is not None and request.url.path.startswith("/v1"):
-            if request.headers.get("authorization", "") != f"Bearer {api_key}":
-                return fail("invalid or missing API key (Authorization: Bearer <key>)", 401)
-        return await call_next(request)
-
-    @app.get("/health")
-    async def health():
-        return Response(status_code=200)
 
     @app.get("/metrics")
     async def prometheus():
@@ -204,14 +190,7 @@ def build_app(
 
     @app.get("/v1/models")
     async def models():
-        card = {
-            "id": name,
-            "object": "model",
-            "created": created,
-            "owned_by": "kvplan-engine",
-            "max_model_len": engine.max_model_len,
-        }
-        return {"object": "list", "data": [card]}
+        return {"object": "list", "data": [model_card(name, created, engine.max_model_len)]}
 
     async def generate(request: Request, kind: JobKind):
         try:

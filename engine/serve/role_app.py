@@ -29,8 +29,9 @@ import time
 import urllib.request
 
 from engine.disagg.workers import DecodeWorker, PrefillWorker
-from engine.serve.api import BadRequest, Job, Limits, error_body, parse_body
+from engine.serve.api import BadRequest, Job, Limits, parse_body
 from engine.serve.disagg_metrics import DisaggMetrics
+from engine.serve.http_base import base_app, fail, model_card
 from engine.serve.role_loops import DecodeLoop, PrefillLoop, PrefillResult, handoff_from, handoff_json
 
 TRANSFER_TIMEOUT_S = 60.0
@@ -53,8 +54,8 @@ def build_role_app(engine, role: str, served_model_name: str | None = None, api_
     """The FastAPI app of a ``role`` (prefill | decode) server around ``engine`` (made by
     engine.disagg.workers.worker_engine for that role); ``app.state.loop`` is its PrefillLoop or
     DecodeLoop, ``app.state.worker`` its worker. Raises ValueError: an engine not made for ``role``."""
-    from fastapi import FastAPI, Request
-    from fastapi.responses import JSONResponse, Response, StreamingResponse
+    from fastapi import Request
+    from fastapi.responses import Response, StreamingResponse
 
     name = served_model_name or engine.model_name
     metrics = DisaggMetrics(
@@ -87,22 +88,8 @@ def build_role_app(engine, role: str, served_model_name: str | None = None, api_
         yield
         loop.stop()
 
-    app = FastAPI(title=f"engine.serve ({role})", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
+    app = base_app(f"engine.serve ({role})", lifespan, api_key)
     app.state.loop, app.state.metrics, app.state.worker = loop, metrics, worker
-
-    def fail(message: str, status: int) -> JSONResponse:
-        return JSONResponse(error_body(message, status), status_code=status)
-
-    @app.middleware("http")
-    async def check_key(request: Request, call_next):
-        if api_key is not None and request.url.path.startswith("/v1"):
-            if request.headers.get("authorization", "") != f"Bearer {api_key}":
-                return fail("invalid or missing API key (Authorization: Bearer <key>)", 401)
-        return await call_next(request)
-
-    @app.get("/health")
-    async def health():
-        return Response(status_code=200)
 
     @app.get("/metrics")
     async def prometheus():
@@ -110,14 +97,7 @@ def build_role_app(engine, role: str, served_model_name: str | None = None, api_
 
     @app.get("/v1/models")
     async def models():
-        card = {
-            "id": name,
-            "object": "model",
-            "created": created,
-            "owned_by": "kvplan-engine",
-            "max_model_len": engine.max_model_len,
-        }
-        return {"object": "list", "data": [card], "role": role}
+        return {"object": "list", "data": [model_card(name, created, engine.max_model_len)], "role": role}
 
     @app.post("/kv/abort/{request_id}")
     async def abort(request_id: str):

@@ -34,6 +34,7 @@ import uuid
 
 from engine.request import SamplingParams
 from engine.serve.api import Job, chunk, error_body, full_response, usage_chunk
+from engine.serve.http_base import base_app, fail
 
 CONNECT_TIMEOUT_S = 10.0
 
@@ -52,8 +53,8 @@ def parse_urls(flag: str, value: str) -> list[str]:
 def build_router(prefill: list[str], decode: list[str], api_key: str | None = None):
     """The router's FastAPI app over the given server URLs (see the module docstring)."""
     import aiohttp
-    from fastapi import FastAPI, Request
-    from fastapi.responses import JSONResponse, Response, StreamingResponse
+    from fastapi import Request
+    from fastapi.responses import Response, StreamingResponse
     from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
     from starlette.background import BackgroundTask
 
@@ -85,21 +86,7 @@ def build_router(prefill: list[str], decode: list[str], api_key: str | None = No
             yield
             await asyncio.gather(*background, return_exceptions=True)
 
-    app = FastAPI(title="engine.serve.router", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
-
-    def fail(message: str, status: int) -> JSONResponse:
-        return JSONResponse(error_body(message, status), status_code=status)
-
-    @app.middleware("http")
-    async def check_key(request: Request, call_next):
-        if api_key is not None and request.url.path.startswith("/v1"):
-            if request.headers.get("authorization", "") != f"Bearer {api_key}":
-                return fail("invalid or missing API key (Authorization: Bearer <key>)", 401)
-        return await call_next(request)
-
-    @app.get("/health")
-    async def health():
-        return Response(status_code=200)
+    app = base_app("engine.serve.router", lifespan, api_key)
 
     @app.get("/metrics")
     async def prometheus():
