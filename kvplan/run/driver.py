@@ -279,7 +279,7 @@ def run_level(backend: Backend, level: Level, recorder: Recorder, seed: int) -> 
             req = requests[index]
             rid, salt = f"{key.id}/{index}", cache_salt(key, index, req)  # the level's salt for every turn
             recorder.submitted[rid] = (req, salt)
-            submission = Submission(rid, req.prompt_token_ids, req.max_tokens, seed + index, salt, arrival)
+            submission = Submission(rid, tuple(req.prompt_token_ids), req.max_tokens, seed + index, salt, arrival)
             backend.submit(replace(submission, output_token_ids=req.reply_token_ids, tenant=req.admission_tenant))
             return rid
 
@@ -311,7 +311,8 @@ def run_level(backend: Backend, level: Level, recorder: Recorder, seed: int) -> 
         rid, salt = f"{key.id}/{sent}", round_salt(cache_salt(key, index, req), index, num)
         recorder.submitted[rid] = (req, salt)
         tenant = req.admission_tenant
-        backend.submit(Submission(rid, req.prompt_token_ids, req.max_tokens, seed + sent, salt, arrival, tenant=tenant))
+        ids = tuple(req.prompt_token_ids)  # a trace's prompt is built here (kvplan.traffic.trace.TracePrompt)
+        backend.submit(Submission(rid, ids, req.max_tokens, seed + sent, salt, arrival, tenant=tenant))
         sent += 1
         in_flight += 1
 

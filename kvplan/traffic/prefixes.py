@@ -81,7 +81,7 @@ def _with_prefix(
         out.append(
             replace(
                 req,
-                prompt_token_ids=prefix + req.prompt_token_ids,
+                prompt_token_ids=prefix + tuple(req.prompt_token_ids),
                 num_prefix_tokens=len(prefix),
                 prefix_group=group,
                 tenant=int(tenant_of[i]),

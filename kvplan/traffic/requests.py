@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 Tokenize = Callable[[list[str]], list[list[int]]]  # texts -> token ids, batched
@@ -12,7 +12,8 @@ Tokenize = Callable[[list[str]], list[list[int]]]  # texts -> token ids, batched
 class SampledRequest:
     """One request of a bucket: prompt token ids and the output length (``max_tokens``, tokens)."""
 
-    prompt_token_ids: tuple[int, ...]
+    # a tuple, or a trace's kvplan.traffic.trace.TracePrompt (built when read; tuple() it once to send)
+    prompt_token_ids: Sequence[int]
     max_tokens: int
     source: str  # "sharegpt:<record index>", "jsonl:<line>", "random"
     num_prefix_tokens: int = 0  # leading prompt tokens that are a shared prefix

@@ -5,7 +5,7 @@ milliseconds for the simulation itself. The first simulation of a workload sampl
 does (``kvplan.traffic.prompts.sample_buckets``, same seed, same tokenizer's ids) and stores the
 result; later ones read it back. The key is a sha256 over everything the sample depends on: the
 workload's seed, dataset, buckets' lengths and counts, shared prefix, the vocabulary, the
-tokenizer's identity, the dataset file's identity (a JSONL file's or a trace's) and the source of the sampling modules
+tokenizer's identity, the dataset file's identity (a JSONL file's) and the source of the sampling modules
 themselves, so a change to any of them samples afresh::
 
     $KVPLAN_CACHE (default ~/.cache/kvplan)/samples/<sha256>.json
@@ -89,13 +89,13 @@ def cached_sample(
     workload: Workload, tokenizer: Callable[[], Tokenize | None], vocab_size: int, tokenizer_id: list
 ) -> SampledBuckets:
     """``sample_buckets(workload, tokenizer(), vocab_size)``, from the cache when it holds it (the
-    tokenizer is built only when it does not). Random prompts (drawn in milliseconds) are never
-    cached.
+    tokenizer is built only when it does not). Random prompts (drawn in milliseconds) and a
+    trace's (built as each request is sent: kvplan.traffic.trace.TracePrompt) are never cached.
 
     Raises:
         KvplanError: what sample_buckets raises.
     """
-    if workload.dataset.kind == "random":
+    if workload.dataset.kind in ("random", "trace"):
         return prompts.sample_buckets(workload, tokenizer(), vocab_size)
     path = cache_root() / "samples" / f"{sample_key(workload, vocab_size, tokenizer_id)}.json"
     try:

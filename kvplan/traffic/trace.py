@@ -3,7 +3,9 @@ hash blocks (the format, the hash-block expansion and the level's timing: kvplan
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from functools import lru_cache
+from typing import overload
 
 import numpy as np
 
@@ -12,30 +14,83 @@ from kvplan.workload.schema import Workload
 from kvplan.workload.trace import PROBE_REQUESTS, Trace, clipped, read_trace
 
 
+class TracePrompt(Sequence[int]):
+    """A trace line's prompt token ids, built when read (module docstring of kvplan.workload.trace:
+    block ``key`` expands to ``block_tokens`` ids from ``numpy.random.default_rng([seed, *key])``).
+
+    Holding the recipe instead of the ids keeps a replay's memory bounded by the requests in
+    flight, not by the trace's tokens (issue 38: 43.6 M ids of a 20,000-request trace took 2 GB as
+    Python ints), and lets a replay start before any prompt is built. ``len`` costs nothing; reading
+    ids builds them (a few blocks' draws, the last 4,096 blocks kept); the driver takes the tuple
+    once per sent request. Two prompts with the same recipe are equal; one equals any sequence of
+    the same ids.
+    """
+
+    __slots__ = ("_recipe",)
+
+    def __init__(self, seed: int, vocab_size: int, block_tokens: int, blocks: tuple[tuple[int, ...], ...], length: int):
+        self._recipe = (seed, vocab_size, block_tokens, blocks, length)
+
+    def ids(self) -> tuple[int, ...]:
+        """The token ids, a tuple of ``len(self)`` Python ints in [0, vocab_size)."""
+        seed, vocab, size, blocks, length = self._recipe
+        if not blocks:
+            return ()
+        parts = [_block(seed, vocab, size, key) for key in blocks]
+        return tuple(np.concatenate(parts)[:length].tolist())  # Python ints, in C
+
+    def __len__(self) -> int:
+        return self._recipe[4]
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self.ids())
+
+    @overload
+    def __getitem__(self, index: int) -> int: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> tuple[int, ...]: ...
+
+    def __getitem__(self, index: int | slice) -> int | tuple[int, ...]:
+        return self.ids()[index]
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, TracePrompt):
+            return self._recipe == other._recipe
+        return isinstance(other, Sequence) and len(other) == len(self) and tuple(other) == self.ids()
+
+    def __hash__(self) -> int:
+        return hash(self._recipe)
+
+    def __repr__(self) -> str:
+        return f"TracePrompt(len={len(self)}, blocks={len(self._recipe[3])})"
+
+
+@lru_cache(maxsize=4096)
+def _block(seed: int, vocab_size: int, size: int, key: tuple[int, ...]) -> np.ndarray:
+    """One hash block's ``size`` token ids (int64), drawn from ``default_rng([seed, *key])``."""
+    return np.random.default_rng([seed, *key]).integers(0, vocab_size, size=size)
+
+
 def trace_requests(workload: Workload, trace: Trace, vocab_size: int, picked: Sequence[int]) -> list[SampledRequest]:
     """The requests of the trace's lines at 0-based positions ``picked`` (in that order), prompts
-    built from their hash blocks (module docstring): a line's request is the same whichever other
-    lines are picked beside it, since every block is drawn from its own seed. vocab_size: token ids
-    lie in [0, vocab_size)."""
+    built from their hash blocks (module docstring) when they are read (``TracePrompt``): a line's
+    request is the same whichever other lines are picked beside it, since every block is drawn from
+    its own seed. vocab_size: token ids lie in [0, vocab_size)."""
     dataset, seed = workload.dataset, workload.seed
     size = dataset.block_tokens
-    shared: dict[int, np.ndarray] = {}
-
-    def block(*key: int) -> np.ndarray:
-        return np.random.default_rng([seed, *key]).integers(0, vocab_size, size=size)
-
     requests = []
     for i in picked:
         r = trace.requests[i]
         length = clipped(r.input_length, dataset.max_input_tokens)
         count = -(-length // size)
+        blocks: tuple[tuple[int, ...], ...]
         if r.hash_ids is None:  # the line's own blocks, shared with nothing
-            parts = [block(1, r.line, b) for b in range(count)]
+            blocks = tuple((1, r.line, b) for b in range(count))
         else:
-            parts = [shared[h] if h in shared else shared.setdefault(h, block(0, h)) for h in r.hash_ids[:count]]
-        ids = np.concatenate(parts)[:length]
+            blocks = tuple((0, h) for h in r.hash_ids[:count])
         out = clipped(r.output_length, dataset.max_output_tokens)
-        requests.append(SampledRequest(tuple(ids.tolist()), out, f"trace:{r.line}"))  # Python ints, in C
+        requests.append(SampledRequest(TracePrompt(seed, vocab_size, size, blocks, length), out, f"trace:{r.line}"))
     return requests
 
 
