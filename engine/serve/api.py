@@ -122,6 +122,27 @@ class Limits:
     budget_blocks: int | None = None
 
 
+# the query parameters a router passes a prefill server: its decode server's limits (check_fit)
+DECODE_LIMITS = ("decode_max_model_len", "decode_block_size", "decode_num_blocks")
+
+
+def check_fit(num_prompt: int, max_tokens: int, limits: Limits, whose: str = "") -> None:
+    """Raise BadRequest unless a request of ``num_prompt`` + ``max_tokens`` tokens fits a server of
+    ``limits``: within max_model_len, and blocks for all but its last token (which needs no slot)
+    within the whole KV pool (the scheduler's cannot_fit rule). ``whose``: a prefix naming the
+    server checked, e.g. "the decode server: " (a router checks the decode pool at the prefill server)."""
+    if num_prompt + max_tokens > limits.max_model_len:
+        raise BadRequest(
+            f"{whose}this model's maximum context length is {limits.max_model_len} tokens; the request has"
+            f" {num_prompt} prompt tokens and max_tokens {max_tokens}"
+        )
+    if -(-(num_prompt + max_tokens - 1) // limits.block_size) > limits.num_blocks:
+        raise BadRequest(
+            f"{whose}the request ({num_prompt} + {max_tokens} tokens) needs more than the KV pool's"
+            f" {limits.num_blocks} blocks of {limits.block_size} tokens"
+        )
+
+
 def parse_body(raw: bytes, kind: JobKind, limits: Limits, tokenizer) -> Job:
     """``raw`` JSON -> a Job, or BadRequest naming the field at fault (see the module docstring).
     ``tokenizer``: the model's (transformers) tokenizer, None for a model without one."""
@@ -155,16 +176,7 @@ def parse_body(raw: bytes, kind: JobKind, limits: Limits, tokenizer) -> Job:
     if limits.max_output_tokens is not None and max_tokens > limits.max_output_tokens:  # clamped, as vLLM does
         max_tokens = limits.max_output_tokens
         min_tokens = min(min_tokens, max_tokens)
-    if len(ids) + max_tokens > limits.max_model_len:
-        raise BadRequest(
-            f"this model's maximum context length is {limits.max_model_len} tokens; the request has"
-            f" {len(ids)} prompt tokens and max_tokens {max_tokens}"
-        )
-    if -(-(len(ids) + max_tokens - 1) // limits.block_size) > limits.num_blocks:
-        raise BadRequest(
-            f"the request ({len(ids)} + {max_tokens} tokens) needs more than the KV pool's"
-            f" {limits.num_blocks} blocks of {limits.block_size} tokens"
-        )
+    check_fit(len(ids), max_tokens, limits)
     if limits.budget_blocks is not None and -(-(len(ids) + max_tokens - 1) // limits.block_size) > limits.budget_blocks:
         raise BadRequest(
             f"the request ({len(ids)} + {max_tokens} tokens) needs more than the KV admission budget of"

@@ -27,9 +27,10 @@ import contextlib
 import json
 import time
 import urllib.request
+from dataclasses import replace
 
 from engine.disagg.workers import DecodeWorker, PrefillWorker
-from engine.serve.api import BadRequest, Job, Limits, parse_body
+from engine.serve.api import DECODE_LIMITS, BadRequest, Job, Limits, check_fit, parse_body
 from engine.serve.disagg_metrics import DisaggMetrics
 from engine.serve.http_base import base_app, fail, model_card
 from engine.serve.role_loops import DecodeLoop, PrefillLoop, PrefillResult, handoff_from, handoff_json
@@ -97,7 +98,9 @@ def build_role_app(engine, role: str, served_model_name: str | None = None, api_
 
     @app.get("/v1/models")
     async def models():
-        return {"object": "list", "data": [model_card(name, created, engine.max_model_len)], "role": role}
+        pool = {"block_size": engine.block_size, "num_blocks": engine.num_blocks}  # a router checks fit by it
+        card = model_card(name, created, engine.max_model_len)
+        return {"object": "list", "data": [card], "role": role, "kv_pool": pool}
 
     @app.post("/kv/abort/{request_id}")
     async def abort(request_id: str):
@@ -113,6 +116,9 @@ def build_role_app(engine, role: str, served_model_name: str | None = None, api_
                 return fail(f"kind: must be completion or chat (got {kind!r})", 404)
             try:
                 job = parse_body(await request.body(), kind, limits, engine.tokenizer)  # type: ignore[arg-type]
+                decode_limits = _decode_limits(request.query_params, limits)
+                if decode_limits is not None:  # the router's decode server: a request it can never run is a 400 now
+                    check_fit(len(job.prompt_token_ids), job.params.max_tokens, decode_limits, "the decode server: ")
             except BadRequest as err:
                 return fail(err.message, err.status)
             answer: asyncio.Future = asyncio.get_running_loop().create_future()
@@ -188,3 +194,23 @@ def build_role_app(engine, role: str, served_model_name: str | None = None, api_
                     decode_loop.abort(request_id)
 
     return app
+
+
+def _decode_limits(query, limits: Limits) -> Limits | None:
+    """The decode server's limits a router passes with a prefill (``DECODE_LIMITS`` query
+    parameters, all or none), as Limits; None when not given.
+
+    Raises:
+        BadRequest: some given and not others, or one not a positive integer.
+    """
+    given = [query.get(key) for key in DECODE_LIMITS]
+    if all(v is None for v in given):
+        return None
+    try:
+        values = [int(v) for v in given if v is not None]
+    except ValueError:
+        raise BadRequest(f"{', '.join(DECODE_LIMITS)}: give all three, positive integers") from None
+    if len(values) < len(given) or min(values) < 1:
+        raise BadRequest(f"{', '.join(DECODE_LIMITS)}: give all three, positive integers")
+    max_model_len, block_size, num_blocks = values
+    return replace(limits, max_model_len=max_model_len, block_size=block_size, num_blocks=num_blocks)

@@ -21,7 +21,10 @@ answer is left out). Token 1 is streamed as soon as the prefill
 server has it. The finishing chunk, the usage chunk (where asked) and a non-streamed answer carry
 the extra field ``kv_transfer_s``: seconds the request's KV took to move (None: it ended at the prefill
 server). A client that disconnects, at any point, aborts the request on both servers, which frees
-its blocks there. Bad flags print one line and exit 2.
+its blocks there. A request its decode server could never run (over that server's max_model_len,
+or more blocks than its whole KV pool: read once from its ``/v1/models``) is answered 400 by the
+prefill server before any prefill, as the aggregated server answers it. Bad flags print one line
+and exit 2.
 """
 
 import argparse
@@ -33,7 +36,7 @@ import sys
 import uuid
 
 from engine.request import SamplingParams
-from engine.serve.api import Job, chunk, error_body, full_response, usage_chunk
+from engine.serve.api import DECODE_LIMITS, Job, chunk, error_body, full_response, usage_chunk
 from engine.serve.http_base import base_app, fail
 
 CONNECT_TIMEOUT_S = 10.0
@@ -131,14 +134,32 @@ def build_router(prefill: list[str], decode: list[str], api_key: str | None = No
         background.add(task)
         task.add_done_callback(background.discard)
 
+    pools: dict[str, dict[str, int]] = {}  # decode URL -> its limits as the prefill server's query parameters
+
+    async def decode_limits(url: str) -> dict[str, int]:
+        """The decode server's max_model_len and KV pool (its /v1/models), read once; {} while it
+        does not answer (its own check at /kv/decode still refuses what cannot fit)."""
+        if url not in pools:
+            try:
+                async with state["session"].get(f"{url}/v1/models") as resp:
+                    card = await resp.json()
+                pool = card["kv_pool"]
+                values = (card["data"][0]["max_model_len"], pool["block_size"], pool["num_blocks"])
+                pools[url] = dict(zip(DECODE_LIMITS, map(int, values), strict=True))
+            except (aiohttp.ClientError, ValueError, KeyError, IndexError, TypeError):
+                return {}
+        return pools[url]
+
     async def generate(request: Request, kind: str):
         raw = await request.body()
         i = next(count)
         p, d = prefill[i % len(prefill)], decode[i % len(decode)]
         request_id = f"cmpl-{tag}-{i}"
         session = state["session"]
+        # a request the decode server could never run is the prefill server's 400, before any prefill
+        params = {"request_id": request_id, **(await decode_limits(d))}
         try:
-            async with session.post(f"{p}/kv/prefill/{kind}", params={"request_id": request_id}, data=raw) as resp:
+            async with session.post(f"{p}/kv/prefill/{kind}", params=params, data=raw) as resp:
                 if resp.status != 200:  # the body's fault: the prefill server's 4xx as it is
                     return Response(await resp.read(), status_code=resp.status, media_type="application/json")
                 first = await resp.json()

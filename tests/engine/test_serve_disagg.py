@@ -201,6 +201,35 @@ def test_a_cancel_while_the_handoff_waits_frees_the_held_blocks():
         d.close()
 
 
+def test_a_request_the_decode_server_can_never_run_is_a_400_before_any_prefill():
+    # the decode pool: 8 blocks of 4 tokens, max_model_len 40; the prefill server's: 64 blocks, 256
+    d = Deployment(num_blocks=8, max_model_len=40)
+    try:
+        before = d.pw.engine._step_index
+        prompt = random_prompts([20], seed=9)[0]
+        for stream in (False, True):  # 20 + 16 tokens: ceil(35 / 4) = 9 blocks > 8 (36 <= 40)
+            status, raw = post(f"{d.router.url}/v1/completions", body(prompt, 16, stream))
+            assert status == 400, raw
+            message = json.loads(raw)["error"]["message"]
+            assert (
+                message
+                == "the decode server: the request (20 + 16 tokens) needs more than the KV pool's 8 blocks of 4 tokens"
+            )
+        status, raw = post(f"{d.router.url}/v1/completions", body(prompt, 21, False))  # 41 > 40 tokens
+        assert status == 400 and json.loads(raw)["error"]["message"].startswith(
+            "the decode server: this model's maximum context length is 40 tokens; the request has 20 prompt"
+        )
+        assert d.pw.engine._step_index == before and d.idle()  # refused before any prefill step
+        text, _ = answer(d.router.url, body(prompt, 13, stream=True))  # 20 + 13: ceil(32 / 4) = 8 blocks: fits
+        assert text.count("<") == 13 and d.idle()
+        # the limits as the prefill server reads them: all three, positive integers
+        bad = f"{d.prefill.url}/kv/prefill/completion?request_id=x&decode_num_blocks=0"
+        status, raw = post(bad, body([5, 6], 2, False))
+        assert status == 400 and "decode_max_model_len, decode_block_size, decode_num_blocks" in raw.decode()
+    finally:
+        d.close()
+
+
 def test_an_abort_before_its_request_arrives_and_a_failed_fetch_hold_nothing(deployment):
     # the router's cancel can overtake its request: the prefill server answers it "abort" at once
     assert post(f"{deployment.prefill.url}/kv/abort/early", b"")[0] == 200
