@@ -131,6 +131,14 @@ def profile(
             " workload that replays it (dataset kind trace), instead of one that resembles it."
         ),
     ] = False,
+    reuse_distance: Annotated[
+        bool,
+        typer.Option(
+            help="Also report the reuse distance of the prefix blocks (LRU stack distance in tokens and seconds,"
+            " P50/P90/P99) and the share of reuses an LRU cache of each size would hit (memory grows with the"
+            " log's blocks)."
+        ),
+    ] = False,
     json_output: Annotated[
         bool, typer.Option("--json", help="Print one JSON object (its keys: docs/profile.md) instead of tables.")
     ] = False,
@@ -155,13 +163,15 @@ def profile(
         raise KvplanError("num_requests", f"must be >= 1 (got {num_requests})")
     _check_model(model)
     mapping = parse_columns(columns, time_unit) if columns is not None else None
+    if replay and reuse_distance:
+        raise KvplanError("reuse_distance", "reads the log as a stream, and --replay reads it whole", "drop one")
     if replay and out is None:
         raise KvplanError("replay", "writes a workload, and no --out was given", "give --out workload.yaml")
     if replay:  # the trace is written from every prompt's tokens: the log read whole (kvplan.profile.parsed)
         parsed = read_trace(log, log_format, _lazy_tokenizer(tokenizer), level, mapping)
         result = profile_log(parsed, block_size)
     else:  # read once, as a stream: memory bounded by the distinct prefix blocks (kvplan.profile.stream)
-        result = profile_stream(log, log_format, _lazy_tokenizer(tokenizer), level, mapping, block_size)
+        result = profile_stream(log, log_format, _lazy_tokenizer(tokenizer), level, mapping, block_size, reuse_distance)
     written = None
     if out is not None:
         from kvplan.profile.workload import workload_from_profile, workload_name, write_workload
@@ -187,7 +197,7 @@ def profile(
     if json_output:
         import json
 
-        print(json.dumps({**result.data, "workload": written}, indent=2))
+        print(json.dumps({"reuse_distance": None, **result.data, "workload": written}, indent=2))
         return
     from kvplan.profile.view import print_profile
 

@@ -125,8 +125,10 @@ class BlockIndex:
     """The distinct units of the chains fed so far (``add``, requests in arrival order) and, per
     request fed, its counts (module docstring); ``prefix_stats`` the answers."""
 
-    def __init__(self, block_size: int):
+    def __init__(self, block_size: int, record: bool = False):
         self.block_size = block_size
+        # with ``record``: per batch, its units' ids, tokens and arrivals (kvplan.sizing.reuse_distance)
+        self.references: list[tuple[np.ndarray, np.ndarray, np.ndarray]] | None = [] if record else None
         self._keys = [np.zeros(0, dtype=np.uint64) for _ in range(_NUM_SHARDS)]
         self._ids = [np.zeros(0, dtype=np.int32) for _ in range(_NUM_SHARDS)]
         self.parent, self.reach1, self.reach2 = _Grow(), _Grow(), _Grow()
@@ -143,11 +145,18 @@ class BlockIndex:
         return len(self.lengths)
 
     def add(
-        self, rows: np.ndarray, lengths: np.ndarray, units: np.ndarray, counts: np.ndarray, keys: np.ndarray
+        self,
+        rows: np.ndarray,
+        lengths: np.ndarray,
+        units: np.ndarray,
+        counts: np.ndarray,
+        keys: np.ndarray,
+        arrivals: np.ndarray | None = None,
     ) -> None:
         """A batch of chains, in arrival order after every chain fed before: ``rows`` their requests'
         rows (kvplan.profile.table), ``lengths`` their tokens, ``units`` tokens per unit, ``counts``
-        units per chain, ``keys`` the units' keys, chain after chain (``mooncake_keys``, ``token_keys``)."""
+        units per chain, ``keys`` the units' keys, chain after chain (``mooncake_keys``, ``token_keys``),
+        ``arrivals`` their arrivals (s; kept per unit when the index records references)."""
         num = len(lengths)
         seen = np.zeros(num, dtype=np.int64)
         last = np.full(num, -1, dtype=np.int64)
@@ -158,6 +167,8 @@ class BlockIndex:
             ids = self._ids_of(keys, owner, depth, seen, lengths[owner], units[owner])
             has = counts > 0
             last[has] = ids[(starts + counts - 1)[has]]
+            if self.references is not None and arrivals is not None:
+                self.references.append((ids, units[owner], arrivals[owner]))
         for column, values in (
             (self.rows, rows),
             (self.lengths, lengths),

@@ -85,7 +85,8 @@ class _Chains:
         on = np.repeat(mooncake, counts)
         if on.any():
             keys[on] = mooncake_keys(keys[on], counts[mooncake])
-        self.index.add(rows, lengths, units, counts, keys)
+        arrivals = np.array([h[0] for h in items], dtype=np.float64)
+        self.index.add(rows, lengths, units, counts, keys, arrivals)
 
     def finish(self) -> None:
         if self.in_order:
@@ -98,10 +99,10 @@ class _Read:
     """What a read keeps besides the rows: bad lines (counted, the first few described), failed
     requests, content parts left out, levels."""
 
-    def __init__(self, source: str, fmt: str, level: str | None, block_size: int):
+    def __init__(self, source: str, fmt: str, level: str | None, block_size: int, record: bool = False):
         self.source, self.fmt, self.level, self.block_size = source, fmt, level, block_size
         self.table = RequestTable()
-        self.index = BlockIndex(block_size)
+        self.index = BlockIndex(block_size, record)
         self.chains = _Chains(self.index)
         self.num_bad, self.bad_shown = 0, list[BadLine]()
         self.num_failed = 0
@@ -172,7 +173,7 @@ def _jsonl_chunk(read: _Read, chunk: list[tuple[int, int, bytes]], tokenize: Tok
 
 def _read_again(read: _Read, path: str | Path, tokenize: Tokenize | None) -> None:
     """The chains read again from their lines, in arrival order, into a new block index."""
-    read.index = BlockIndex(read.block_size)
+    read.index = BlockIndex(read.block_size, read.index.references is not None)
     chains = _Chains(read.index)
     arrivals = np.frombuffer(read.table.arrivals_s, np.float64)
     lines = np.frombuffer(read.table.lines, np.int64)
@@ -211,9 +212,13 @@ def profile_stream(
     level: str | None = None,
     columns: ColumnMap | None = None,
     block_size: int = 16,
+    reuse_distance: bool = False,
 ) -> TrafficProfile:
     """The profile of the log or trace at ``path``, read once as a stream (module docstring):
     kvplan.profile.stats.profile_log of kvplan.profile.csv_traces.read_trace's read, in bounded memory.
+    With ``reuse_distance``, ``data["reuse_distance"]`` is kvplan.sizing.reuse_distance.reuse_summary
+    of the prefix units in arrival order (each chain's in chain order; a unit's tokens: 512 for a
+    Mooncake hash id, ``block_size`` for a tokenized block), memory then growing with the units.
 
     Raises:
         KvplanError: what kvplan.profile.csv_traces.read_trace raises.
@@ -224,7 +229,7 @@ def profile_stream(
         raise KvplanError("log_format", "mapped reads the columns `columns` names, and none was given", EXAMPLE)
     source = str(path)
     kind = csv_traces.sniff(path) if fmt in ("auto", "mapped") else ("csv" if fmt in csv_traces.KNOWN else "jsonl")
-    read = _Read(source, fmt, level, block_size)
+    read = _Read(source, fmt, level, block_size, reuse_distance)
     name: str | None = None
     if kind == "jsonl" and columns is None:
         chunk: list[tuple[int, int, bytes]] = []
@@ -284,7 +289,7 @@ def _profile(read: _Read, path: str | Path, tokenize: Tokenize | None, name: str
     else:
         notes = (left_out_note(read.left_out),) if read.left_out else ()
         name = read.fmt if read.fmt != "auto" else read.first_format
-    return build_profile(
+    profile = build_profile(
         columns,
         prefix,
         source=source,
@@ -297,3 +302,10 @@ def _profile(read: _Read, path: str | Path, tokenize: Tokenize | None, name: str
         levels=levels,
         notes=notes,
     )
+    if read.index.references is not None:
+        from kvplan.sizing.reuse_distance import reuse_summary
+
+        parts = read.index.references or [(np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0))]
+        ids, tokens, arrivals = (np.concatenate(c) for c in zip(*parts))
+        profile.data["reuse_distance"] = reuse_summary(ids, tokens, arrivals)
+    return profile

@@ -70,5 +70,28 @@ def print_profile(data: dict[str, Any], console: Any) -> None:
         for p in data["top_prefixes"]:
             prefixes.add_row(str(p["num_tokens"]), str(p["num_requests"]), f"{p['share']:.1%}")
         console.print(prefixes)
+    if data.get("reuse_distance"):
+        _print_reuse(data["reuse_distance"], console)
     for line in data["bad_lines"]:
         console.print(f"bad line: {line}", style="yellow", markup=False, highlight=False)
+
+
+def _print_reuse(reuse: dict[str, Any], console: Any) -> None:
+    """``--reuse-distance``'s tables: the distances' percentiles and the LRU hit share per cache size."""
+    from rich.table import Table
+
+    table = Table(title="Reuse distance (LRU stack)", title_justify="left")
+    for name in ("distance", "P50", "P90", "P99", "max"):
+        table.add_column(name, justify="left" if name == "distance" else "right")
+    for unit, fmt in (("tokens", ".0f"), ("seconds", ".3g")):
+        q = reuse[unit]
+        table.add_row(unit, *(_num(q[k] if q else None, fmt) for k in ("p50", "p90", "p99", "max")))
+    console.print(table)
+    line = f"reuses: {reuse['num_reuses']} of {reuse['num_references']} prefix-block references"
+    console.print(line, markup=False, highlight=False)
+    hits = Table(title="LRU cache: reuses hit", title_justify="left")
+    hits.add_column("tokens", justify="right")
+    hits.add_column("hit share", justify="right")
+    for row in reuse["lru_hits"]:
+        hits.add_row(f"{row['tokens']:,}", f"{row['hit_share']:.1%}")
+    console.print(hits)
