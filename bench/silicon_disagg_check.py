@@ -5,8 +5,10 @@ aiconfigurator-core 0.12.0's measured sample that give both pools (bench/silicon
 its header says how they were chosen). A row with a ``replay`` reason is listed with it and not
 simulated. Every other row is simulated as a ``plan:`` entry with ``disagg:`` (docs/simulate.md,
 "Disaggregated targets") on the row's GPU, backend and precision, each pool with the row's workers,
-tp and expert parallel size, the decode pool's ``max_num_seqs`` the row's decode batch per worker
-("decode batch size x decode workers x attention DP = C", ../shared/SILICON_PROTOCOL.md), the
+tp, attention data parallel size (``dp``: each worker tp x dp GPUs, its scheduler limits per DP
+rank, kvplan.sizing.gpus.data_parallel) and expert parallel size, the decode pool's ``max_num_seqs``
+the row's decode batch per DP rank ("decode batch size x decode workers x attention DP = C",
+../shared/SILICON_PROTOCOL.md), the
 prefill pool's the engine's defaults (the row's prefill batch, 1 everywhere, is aiconfigurator's
 static prefill batch, not a server flag), the KV moved over NVLink 5 on GB200/GB300 (one NVL72
 domain) and over 400 Gb/s RDMA between the nodes of the other systems (kvplan/sizing/data/links.yaml;
@@ -95,7 +97,7 @@ def row_workload(row: dict):
     pre, dec = row["prefill"], row["decode"]
 
     def pool(p: dict, seqs: int | None) -> dict[str, Any]:
-        out = {"workers": p["workers"], "tp": p["tp"], "ep": max(p["moe_ep"], 1)}
+        out = {"workers": p["workers"], "tp": p["tp"], "ep": max(p["moe_ep"], 1), "dp": max(p["attention_dp"], 1)}
         return out | ({"max_num_seqs": seqs} if seqs else {})
 
     data = {

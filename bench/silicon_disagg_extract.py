@@ -8,7 +8,6 @@ pools' parallelism only, without the workers or the batch, so a replay would hav
 Nothing is changed: every kept number is the source's fact; ``replay`` adds why kvplan cannot
 replay a row yet ("" where it can), decided from the row alone:
 
-- attention data parallelism above 1 in either pool (issue 36 item 3, ``--dp``, is not built);
 - a model with no kvplan preset (Kimi-K2.5);
 - NVFP4 weights on a GPU without FP4 kernels in aiconfigurator-core's database (none here: the
   fp4 rows are all Blackwell) are left to the simulator, which says so per row.
@@ -75,10 +74,6 @@ def pool(row: pd.Series, role: str) -> dict[str, int]:
 
 
 def blocker(row: pd.Series, pre: dict, dec: dict) -> str:
-    if max(pre["attention_dp"], dec["attention_dp"]) > 1:
-        return "attention data parallelism (prefill dp {}, decode dp {}): --dp is not built".format(
-            pre["attention_dp"], dec["attention_dp"]
-        )
     if row["model_path"] not in PRESETS:
         return f"no kvplan preset for {row['model_path']}"
     return ""

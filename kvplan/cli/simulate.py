@@ -60,6 +60,13 @@ def simulate(
     ep: Annotated[
         int, typer.Option(help="Expert-parallel size on --gpu for a MoE model (experts split --ep ways of --tp).")
     ] = 1,
+    dp: Annotated[
+        int,
+        typer.Option(
+            help="Attention data-parallel size on --gpu for a MoE model: each instance --tp x --dp GPUs, its"
+            " attention --dp batches, its experts over all of them."
+        ),
+    ] = 1,
     step_times: Annotated[
         str,
         typer.Option(
@@ -111,6 +118,7 @@ def simulate(
         backend_version=backend_version,
         ep=ep,
         step_times=step_times,
+        dp=dp,
     )
     warn([note for s in (setup, *plan) for note in s.notes], spec.source)
     if calibrated is not None and not (json_output or quiet):

@@ -28,9 +28,9 @@ def kv_cache_dtype_value(value: Any, allowed: tuple[str, ...]) -> Any:
 
 
 class DisaggPool(StrictModel):
-    """One pool of a disaggregated deployment: ``workers`` engines alike, each on ``tp`` GPUs (experts
-    split ``ep`` ways) with its own KV pool and scheduler limits (null: the plan entry's tp and ep,
-    the engine section's limits)."""
+    """One pool of a disaggregated deployment: ``workers`` engines alike, each on ``tp x dp`` GPUs
+    (experts split ``ep`` ways, attention data parallel ``dp``) with its own KV pool and scheduler
+    limits (null: the plan entry's tp, ep and dp, the engine section's limits)."""
 
     workers: Count = Field(1, description="Engines in the pool, each with its own KV pool and scheduler.")
     tp: Count | None = Field(
@@ -38,6 +38,11 @@ class DisaggPool(StrictModel):
     )
     ep: Count | None = Field(
         None, description="Expert-parallel size of each worker of the pool (MoE); null = the plan entry's ``ep``."
+    )
+    dp: Count | None = Field(
+        None,
+        description="Attention data-parallel size of each worker of the pool (MoE; a worker is tp x dp GPUs);"
+        " null = the plan entry's ``dp``.",
     )
     max_num_seqs: Count | None = Field(None, description="Each worker's max_num_seqs; null = the engine section's.")
     max_num_batched_tokens: Count | None = Field(
@@ -121,6 +126,12 @@ class Deployment(StrictModel):
         description="Expert-parallel size of a MoE model: its experts split ``ep`` ways, each ``tp / ep`` ways"
         " (``kvplan simulate``'s step times; the KV pool is the same).",
     )
+    dp: Count = Field(
+        1,
+        description="Attention data parallelism of a MoE model: each engine instance is ``tp x dp`` GPUs, its"
+        " attention ``dp`` independent batches (each DP rank its own KV pool and the engine section's limits),"
+        " its experts over all ``tp x dp`` GPUs (``kvplan simulate``; docs/simulate.md).",
+    )
     backend: str = Field(
         "vllm",
         description="The serving engine whose measured operation times (aiconfigurator-core) time this"
@@ -134,7 +145,7 @@ class Deployment(StrictModel):
 
     disagg: Disagg | None = Field(
         None,
-        description="Serve this target disaggregated: ``{prefill: {workers, tp, ep, max_num_seqs,"
+        description="Serve this target disaggregated: ``{prefill: {workers, tp, ep, dp, max_num_seqs,"
         " max_num_batched_tokens}, decode: {...}, link, first_token}``; null = aggregated replicas.",
     )
 

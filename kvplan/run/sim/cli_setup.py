@@ -34,6 +34,7 @@ def setups_for(
     backend_version: str | None = None,
     ep: int = 1,
     step_times: str = "auto",
+    dp: int = 1,
 ) -> tuple[SimSetup, tuple[SimSetup, ...], Calibrated | None]:
     """(the setup to simulate, the plan targets to answer for, the calibration fitted on
     ``calibrate`` if given). Options are named by their fields. The setup's notes carry one line
@@ -73,6 +74,7 @@ def setups_for(
                 ("backend", backend, "vllm"),
                 ("backend_version", backend_version, None),
                 ("ep", ep, 1),
+                ("dp", dp, 1),
                 ("step_times", step_times, "auto"),
             )
             if value != default
@@ -99,6 +101,7 @@ def setups_for(
         backend_version=backend_version,
         ep=ep,
         step_times=step_times,
+        dp=dp,
     )
     return _unplanned(setup, workload, "--model/--gpu"), (), None
 

@@ -26,7 +26,9 @@ from kvplan.results.simulated import CostModelInfo
 from kvplan.run.sim.cost import ModelClock
 from kvplan.run.sim.setups import SimSetup
 from kvplan.sizing import dtypes
-from kvplan.sizing.capacity import estimate_capacity
+from kvplan.sizing.capacity import GiB, estimate_capacity
+from kvplan.sizing.gpus import data_parallel as dpar
+from kvplan.sizing.gpus.data_parallel import check_ep
 from kvplan.sizing.gpus.gpu_perf import lookup_gpu_perf, serving_fit
 from kvplan.sizing.gpus.step_cost import roofline
 from kvplan.sizing.models.model_source import load_model_config
@@ -52,19 +54,22 @@ def gpu_setup(
     ep: int = 1,
     step_times: str = "auto",
     silicon_fit=None,
+    dp: int = 1,
 ) -> SimSetup:
-    """Simulate ``model`` on ``tp`` GPUs ``gpu`` under the workload's scheduler limits.
+    """Simulate ``model`` on ``tp`` GPUs ``gpu`` under the workload's scheduler limits; ``dp`` > 1:
+    an instance of ``tp x dp`` GPUs with attention data parallel ``dp`` (kvplan.sizing.gpus.data_parallel:
+    ``dp`` x the KV pool and the scheduler limits, each step the busiest rank's).
 
     fit: the roofline's efficiencies and overhead (kvplan.sizing.gpus.gpu_perf.ServingFit); default the
     fitted ones. backend / backend_version: whose measured database times the steps (default
     vLLM's newest). ep: expert-parallel size of a MoE model (experts split ``ep`` ways, each
-    expert ``tp / ep`` ways). step_times: ``auto`` (silicon where covered, else the roofline),
+    expert ``tp x dp / ep`` ways). step_times: ``auto`` (silicon where covered, else the roofline),
     ``silicon`` (an error where not covered) or ``roofline``. silicon_fit: the silicon model's
     correction (kvplan.sizing.gpus.silicon.SiliconFit); default the backend's fitted one.
 
     Raises:
         KvplanError: an unknown model or GPU, a GPU without FLOP/s and bandwidth figures (``gpu``),
-            a bad tp, ep or dtype, an unknown backend or backend version, a model that leaves no
+            a bad tp, dp, ep or dtype, an unknown backend or backend version, a model that leaves no
             KV budget on that GPU, or ``step_times: silicon`` on a target the database lacks.
     """
     from kvplan.sizing.gpus import silicon, silicon_db
@@ -74,8 +79,10 @@ def gpu_setup(
     perf = lookup_gpu_perf(gpu)
     config, name = load_model_config(workload.resolve_model(model))[:2]
     spec = ModelSpec.from_hf_config(config, name)
-    check_ep(spec, tp, ep)
+    dpar.check_dp(spec, tp, dp)
+    check_ep(spec, tp, ep, dp)
     settings = workload.engine
+    rank_weights = dpar.rank_weights_bytes(spec, weight_dtype, tp, dp) / GiB if dp > 1 else None
     try:
         capacity = estimate_capacity(
             spec,
@@ -86,6 +93,7 @@ def gpu_setup(
             gpu_memory_utilization=gpu_memory_utilization,
             block_size=settings.block_size,
             max_model_len=settings.max_model_len,
+            weights_gib=rank_weights,
         )
     except KvplanError as err:  # name what a simulation sets them by: the engine section, its own options
         if err.field in ("max_model_len", "block_size"):
@@ -95,13 +103,14 @@ def gpu_setup(
                 err.field, err.problem, "use a larger `gpu`, more `tp`, or a smaller `weight_dtype`"
             ) from None
         raise
+    num_blocks = None if capacity.num_blocks is None else capacity.num_blocks * dp  # dp ranks, a pool each
     backend = silicon.check_backend(backend)
     notes: tuple[str, ...] = ()
     timed: silicon.SiliconStepCost | str = "--step-times roofline"
     if step_times != "roofline":
         system = getattr(perf, "silicon_system", None)
         timed = silicon.silicon_cost(
-            config, system, tp, backend, backend_version, weight_dtype, kv_cache_dtype, ep, silicon_fit
+            config, system, tp, backend, backend_version, weight_dtype, kv_cache_dtype, ep, silicon_fit, dp
         )
         if isinstance(timed, str):
             if step_times == "silicon":
@@ -111,19 +120,20 @@ def gpu_setup(
             notes = (f"{target}: {name} on {perf.name} timed by the roofline: {timed}",)
     elif backend_version is not None:
         raise KvplanError("backend_version", "applies to silicon step times only", "drop it, or use --step-times auto")
-    roof = roofline(spec, perf, fit or serving_fit(), tp, kv_cache_dtype, weight_dtype)
+    roof = roofline(spec, perf, fit or serving_fit(), tp, kv_cache_dtype, weight_dtype, dp)
     facts = EngineFacts(
         model=name,
-        device=f"{capacity.gpu} x{tp}" if tp > 1 else str(capacity.gpu),
+        device=(f"{capacity.gpu} x{tp * dp}" if tp * dp > 1 else str(capacity.gpu))
+        + f" (tp {tp} x dp {dp})" * (dp > 1),
         dtype=dtypes.serving_dtype(spec.dtype),
         kv_cache_dtype=dtypes.canonical(capacity.kv_cache_dtype),
         attention_backend="roofline" if isinstance(timed, str) else timed.source.label,
         block_size=settings.block_size,
-        num_blocks=capacity.num_blocks,
+        num_blocks=num_blocks,
         bytes_per_block=capacity.bytes_per_token_all_ranks * settings.block_size,
         max_model_len=capacity.max_model_len,
-        max_num_seqs=settings.max_num_seqs,
-        max_num_batched_tokens=settings.max_num_batched_tokens,
+        max_num_seqs=settings.max_num_seqs * dp,
+        max_num_batched_tokens=settings.max_num_batched_tokens * dp,
         enable_prefix_caching=settings.enable_prefix_caching,
         seed=workload.seed,
         num_layers=spec.num_layers,
@@ -146,10 +156,11 @@ def gpu_setup(
             parameters={
                 "gpu": perf.name,
                 "tp": tp,
+                "dp": dp,
                 "compute_efficiency": roof.fit.compute_efficiency,
                 "memory_efficiency": roof.fit.memory_efficiency,
                 "step_overhead_s": roof.fit.step_overhead_s,
-                "num_blocks": capacity.num_blocks,
+                "num_blocks": num_blocks,
                 "weights_bytes_per_rank": capacity.weights_bytes,
             },
         )
@@ -161,6 +172,7 @@ def gpu_setup(
             step_times=src.label,
             description=f"measured operation times of {src.system} x{tp}"
             + (f" (expert parallel {ep})" if ep > 1 else "")
+            + (f", attention data parallel {dp}" if dp > 1 else "")
             + f" under {src.backend} {src.version}, scales {timed.fit.decode_scale:.3f} (decode) and "
             f"{timed.fit.prefill_scale:.3f} (prefill), {timed.fit.step_overhead_s * 1e3:.2f} ms per step, "
             f"{timed.fit.layer_overhead_s * 1e3:.4f} ms per layer per step and "
@@ -169,6 +181,7 @@ def gpu_setup(
                 "gpu": perf.name,
                 "tp": tp,
                 "ep": ep,
+                "dp": dp,
                 "system": src.system,
                 "backend": src.backend,
                 "backend_version": src.version,
@@ -179,10 +192,12 @@ def gpu_setup(
                 "seq_overhead_s": timed.fit.seq_overhead_s,
                 "layer_overhead_s": timed.fit.layer_overhead_s,
                 "num_layers": timed.num_layers,
-                "num_blocks": capacity.num_blocks,
+                "num_blocks": num_blocks,
                 "weights_bytes_per_rank": capacity.weights_bytes,
             },
         )
+    if dp > 1:  # each step the busiest DP rank's (kvplan.sizing.gpus.data_parallel)
+        cost = dpar.DataParallelStepCost(cost, dp)
     return SimSetup(
         facts,
         lambda: ModelClock(cost),
@@ -194,26 +209,8 @@ def gpu_setup(
         weight_dtype=dtypes.canonical_weight(weight_dtype),
         ep=ep,
         backend=backend,
+        dp=dp,
     )
-
-
-def check_ep(spec: ModelSpec, tp: int, ep: int) -> None:
-    """Whether ``ep`` splits ``spec``'s experts within ``tp`` GPUs (whatever times the steps).
-
-    Raises:
-        KvplanError: ``ep`` below 1, not dividing ``tp``, above 1 on a dense model, or not dividing
-            the model's routed experts (vLLM's expert parallelism gives each rank whole experts).
-    """
-    if ep > 1 and spec.moe is None:
-        raise KvplanError("ep", f"{spec.name} has no experts to split (got {ep})", "leave ep at 1 for a dense model")
-    if ep < 1 or tp % ep:
-        raise KvplanError("ep", f"must divide tp = {tp} (got {ep})", "give 1 or a divisor of tp")
-    if ep == 1:
-        return
-    if spec.moe is not None and spec.moe.num_experts % ep:
-        raise KvplanError(
-            "ep", f"must divide {spec.name}'s {spec.moe.num_experts} experts (got {ep})", "give a divisor of both"
-        )
 
 
 def plan_setups(workload: Workload) -> tuple[list[SimSetup], list[str]]:
@@ -245,6 +242,7 @@ def plan_setups(workload: Workload) -> tuple[list[SimSetup], list[str]]:
                     backend=entry.backend,
                     backend_version=entry.backend_version,
                     ep=entry.ep,
+                    dp=entry.dp,
                 )
             )
         except KvplanError as err:
@@ -295,13 +293,14 @@ def disagg_setup(workload: Workload, entry: Any, target: str) -> SimSetup:
                 backend=entry.backend,
                 backend_version=entry.backend_version,
                 ep=pool.ep or entry.ep,
+                dp=pool.dp or entry.dp,
             )
         except KvplanError as err:
-            if err.field in ("tp", "ep"):
+            if err.field in ("tp", "ep", "dp"):
                 raise err.within(prefix=f"disagg.{role}") from None
             raise
-        pools.append((setup, pool.workers, tp))
-    (pre, x, tp_p), (dec, y, tp_d) = pools
+        pools.append((setup, pool.workers, tp, pool.dp or entry.dp))
+    (pre, x, tp_p, dp_p), (dec, y, tp_d, dp_d) = pools
     spec = ModelSpec.from_hf_config(*load_model_config(workload.resolve_model(entry.model))[:2])
     layers = kv_math.rank_layer_specs(spec, entry.kv_cache_dtype, min(tp_p, tp_d))
     block = workload.engine.block_size
@@ -315,7 +314,7 @@ def disagg_setup(workload: Workload, entry: Any, target: str) -> SimSetup:
             disagg.first_token,
         )
 
-    shape = f"{x}P tp{tp_p} + {y}D tp{tp_d} over {link.name}" + (
+    shape = f"{x}P tp{tp_p}{f' dp{dp_p}' * (dp_p > 1)} + {y}D tp{tp_d}{f' dp{dp_d}' * (dp_d > 1)} over {link.name}" + (
         ", first token from decode" if disagg.first_token == "decode" else ""
     )
     facts = dec.facts.model_copy(

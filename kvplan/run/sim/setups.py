@@ -38,6 +38,7 @@ class SimSetup:
     notes: tuple[str, ...] = ()  # one line each the CLI prints (a GPU target timed by the roofline: why)
     weight_dtype: str | None = None  # a GPU target's: as given, canonical (auto: the checkpoint's own)
     ep: int = 1  # a GPU target's expert-parallel size
+    dp: int = 1  # a GPU target's attention data-parallel size (tp x dp GPUs per instance)
     backend: str | None = None  # a GPU target's serving engine (vllm, sglang, trtllm)
     levels: frozenset[str] | None = None  # a replay's: the ids of the levels the measured run ran (None: all)
     # a disaggregated target's: a fresh backend of its two pools (kvplan.run.sim.disagg); None: one engine

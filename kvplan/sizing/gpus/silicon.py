@@ -106,20 +106,24 @@ def silicon_cost(
     kv_cache_dtype: str = "auto",
     ep: int = 1,
     fit: SiliconFit | None = None,
+    dp: int = 1,
 ) -> SiliconStepCost | str:
     """The silicon cost model of ``config`` on ``tp`` GPUs of aiconfigurator system ``system``
     under ``backend`` (``version``: its database version, default the newest), experts split
-    ``ep`` ways (MoE: expert parallel ``ep`` x expert tensor parallel ``tp / ep``); or, where the
-    database does not cover the target, a one-line reason.
+    ``ep`` ways (MoE: expert parallel ``ep`` x expert tensor parallel ``tp x dp / ep``); or, where the
+    database does not cover the target, a one-line reason. ``dp`` > 1: one attention-DP rank of a
+    ``tp x dp``-GPU instance, priced as aiconfigurator prices it (``attention_dp_size``: the MoE
+    operations see every rank's tokens; kvplan.sizing.gpus.data_parallel), for the rank's own work.
 
     Raises:
         KvplanError: an unknown ``backend``; a ``backend_version`` that is empty, or that the
             database lacks for this system (the message lists those it has), or given for a GPU
-            it holds no ``backend`` data for; ``ep`` not dividing ``tp``.
+            it holds no ``backend`` data for; ``ep`` not dividing ``tp x dp``.
     """
     backend = check_backend(backend)
-    if ep < 1 or tp % ep:
-        raise KvplanError("ep", f"must divide tp = {tp} (got {ep})", "give 1 or a divisor of tp")
+    if ep < 1 or (tp * dp) % ep:
+        width = f"tp x dp = {tp * dp}" if dp > 1 else f"tp = {tp}"
+        raise KvplanError("ep", f"must divide {width} (got {ep})", "give 1 or a divisor of tp" + " x dp" * (dp > 1))
     if version is not None and not version.strip():
         raise KvplanError("backend_version", "is empty", "give a database version, or leave it out")
     if not available():
@@ -144,8 +148,8 @@ def silicon_cost(
             f"use one of {', '.join(versions)}, or leave it out for its current one",
         )
     domain = nvlink_domain(system)
-    if domain and tp > domain:
-        return f"its data covers tp up to {domain} (one NVLink domain of {system})"
+    if domain and tp * dp > domain:
+        return f"its data covers tp{' x dp' * (dp > 1)} up to {domain} (one NVLink domain of {system})"
     kv = dtypes.canonical(kv_cache_dtype, "kv_cache_dtype")
     if kv not in SILICON_KV_DTYPES:
         return f"its database has no {kv} KV cache (it has {', '.join(SILICON_KV_DTYPES[1:])})"
@@ -158,6 +162,7 @@ def silicon_cost(
             source,
             tp,
             ep,
+            dp,
             tuple(
                 sorted(
                     (
@@ -297,11 +302,13 @@ def _sum(entries: list[tuple]) -> float:
 
 
 @cache
-def _engine(source: SiliconSource, tp: int, ep: int, modes_items: Any) -> tuple[Any, dict, dict]:
-    return _build_engine(source, tp, ep, dict(modes_items))
+def _engine(source: SiliconSource, tp: int, ep: int, dp: int, modes_items: Any) -> tuple[Any, dict, dict]:
+    return _build_engine(source, tp, ep, dict(modes_items), dp)
 
 
-def _build_engine(source: SiliconSource, tp: int, ep: int, modes: dict[str, str]) -> tuple[Any, dict, dict]:
+def _build_engine(
+    source: SiliconSource, tp: int, ep: int, modes: dict[str, str], dp: int = 1
+) -> tuple[Any, dict, dict]:
     from aiconfigurator_core.sdk import common, config
     from aiconfigurator_core.sdk.models import get_model
     from aiconfigurator_core.sdk.perf_database import get_database
@@ -318,7 +325,9 @@ def _build_engine(source: SiliconSource, tp: int, ep: int, modes: dict[str, str]
         database = get_database(source.system, source.backend, source.version)
         if database is None:
             raise RuntimeError(f"no database for {source.system} / {source.backend} {source.version}")
-        model_config = config.ModelConfig(tp_size=tp, moe_tp_size=tp // ep, moe_ep_size=ep, **quant)
+        model_config = config.ModelConfig(
+            tp_size=tp, attention_dp_size=dp, moe_tp_size=tp * dp // ep, moe_ep_size=ep, **quant
+        )
         model = get_model(source.model_path, model_config, source.backend)
         handle = _cached_engine_handle(model, database)
         context, generation = _roles(model.context_ops), _roles(model.generation_ops)

@@ -19,6 +19,14 @@ sequence's cached + new tokens) and ``P`` causal query-key pairs per head::
     step seconds = max(FLOPs / (peak x compute efficiency), bytes / (bandwidth x memory efficiency))
                    + link bytes / link bandwidth + 2 x layers x latency (tp > 1) + step overhead
 
+Attention data parallelism (``dp`` > 1, kvplan.sizing.gpus.data_parallel): the model above prices one
+DP rank of ``tp`` GPUs for its own tokens ``T``, except the routed experts, which are split over all
+``tp x dp`` GPUs and run every rank's tokens: ``W_expert / (tp x dp)`` per GPU, ``D(dp x T)`` experts
+hit (the ranks in balance), the same expert FLOPs per rank token (``dp x T`` tokens over ``dp``
+times the GPUs); and each MoE layer moves each token's hidden state to its ``k`` experts and back
+(expert-parallel dispatch and combine, as DeepEP does): ``2 x L_moe x k x hidden x 2`` bytes per
+token, ``(tp x dp - 1) / (tp x dp)`` of it leaving the GPU, two more latencies per MoE layer.
+
 Dense models: ``N_active`` is every parameter outside the embeddings and ``W_every`` all the
 weights. Mixture-of-experts models are priced as they run: of each MoE layer's ``E`` routed
 experts a token runs its top ``k`` (``num_experts_per_tok`` of the model config), so
@@ -91,6 +99,7 @@ class RooflineStepCost:
     num_experts: int = 0
     experts_per_token: int = 0
     expert_bytes: float = 0.0
+    dp: int = 1
 
     def experts_hit(self, tokens: int) -> float:
         """D(T): the expected distinct routed experts per MoE layer that a step of ``tokens`` tokens
@@ -115,7 +124,7 @@ class RooflineStepCost:
             + self.activation_bytes_per_token * tokens
         )
         if self.moe_layers:
-            moved += self.moe_layers * self.experts_hit(tokens) * self.expert_bytes
+            moved += self.moe_layers * self.experts_hit(tokens * self.dp) * self.expert_bytes
         return {
             "compute_s": flops / self.peak_flops,
             "memory_s": moved / self.hbm_bytes_per_s,
@@ -143,8 +152,11 @@ def roofline(
     tp: int = 1,
     kv_cache_dtype: str = "auto",
     weight_dtype: str = "auto",
+    dp: int = 1,
 ) -> RooflineStepCost:
-    """The roofline of ``spec`` served on ``tp`` GPUs of type ``gpu`` (see the module docstring).
+    """The roofline of ``spec`` served on ``tp`` GPUs of type ``gpu`` (see the module docstring);
+    ``dp`` > 1: one DP rank of a ``tp x dp`` instance of an MoE model, the routed experts over all
+    its GPUs.
 
     Raises:
         KvplanError: a config without the sizes that count parameters, a bad tp or dtype.
@@ -174,6 +186,11 @@ def roofline(
         peak = gpu.fp8_flops
     else:
         peak = gpu.bf16_flops
+    link_bytes = 2 * layers * hidden * _ACTIVATION_BYTES * 2 * (tp - 1) / tp if tp > 1 else 0.0
+    num_links = 2 * layers if tp > 1 else 0
+    if dp > 1 and moe_layers:  # expert-parallel dispatch and combine over the tp x dp GPUs
+        link_bytes += 2 * moe_layers * top_k * hidden * _ACTIVATION_BYTES * (tp * dp - 1) / (tp * dp)
+        num_links += 2 * moe_layers
     return RooflineStepCost(
         flops_per_token=2 * active / tp,
         lm_head_flops=2 * vocab_size * hidden / tp,
@@ -184,8 +201,8 @@ def roofline(
         * (6 * hidden + 3 * (spec.intermediate_size or 4 * hidden))
         * _ACTIVATION_BYTES
         / tp,
-        link_bytes_per_token=2 * layers * hidden * _ACTIVATION_BYTES * 2 * (tp - 1) / tp if tp > 1 else 0.0,
-        num_allreduces=2 * layers if tp > 1 else 0,
+        link_bytes_per_token=link_bytes,
+        num_allreduces=num_links,
         peak_flops=peak,
         hbm_bytes_per_s=gpu.hbm_bytes_per_s,
         link_bytes_per_s=gpu.link_bytes_per_s,
@@ -193,5 +210,6 @@ def roofline(
         moe_layers=moe_layers,
         num_experts=num_experts,
         experts_per_token=top_k,
-        expert_bytes=expert_bytes / tp,
+        expert_bytes=expert_bytes / (tp * dp) if moe_layers else 0.0,
+        dp=dp if moe_layers else 1,
     )
