@@ -28,19 +28,30 @@ class TracePrompt(Sequence[int]):
 
     __slots__ = ("_recipe",)
 
-    def __init__(self, seed: int, vocab_size: int, block_tokens: int, blocks: tuple[tuple[int, ...], ...], length: int):
-        self._recipe = (seed, vocab_size, block_tokens, blocks, length)
+    def __init__(
+        self, seed: int, vocab_size: int, block_tokens: int, line: int, hash_ids: tuple[int, ...] | None, length: int
+    ):
+        if hash_ids is not None:  # the ids alone name the blocks: equal recipes for equal prompts
+            count = -(-length // block_tokens)
+            line, hash_ids = 0, hash_ids if len(hash_ids) == count else hash_ids[:count]
+        self._recipe = (seed, vocab_size, block_tokens, line, hash_ids, length)
 
     def ids(self) -> tuple[int, ...]:
         """The token ids, a tuple of ``len(self)`` Python ints in [0, vocab_size)."""
-        seed, vocab, size, blocks, length = self._recipe
-        if not blocks:
+        seed, vocab, size, line, hash_ids, length = self._recipe
+        count = -(-length // size)
+        keys: list[tuple[int, ...]]
+        if hash_ids is None:  # the line's own blocks, shared with nothing
+            keys = [(1, line, b) for b in range(count)]
+        else:
+            keys = [(0, h) for h in hash_ids]
+        if not keys:
             return ()
-        parts = [_block(seed, vocab, size, key) for key in blocks]
+        parts = [_block(seed, vocab, size, key) for key in keys]
         return tuple(np.concatenate(parts)[:length].tolist())  # Python ints, in C
 
     def __len__(self) -> int:
-        return self._recipe[4]
+        return self._recipe[5]
 
     def __iter__(self) -> Iterator[int]:
         return iter(self.ids())
@@ -63,7 +74,7 @@ class TracePrompt(Sequence[int]):
         return hash(self._recipe)
 
     def __repr__(self) -> str:
-        return f"TracePrompt(len={len(self)}, blocks={len(self._recipe[3])})"
+        return f"TracePrompt(line={self._recipe[3]}, len={len(self)})"
 
 
 @lru_cache(maxsize=4096)
@@ -83,14 +94,9 @@ def trace_requests(workload: Workload, trace: Trace, vocab_size: int, picked: Se
     for i in picked:
         r = trace.requests[i]
         length = clipped(r.input_length, dataset.max_input_tokens)
-        count = -(-length // size)
-        blocks: tuple[tuple[int, ...], ...]
-        if r.hash_ids is None:  # the line's own blocks, shared with nothing
-            blocks = tuple((1, r.line, b) for b in range(count))
-        else:
-            blocks = tuple((0, h) for h in r.hash_ids[:count])
+        prompt = TracePrompt(seed, vocab_size, size, r.line, r.hash_ids, length)
         out = clipped(r.output_length, dataset.max_output_tokens)
-        requests.append(SampledRequest(TracePrompt(seed, vocab_size, size, blocks, length), out, f"trace:{r.line}"))
+        requests.append(SampledRequest(prompt, out, f"trace:{r.line}"))
     return requests
 
 

@@ -147,6 +147,18 @@ BAD = {
         '{"timestamp": 0, "input_length": 4, "output_length": 2, "hash_ids": ["a"]}',
         "t.jsonl: line 1: hash_ids: must be a list of integers >= 0",
     ),
+    "hash_ids_bool": (
+        '{"timestamp": 0, "input_length": 4, "output_length": 2, "hash_ids": [true]}',
+        "t.jsonl: line 1: hash_ids: must be a list of integers >= 0",
+    ),
+    "hash_ids_negative": (
+        '{"timestamp": 0, "input_length": 4, "output_length": 2, "hash_ids": [3, -1]}',
+        "t.jsonl: line 1: hash_ids: must be a list of integers >= 0",
+    ),
+    "hash_ids_float": (
+        '{"timestamp": 0, "input_length": 4, "output_length": 2, "hash_ids": [1.0]}',
+        "t.jsonl: line 1: hash_ids: must be a list of integers >= 0",
+    ),
     "too_few_hash_ids": (
         '{"timestamp": 0, "input_length": 40, "output_length": 2, "hash_ids": [1]}',
         "t.jsonl: line 1: hash_ids: 1 ids cover 32 tokens, input_length 40 needs 2 blocks of 32",
