@@ -164,6 +164,10 @@ class Offload:
             counts[bytes_key] += self.bytes_per_block
 
     # ---- per step ----------------------------------------------------------------------
+    def step_loads(self) -> tuple[int, int]:
+        """(host, disk) blocks loaded so far in the step now running (read before its stats)."""
+        return self._counts["num_host_loads"], self._counts["num_disk_loads"]
+
     def step_columns(self) -> dict[str, int]:
         """The StepStats fields of the step now ending: its counters (reset here) and the
         blocks each lower tier holds now."""

@@ -111,6 +111,12 @@ class EngineFacts(_Part):
         description="Steps with prefill to do compute prefills only, decodes waiting (engine.config's"
         " prefill_first; a simulated --backend sglang target, as SGLang schedules).",
     )
+    offload_host_blocks: int = Field(
+        0,
+        description="KV offload tiers (engine.offload): the host-memory tier's capacity, blocks of"
+        " bytes_per_block bytes (int(host_gib x 2**30) // bytes_per_block); 0 = no host tier.",
+    )
+    offload_disk_blocks: int = Field(0, description="The disk tier's capacity, blocks (as the host's); 0 = none.")
     hf_config: dict[str, Any] | None = Field(default=None, exclude=True, repr=False)
 
     # ignore[prop-decorator]: pydantic's documented idiom for computed fields; mypy does not

@@ -76,7 +76,15 @@ def engine_facts(engine) -> EngineFacts:
         head_dim=config_head_dim(cfg),
         vocab_size=cfg.vocab_size,
         hf_config=cfg.to_dict(),
+        **_tier_blocks(engine.scheduler.block_manager.offload),
     )
+
+
+def _tier_blocks(offload) -> dict[str, int]:
+    """EngineFacts' offload capacities (blocks) of the engine's lower tiers (engine.offload.tiers)."""
+    if offload is None:
+        return {}
+    return {f"offload_{t.name}_blocks": t.capacity for t in offload.tiers}
 
 
 def run_info(dataset: dict[str, Any]) -> RunInfo:

@@ -22,11 +22,13 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Mapping
+from dataclasses import replace
 from operator import attrgetter
 from typing import Any
 
 from engine.config import EngineConfig
 from engine.decode_run import SIMULATED_TOKEN_ID, decode_run
+from engine.offload.tiers import Offload
 from engine.request import Request, SamplingParams
 from engine.scheduler import Scheduler
 from kvplan.results.run_result import EngineFacts
@@ -46,7 +48,9 @@ def scheduler_for(
 ) -> Scheduler:
     """A fresh engine scheduler (``cls``) with the KV pool and limits of ``facts``, and ``admission``'s
     settings (EngineConfig's admission fields, engine.admission; None: off), so a simulation
-    admits and refuses exactly the requests the engine would."""
+    admits and refuses exactly the requests the engine would; with ``facts``' offload tiers
+    (``offload_host_blocks``, ``offload_disk_blocks``), the engine's own tier policy on them
+    (engine.offload.tiers.Offload without a mover: stores, loads and hits by tier, no bytes)."""
     config = EngineConfig(
         model="simulated",
         block_size=facts.block_size,
@@ -58,7 +62,12 @@ def scheduler_for(
         prefill_first=facts.prefill_first,
         **(admission or {}),
     )
-    return cls(config, facts.num_blocks, facts.max_model_len)
+    scheduler = cls(config, facts.num_blocks, facts.max_model_len)
+    if facts.offload_host_blocks or facts.offload_disk_blocks:  # the engine's tiers, books only (no bytes)
+        scheduler.block_manager.offload = Offload(
+            facts.offload_host_blocks, facts.offload_disk_blocks, facts.bytes_per_block, facts.block_size
+        )
+    return scheduler
 
 
 class SimBackend:
@@ -141,7 +150,13 @@ class SimBackend:
         output = scheduler.schedule(start)
         if output.is_empty and not scheduler.has_untaken_finished():
             raise RuntimeError("simulation: a step scheduled nothing while requests wait")
-        end = self.clock.step_end(start, StepWork.of(output)) if not output.is_empty else start
+        work = StepWork.of(output)
+        offload = scheduler.block_manager.offload
+        if offload is not None:  # the blocks this step's admissions loaded back (on its critical path)
+            host, disk = offload.step_loads()
+            if host or disk:
+                work = replace(work, num_host_loads=host, num_disk_loads=disk)
+        end = self.clock.step_end(start, work) if not output.is_empty else start
         # every scheduled request "samples" -1 (one that does not sample never reads it)
         sampled = dict.fromkeys(map(_REQUEST_ID, output.scheduled), SIMULATED_TOKEN_ID)
         scheduler.update_from_output(output, sampled, end)

@@ -29,7 +29,8 @@ class StepWork:
     ``num_context_tokens`` (sum of scheduled requests' cached + new tokens: the K/V attention
     reads), ``num_attended_tokens`` (causal query-key pairs per head) and
     ``num_decode_context_tokens`` (the decoding requests' share of ``num_context_tokens``; 0 where
-    a record predates it)."""
+    a record predates it); with KV offload tiers, ``num_host_loads`` and ``num_disk_loads``: the
+    blocks the step loads back from each lower tier (engine.offload; priced by a clock's links)."""
 
     num_prefill_tokens: int
     num_decode_tokens: int
@@ -37,6 +38,8 @@ class StepWork:
     num_context_tokens: int
     num_attended_tokens: int
     num_decode_context_tokens: int = 0
+    num_host_loads: int = 0
+    num_disk_loads: int = 0
 
     @classmethod
     def of(cls, step: Any) -> StepWork:
@@ -87,11 +90,14 @@ class ModelClock:
     """A ``StepClock`` from a cost model: each step starts ``gap_s`` after the previous one ended
     (arrivals until then join it) and lasts ``step_seconds(work)``; requests reach the scheduler
     ``submit_lag_s`` after they arrive (>= 0; a server's front end, fitted by
-    kvplan.run.sim.calibration.client_steps.front_end_seconds)."""
+    kvplan.run.sim.calibration.client_steps.front_end_seconds). With ``links``
+    (kvplan.sizing.gpus.offload.TierLinks), a step that loads blocks back from offload tiers lasts
+    their ``load_seconds`` longer: the loads are on its critical path (stores are not)."""
 
-    def __init__(self, cost: CostModel, submit_lag_s: float = 0.0):
+    def __init__(self, cost: CostModel, submit_lag_s: float = 0.0, links: Any = None):
         self.cost = cost
         self.submit_lag_s = submit_lag_s
+        self.links = links
 
     def begin_level(self, level_id: str, now: float) -> None:
         pass
@@ -101,7 +107,10 @@ class ModelClock:
         return start, start
 
     def step_end(self, start: float, work: StepWork) -> float:
-        return start + self.cost.step_seconds(work)
+        end = start + self.cost.step_seconds(work)
+        if self.links is not None and (work.num_host_loads or work.num_disk_loads):
+            end += self.links.load_seconds(work.num_host_loads, work.num_disk_loads)
+        return end
 
 
 class FixedStepCost:

@@ -7,6 +7,7 @@ the KV pool, sized as ``engine.kv_cache.KVCache`` and ``engine.llm_engine.LLMEng
     bytes_per_block = 2 (K and V) x num_layers x block_size x num_kv_heads x head_dim x KV element bytes
     num_blocks      = engine.num_blocks, or floor(kv_cache_memory / bytes_per_block) (default 256 MiB)
     max_model_len   = engine.max_model_len, or min(max_position_embeddings, num_blocks x block_size)
+    offload tiers   = int(engine.offload.<tier>_gib x 2**30) // bytes_per_block blocks each
 
 A test checks these against a built engine's facts, field by field.
 """
@@ -21,6 +22,7 @@ from typing import Any
 from engine.config import DEFAULT_KV_CACHE_MEMORY_BYTES, DEFAULT_MODEL, TINY_LLAMA, TINY_RANDOM_MODEL
 from kvplan.errors import KvplanError
 from kvplan.results.run_result import EngineFacts, RunInfo
+from kvplan.sizing.gpus.offload import tier_blocks
 from kvplan.workload.schema import Workload
 
 _ELEMENT_BYTES = {"fp32": 4, "fp16": 2, "bf16": 2, "fp8": 1}
@@ -82,6 +84,7 @@ def simulated_facts(workload: Workload, device: str, attention_backend: str) -> 
                 f"{memory:,} bytes hold not one block of {per_block:,} bytes",
                 source=workload.source,
             )
+    tiers = offload_blocks(workload, per_block)
     return EngineFacts(
         model=settings.model,
         device=device,
@@ -101,7 +104,35 @@ def simulated_facts(workload: Workload, device: str, attention_backend: str) -> 
         head_dim=head_dim,
         vocab_size=cfg.get("vocab_size"),
         hf_config=cfg,
+        **tiers,
     )
+
+
+def offload_blocks(workload: Workload, bytes_per_block: int) -> dict[str, int]:
+    """EngineFacts' ``offload_host_blocks`` and ``offload_disk_blocks`` of the workload's
+    ``engine.offload`` on blocks of ``bytes_per_block`` bytes (kvplan.sizing.gpus.offload.tier_blocks,
+    the engine's rule); {} with offload off.
+
+    Raises:
+        KvplanError: ``engine.offload.<tier>_gib`` below one block, or offload without
+            ``engine.enable_prefix_caching`` (as the engine refuses them).
+    """
+    offload = workload.engine.offload
+    if not offload.is_on:
+        return {}
+    if not workload.engine.enable_prefix_caching:
+        raise KvplanError("engine.enable_prefix_caching", "offload tiers need it on", source=workload.source)
+    blocks = {}
+    for tier in ("host", "disk"):
+        gib = getattr(offload, f"{tier}_gib")
+        blocks[f"offload_{tier}_blocks"] = n = tier_blocks(gib, bytes_per_block)
+        if gib is not None and n < 1:
+            raise KvplanError(
+                f"engine.offload.{tier}_gib",
+                f"must hold at least one KV block of {bytes_per_block:,} bytes (got {gib} GiB)",
+                source=workload.source,
+            )
+    return blocks
 
 
 def simulated_run_info(dataset: dict[str, Any]) -> RunInfo:

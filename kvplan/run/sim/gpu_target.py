@@ -24,12 +24,14 @@ from kvplan.errors import KvplanError
 from kvplan.results.run_result import EngineFacts
 from kvplan.results.simulated import CostModelInfo
 from kvplan.run.sim.cost import ModelClock
+from kvplan.run.sim.facts import offload_blocks
 from kvplan.run.sim.setups import SimSetup
 from kvplan.sizing import dtypes
 from kvplan.sizing.capacity import GiB, estimate_capacity
 from kvplan.sizing.gpus import data_parallel as dpar
 from kvplan.sizing.gpus.data_parallel import check_ep
 from kvplan.sizing.gpus.gpu_perf import lookup_gpu_perf, serving_fit
+from kvplan.sizing.gpus.offload import tier_links
 from kvplan.sizing.gpus.step_cost import roofline
 from kvplan.sizing.models.model_source import load_model_config
 from kvplan.sizing.models.model_spec import ModelSpec
@@ -121,6 +123,7 @@ def gpu_setup(
     elif backend_version is not None:
         raise KvplanError("backend_version", "applies to silicon step times only", "drop it, or use --step-times auto")
     roof = roofline(spec, perf, fit or serving_fit(), tp, kv_cache_dtype, weight_dtype, dp)
+    block_bytes = capacity.bytes_per_token_all_ranks * settings.block_size
     facts = EngineFacts(
         model=name,
         device=(f"{capacity.gpu} x{tp * dp}" if tp * dp > 1 else str(capacity.gpu))
@@ -130,7 +133,7 @@ def gpu_setup(
         attention_backend="roofline" if isinstance(timed, str) else timed.source.label,
         block_size=settings.block_size,
         num_blocks=num_blocks,
-        bytes_per_block=capacity.bytes_per_token_all_ranks * settings.block_size,
+        bytes_per_block=block_bytes,
         max_model_len=capacity.max_model_len,
         max_num_seqs=settings.max_num_seqs * dp,
         max_num_batched_tokens=settings.max_num_batched_tokens * dp,
@@ -142,6 +145,7 @@ def gpu_setup(
         vocab_size=spec.vocab_size,
         prefill_first=backend in PREFILL_FIRST_BACKENDS,
         hf_config=config,
+        **offload_blocks(workload, block_bytes),  # the engine section's tiers, in this target's blocks
     )
     if isinstance(timed, str):
         cost: Any = roof
@@ -198,9 +202,13 @@ def gpu_setup(
         )
     if dp > 1:  # each step the busiest DP rank's (kvplan.sizing.gpus.data_parallel)
         cost = dpar.DataParallelStepCost(cost, dp)
+    links = None
+    if facts.offload_host_blocks or facts.offload_disk_blocks:  # loads priced over the system's links
+        links = tier_links(perf.name, block_bytes)
+        info = info.model_copy(update={"description": f"{info.description}; {links.describe()}"})
     return SimSetup(
         facts,
-        lambda: ModelClock(cost),
+        lambda: ModelClock(cost, links=links),
         info,
         target=target,
         gpu=perf.name,
@@ -299,7 +307,8 @@ def disagg_setup(workload: Workload, entry: Any, target: str) -> SimSetup:
             if err.field in ("tp", "ep", "dp"):
                 raise err.within(prefix=f"disagg.{role}") from None
             raise
-        pools.append((setup, pool.workers, tp, pool.dp or entry.dp))
+        no_tiers = {"offload_host_blocks": 0, "offload_disk_blocks": 0}  # the disaggregated engine has none
+        pools.append((setup.with_facts(setup.facts.model_copy(update=no_tiers)), pool.workers, tp, pool.dp or entry.dp))
     (pre, x, tp_p, dp_p), (dec, y, tp_d, dp_d) = pools
     spec = ModelSpec.from_hf_config(*load_model_config(workload.resolve_model(entry.model))[:2])
     layers = kv_math.rank_layer_specs(spec, entry.kv_cache_dtype, min(tp_p, tp_d))
@@ -324,6 +333,7 @@ def disagg_setup(workload: Workload, entry: Any, target: str) -> SimSetup:
         }
     )
     info = dec.cost_model.model_copy(update={"description": f"{shape}; {dec.cost_model.description}"})
-    return replace(
-        dec, facts=facts, cost_model=info, notes=pre.notes + dec.notes, make_backend=backend, disagg=shape, tp=tp_d
-    )
+    notes = pre.notes + dec.notes
+    if workload.engine.offload.is_on:
+        notes += (f"{target}: a disaggregated target is simulated without engine.offload's tiers",)
+    return replace(dec, facts=facts, cost_model=info, notes=notes, make_backend=backend, disagg=shape, tp=tp_d)

@@ -95,8 +95,6 @@ def simulate(
     """
     started = now_iso()
     check_out(run_dir)
-    if workload.engine.offload.is_on:  # the bundled engine's so far (issue 37 part 2: tiers in the simulator)
-        note("engine.offload is not simulated yet (issue 37 part 2): this simulation has no host or disk tier")
     sampled = sample(workload, setup.facts)
     for target in plan:  # every request must fit every target before the run folder exists
         try:

@@ -78,9 +78,16 @@ def test_the_summary_and_steps_csv_show_the_tiers(run):
     assert sum(int(s["num_host_loads"]) for s in steps if s["variant"] == "cached") == o.num_host_loads
 
 
-def test_simulate_says_it_has_no_tiers_yet(tmp_path):
+def test_simulate_has_the_tiers_in_the_targets_blocks(tmp_path):
+    """The simulator's tiers (docs/simulate.md, KV offload tiers): 0.25 MiB holds 128 of the tiny
+    model's blocks but not one of Llama-3.1-8B's (131,072 B a token x 4 = 512 KiB); 1 GiB holds 2,048."""
     (tmp_path / "w.yaml").write_text(WORKLOAD)
-    args = ("--model", "llama-3.1-8b", "--gpu", "H100-SXM", "--out", str(tmp_path / "run"), "--quiet")
-    code, _, err = run_cli("simulate", str(tmp_path / "w.yaml"), *args)
-    assert code == 0
-    assert "engine.offload is not simulated yet (issue 37 part 2): this simulation has no host or disk tier" in err
+    args = ("--model", "llama-3.1-8b", "--gpu", "H100-SXM", "--quiet")
+    code, _, err = run_cli("simulate", str(tmp_path / "w.yaml"), *args, "--out", str(tmp_path / "small"))
+    assert code == 2 and "engine.offload.host_gib: must hold at least one KV block of 524,288 bytes" in err
+    (tmp_path / "w.yaml").write_text(WORKLOAD.replace("host_gib: 0.000244140625", "host_gib: 1"))
+    code, _, err = run_cli("simulate", str(tmp_path / "w.yaml"), *args, "--out", str(tmp_path / "run"))
+    assert (code, err) == (0, "")
+    run = load_run(tmp_path / "run")
+    assert (run.result.engine.offload_host_blocks, run.result.engine.bytes_per_block) == (2_048, 524_288)
+    assert "## KV offload tiers: prefix hits by tier" in (tmp_path / "run" / "summary.md").read_text()
