@@ -8,6 +8,8 @@ under each alternative the serving guides weigh, one setting changed at a time::
     chunked prefill       max_num_batched_tokens / 2 and x 2
     max_num_seqs          / 2 and x 2
     block size            16 <-> 32
+    host / disk offload   a KV tier of 4 / 16 x the pool's bytes below it (prefix caching on;
+                          kvplan.optimize.advise_offload)
 
 For each: the KV pool in tokens, and per bucket the SLO capacity (the highest concurrency and
 request rate at which the attainment target of requests meet every SLO: kvplan.run.sim.search),
@@ -31,6 +33,8 @@ from dataclasses import dataclass
 from pydantic import BaseModel, ConfigDict
 
 from kvplan.errors import KvplanError
+from kvplan.optimize.advise_offload import NO_RETURN, offload_changes, tier_figures
+from kvplan.results.stats.offload import OffloadSummary
 from kvplan.run.checks import check_requests_fit
 from kvplan.run.sim.run import sample
 from kvplan.run.sim.search import Prober, resolve_auto, search_capacity, simulated_knees
@@ -53,6 +57,7 @@ class Alternative:
     kv_cache_dtype: str | None = None
     condition: str = ""
     removes: bool = False  # the workload has the optimisation: the change simulates it taken away
+    tier: str | None = None  # an offload alternative's tier (host, disk; kvplan.optimize.advise_offload)
 
 
 class _Part(BaseModel):
@@ -72,6 +77,7 @@ class BucketAdvice(_Part):
     requests_per_s: float | None
     ttft_p50_ms: float | None
     prefix_hit_rate: float | None
+    offload: OffloadSummary | None = None  # the top level's offload tiers; None without any
 
 
 class AlternativeAdvice(_Part):
@@ -96,8 +102,12 @@ class Advice(_Part):
     alternatives: list[AlternativeAdvice]
 
 
-def alternatives(workload: Workload, on_gpu: bool, kv_cache_dtype: str) -> list[Alternative]:
-    """The alternatives to the workload's engine (see the module docstring), each one change."""
+def alternatives(
+    workload: Workload, on_gpu: bool, kv_cache_dtype: str, pool_bytes: int | None = None
+) -> list[Alternative]:
+    """The alternatives to the workload's engine (see the module docstring), each one change; with
+    ``pool_bytes`` (the device pool's bytes per engine instance) also the offload tiers
+    (kvplan.optimize.advise_offload)."""
     engine = workload.engine
     caching = engine.enable_prefix_caching
     out = [
@@ -134,6 +144,9 @@ def alternatives(workload: Workload, on_gpu: bool, kv_cache_dtype: str) -> list[
     if engine.num_blocks is not None and not on_gpu:  # the same pool in bytes: fewer, larger blocks
         change["num_blocks"] = max(1, engine.num_blocks * engine.block_size // block)
     out.append(Alternative(f"block size {block}", ", ".join(f"{k}: {v}" for k, v in change.items()), change))
+    if pool_bytes is not None:
+        for name, said, update, removes in offload_changes(workload, pool_bytes):
+            out.append(Alternative(name, said, update, removes=removes, tier=name.split()[0]))
     return out
 
 
@@ -178,6 +191,7 @@ def _outcome(workload: Workload, setup: SimSetup, sampled: dict, attainment: flo
                 requests_per_s=None if top is None else top.requests_per_s,
                 ttft_p50_ms=None if top is None or top.ttft_ms is None else top.ttft_ms.p50,
                 prefix_hit_rate=None if top is None else top.prefix_hit_rate,
+                offload=None if top is None else top.offload,
             )
         )
     return out
@@ -235,6 +249,17 @@ def verdict(alt: Alternative, base: list[BucketAdvice], mine: list[BucketAdvice]
             )
         if rates:
             said.append(f"prefix hit rate {max(rates):.1%} with it")
+    if alt.tier is not None:
+        with_tier = base if alt.removes else mine
+        words, back = tier_figures(alt.tier, [(m.name, m.offload) for m in with_tier])
+        if back is None or back < NO_RETURN:
+            why = (
+                "no block was evicted into it"
+                if back is None
+                else f"only {back:.1%} of the blocks evicted into it came back"
+            )
+            return "not worth it", "; ".join([why, words, *said])
+        said.append(words)
     if not gains:
         return "within noise", "no capacity answer, goodput or throughput to compare"
     mean = sum(gains) / len(gains)
@@ -282,7 +307,8 @@ def advise(
             reason="",
         )
     ]
-    for alt in alternatives(workload, on_gpu, kv_cache_dtype):
+    pool_bytes = setup.facts.num_blocks * setup.facts.bytes_per_block
+    for alt in alternatives(workload, on_gpu, kv_cache_dtype, pool_bytes):
         changed = _changed(workload, alt.engine)
         try:
             own = setup_for(changed, alt.kv_cache_dtype)

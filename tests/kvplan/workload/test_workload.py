@@ -184,12 +184,25 @@ def test_missing_workload_file():
         load_workload(BAD / "nope.yaml")
 
 
-@pytest.mark.parametrize("name", ["smoke.yaml", "chat.yaml", "long_context.yaml"])
+@pytest.mark.parametrize("name", ["smoke.yaml", "chat.yaml", "long_context.yaml", "sessions_offload.yaml"])
 def test_shipped_workloads_load(name):
     workload = load_workload(ROOT / "workloads" / name)
     assert workload.name == name.removesuffix(".yaml")
     assert len(workload.sha256) == 64
     assert all(b.concurrency or b.request_rates for b in workload.buckets)
+
+
+def test_sessions_offload_runs_its_sessions_without_and_with_a_host_tier():
+    from kvplan.workload.variants import all_variants, variant_engine
+
+    workload = load_workload(ROOT / "workloads" / "sessions_offload.yaml")
+    assert workload.dataset.sessions is not None and workload.dataset.sessions.max_turns == 6
+    assert workload.engine.enable_prefix_caching and not workload.engine.offload.is_on
+    engines = {name: variant_engine(workload, v) for name, v in all_variants(workload).items()}
+    assert engines["no-offload"].offload.host_gib is None
+    assert engines["host-tier"].offload.host_gib == 0.5 and engines["host-tier"].num_blocks == 96
+    # 8 users' histories of up to max_model_len tokens each outgrow the 96 x 16 = 1,536-token pool
+    assert 8 * workload.engine.max_model_len > 96 * 16
 
 
 SMALL = {
