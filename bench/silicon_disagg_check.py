@@ -30,7 +30,12 @@ The peer, in the same run: aiconfigurator's own disaggregated estimate (``cli_es
 mode="disagg")`` with the row's pools) from its own venv (``--peer-python``; made in a temporary
 folder with ``pip install aiconfigurator==0.12.0`` when not given; ``--no-peer`` skips it).
 
-    flock /tmp/kvplan-cpu.lock .venv/bin/python bench/silicon_disagg_check.py [--limit N] [--jobs 2]
+    flock /tmp/kvplan-cpu.lock .venv/bin/python bench/silicon_disagg_check.py [--limit N] [--jobs 2] \
+        [--dp-only] [--save rows.jsonl]
+
+``--dp-only`` checks the rows that use attention data parallelism in either pool; ``--save`` writes
+each row's results (kvplan's and the peer's) as a JSON line as it finishes, and ``--report`` prints
+the table and medians of such a file (a run cut short included) without simulating.
 """
 
 from __future__ import annotations
@@ -207,6 +212,11 @@ def peer_rows(rows: list[dict], python: str) -> dict[str, dict]:
     return {item["id"]: item for item in map(json.loads, filter(lambda s: s.startswith("{"), done.stdout.splitlines()))}
 
 
+def uses_dp(row: dict) -> bool:
+    """Whether either pool of ``row`` runs attention data parallel."""
+    return max(row["prefill"]["attention_dp"], row["decode"]["attention_dp"]) > 1
+
+
 def median_abs(values: list[float | None]) -> float | None:
     kept = [abs(v) for v in values if v is not None]
     return statistics.median(kept) if kept else None
@@ -231,7 +241,13 @@ def report(rows: list[dict], ours: dict[str, dict], peer: dict[str, dict] | None
         f"\nrows {len(rows)}: replayed {len(ran)}, not replayable {sum(bool(r['replay']) for r in rows)},"
         f" failed {len(rows) - len(ran) - sum(bool(r['replay']) for r in rows)}"
     )
-    for name, subset in (("replayed", ran), ("replayed, peer too", both)):
+    groups = [("replayed", ran), ("replayed, peer too", both)]
+    groups += [
+        (f"{name}, {kind}", [r for r in subset if uses_dp(r) == dp])
+        for name, subset in groups[:]
+        for kind, dp in (("dp", True), ("no dp", False))
+    ]
+    for name, subset in groups:
         if not subset:
             continue
         line = [f"{name:20s} {len(subset):4d} rows  median |error| %:"]
@@ -248,22 +264,41 @@ def main() -> None:
     parser.add_argument("--peer-python", help="python of a venv with aiconfigurator==0.12.0")
     parser.add_argument("--no-peer", action="store_true")
     parser.add_argument("--jobs", type=int, default=2)
+    parser.add_argument("--dp-only", action="store_true", help="the rows with attention data parallelism only")
+    parser.add_argument("--save", type=Path, help="write each row's results here as a JSON line as it finishes")
+    parser.add_argument("--report", type=Path, help="print the report of a --save file; simulate nothing")
     args = parser.parse_args()
     rows = load_rows()
+    if args.dp_only:
+        rows = [r for r in rows if uses_dp(r)]
+    if args.report:
+        saved = [json.loads(line) for line in args.report.read_text().splitlines() if line.strip()]
+        ours = {o["id"]: o for o in saved if o.get("who") == "kvplan"}
+        peer = {o["id"]: o for o in saved if o.get("who") == "peer"}
+        report([r for r in rows if r["id"] in ours or r["replay"]], ours, peer or None)
+        return
     todo = [r for r in rows if not r["replay"]]
     if args.limit and args.limit < len(todo):
         todo = todo[:: max(len(todo) // args.limit, 1)][: args.limit]
         rows = todo
     print(f"{date.today()} on {platform.node()} ({os.cpu_count()} CPUs, {platform.processor() or platform.machine()})")
-    started = time.perf_counter()
-    with ProcessPoolExecutor(args.jobs) as pool:
-        ours = {o["id"]: o for o in pool.map(simulate_row, todo)}
-    ours_s = time.perf_counter() - started
+    save = args.save.open("a") if args.save else None
     peer = None
     if not args.no_peer:
         started = time.perf_counter()
         peer = peer_rows(rows, peer_python(args.peer_python))
         print(f"peer (aiconfigurator 0.12.0 cli_estimate mode=disagg): {time.perf_counter() - started:.0f} s")
+        for item in peer.values() if save else ():
+            save.write(json.dumps({"who": "peer", **item}) + "\n")
+    started = time.perf_counter()
+    ours = {}
+    with ProcessPoolExecutor(args.jobs) as pool:
+        for o in pool.map(simulate_row, todo):
+            ours[o["id"]] = o
+            if save:
+                save.write(json.dumps({"who": "kvplan", **o}) + "\n")
+                save.flush()
+    ours_s = time.perf_counter() - started
     print(f"kvplan: {len(todo)} simulations in {ours_s:.0f} s\n")
     report(rows, ours, peer)
 
