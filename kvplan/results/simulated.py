@@ -99,6 +99,7 @@ class TargetCapacity(_Part):
         None, description="A GPU target's weight dtype as given (auto: the checkpoint's own); None for the engine."
     )
     ep: int = Field(1, description="A GPU target's expert-parallel size.")
+    dp: int = Field(1, description="A GPU target's attention data-parallel size (an instance is tp x dp GPUs).")
     backend: str | None = Field(
         None, description="A GPU target's serving engine (vllm, sglang, trtllm); None for the engine."
     )

@@ -286,6 +286,7 @@ def summary_json(result: RunResult) -> dict[str, Any]:
                 "step_times": t.step_times or None,
                 "weight_dtype": t.weight_dtype,
                 "ep": t.ep,
+                "dp": t.dp,
                 "backend": t.backend,
                 "disagg": t.disagg,
                 "buckets": [{"name": b.name, **capacity_json(b, t.attainment_target)} for b in t.buckets],

@@ -194,6 +194,7 @@ def simulate(
                     step_times=target.cost_model.step_times,
                     weight_dtype=target.weight_dtype,
                     ep=target.ep,
+                    dp=target.dp,
                     backend=target.backend,
                     disagg=target.disagg,
                 )

@@ -2,6 +2,7 @@
 disaggregated pool, bad values one line and exit 2; and the measured disaggregated rows that use
 attention data parallelism parse into pools with their dp."""
 
+import json
 import sys
 from pathlib import Path
 
@@ -63,6 +64,9 @@ def test_a_plan_entry_with_dp_is_simulated_on_tp_x_dp_gpus(tmp_path):
     workload.write_text(SMOKE.read_text().replace(ENTRY, ENTRY + entry))
     code, out, err = run_cli("simulate", str(workload), "--out", str(tmp_path / "run"), "--json")
     assert code == 0, err
+    target = json.loads(out)["targets"][2]
+    assert (target["target"], target["tp"], target["dp"], target["ep"]) == ("plan[1]", 1, 2, 2)
+    assert target["step_times"].startswith("silicon: h100_sxm / vllm ")
 
 
 def test_the_measured_rows_with_attention_dp_parse_into_pools_with_their_dp():
