@@ -19,6 +19,10 @@ searches), exported with ``git archive`` into a temporary folder:
    serving records (tests/kvplan/data/public_serving_benchmarks.yaml, read by bench/public_cases.py)
    at its own published load, on this tree only (target: at most 60 s each).
 
+5. ``--offload GIB`` (2026-12-05, issue 37): the burst on this tree with KV offload tiers off, with
+   prefix caching on and no tier, and with a host tier of GIB GiB (offload needs prefix caching):
+   the level alone and the whole ``kvplan simulate`` (target: the host tier at most 1.5x tiers off).
+
 A run that does not finish within ``--timeout`` seconds prints as ``> timeout``.
 
     .venv/bin/python bench/sim_scale.py            # alone on the machine; run it twice
@@ -86,8 +90,9 @@ start = time.perf_counter()
 summary = prober.level(0, "closed", w.buckets[0].concurrency[0])
 wall = time.perf_counter() - start
 request_steps = sum(s.num_running + s.num_finished for s in steps)
+tiers = {k: sum(getattr(s, k, 0) for s in steps) for k in ("num_host_stores", "num_host_loads")}
 print(json.dumps({"wall_s": wall, "steps": len(steps), "request_steps": request_steps,
-                  "preemptions": summary.num_preemptions, "completed": summary.num_completed}))
+                  "preemptions": summary.num_preemptions, "completed": summary.num_completed, **tiers}))
 """
 
 
@@ -145,12 +150,48 @@ def public(timeout: float) -> None:
     print(f"public records: slowest {seconds(worst if worst != float('inf') else None, timeout)} (target <= 60 s)")
 
 
+def offload(timeout: float, host_gib: float) -> None:
+    """The burst of 5,000 (Llama-3.1-8B on one A100-80GB) on this tree: tiers off (the burst as
+    above: prefix caching off), prefix caching on without a tier, and a host tier of ``host_gib``
+    GiB (prefix caching on, as offload needs): the level alone and the whole ``kvplan simulate``
+    (target: the host tier at most 1.5x the tiers-off time)."""
+    folder = Path(tempfile.mkdtemp(prefix="kvplan-offload-"))
+    base = workload("burst", 5000, 5000, 256, SHAREGPT)
+    cached = {**base, "engine": {**base["engine"], "enable_prefix_caching": True}}
+    tiered = {**cached, "engine": {**cached["engine"], "offload": {"host_gib": host_gib}}}
+    cli = "import sys; from kvplan.cli import main; sys.argv = ['kvplan', *sys.argv[1:]]; main()"
+    rows = []
+    cases = (("tiers off", base), ("prefix caching, no tier", cached), (f"host tier {host_gib:g} GiB", tiered))
+    for label, spec in cases:
+        path = folder / f"{len(rows)}.yaml"
+        path.write_text(json.dumps(spec))
+        wall, text = run(ROOT, ["-c", LEVEL, str(path), "llama-3.1-8b", "A100-80GB", "auto"], timeout)
+        level = json.loads(text) if wall is not None else None
+        args = ["simulate", str(path), "--model", "llama-3.1-8b", "--gpu", "A100-80GB", "--quiet",
+                "--out", str(folder / f"{len(rows)}-run")]  # fmt: skip
+        whole = run(ROOT, ["-c", cli, *args], timeout)[0]
+        rows.append((label, level, whole))
+    off_level, off_whole = rows[0][1] and rows[0][1]["wall_s"], rows[0][2]
+    for label, level, whole in rows:
+        wall = level and level["wall_s"]
+        ratio = f"{wall / off_level:.2f}x" if wall and off_level else "n/a"
+        whole_ratio = f"{whole / off_whole:.2f}x" if whole and off_whole else "n/a"
+        tiers = f", {level['num_host_stores']:,} host stores, {level['num_host_loads']:,} loads" if level else ""
+        print(f"burst of 5,000, {label:26s} level {seconds(wall, timeout):>9s} ({ratio})  kvplan simulate"
+              f" {seconds(whole, timeout):>9s} ({whole_ratio}){tiers}")  # fmt: skip
+    print("target: the host tier at most 1.5x tiers off")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--peer", default="d51b078", help="the older commit to measure beside this tree")
     parser.add_argument("--timeout", type=float, default=120.0, help="seconds before a run counts as not finished")
     parser.add_argument("--public", action="store_true", help="time kvplan simulate on the 13 public records")
+    parser.add_argument("--offload", type=float, metavar="GIB", help="time the burst with a host tier of GIB GiB")
     args = parser.parse_args()
+    if args.offload is not None:
+        offload(args.timeout, args.offload)
+        return
     if args.public:
         public(args.timeout)
         return
