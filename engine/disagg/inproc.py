@@ -13,7 +13,8 @@ A handoff its decode worker can never run (``DecodeWorker.never_fits``: over its
 its whole pool) is not offered: its prefill blocks are freed and it ends with token 1 and reason
 cannot_fit, as kvplan's simulator ends it (docs/simulate.md, "Disaggregated targets").
 
-A transfer therefore overlaps the decode step it was admitted in, and between two ``step()``
+``transfer_s`` maps each moved request's id to its measured copy (export + import, seconds; the
+caller pops it). A transfer therefore overlaps the decode step it was admitted in, and between two ``step()``
 calls an admitted handoff is in transfer with blocks on both sides (a cancel then frees both).
 """
 
@@ -47,16 +48,24 @@ class DisaggEngine:
         self.decode = [DecodeWorker(e) for e in decode]
         self._count = 0
         self._route: dict[str, tuple[int, int]] = {}  # request id -> (prefill worker, decode worker)
+        self.transfer_s: dict[str, float] = {}  # request id -> its KV's measured copy (export + import), s
         self.prefill_stats: list[list[StepStats]] = [[] for _ in self.prefill]
         self.decode_stats: list[list[StepStats]] = [[] for _ in self.decode]
 
-    def add_request(self, prompt_token_ids: list[int], params: SamplingParams, request_id: str | None = None) -> str:
+    def add_request(
+        self,
+        prompt_token_ids: list[int],
+        params: SamplingParams,
+        request_id: str | None = None,
+        arrival_time: float | None = None,
+        cache_salt: str | None = None,
+    ) -> str:
         """Route and queue a request; returns its id. Raises as ``LLMEngine.add_request``."""
         i = self._count
         request_id = str(i) if request_id is None else request_id
         if request_id in self._route:
             raise ValueError(f"request_id: {request_id!r} is already in use")
-        self.prefill[i % len(self.prefill)].add_request(prompt_token_ids, params, request_id)
+        self.prefill[i % len(self.prefill)].add_request(prompt_token_ids, params, request_id, arrival_time, cache_salt)
         self._count += 1
         self._route[request_id] = (i % len(self.prefill), i % len(self.decode))
         return request_id
@@ -103,8 +112,9 @@ class DisaggEngine:
             for request_id in list(dw.in_transfer):
                 source = self.prefill[self._route[request_id][0]]
                 start = time.perf_counter()
-                payload = source.export(request_id)
+                payload, before = source.export(request_id), dw.transfer_seconds
                 dw.complete(request_id, payload, time.perf_counter() - start)
+                self.transfer_s[request_id] = dw.transfer_seconds - before
                 source.release(request_id)
             dw.begin_step()
             if dw.engine.has_unfinished():

@@ -44,7 +44,7 @@ def advise(
     json_output: Annotated[bool, typer.Option("--json", help="Print one JSON object instead of tables.")] = False,
 ) -> None:
     # one line: `kvplan --help` shows this paragraph's line breaks as they are written
-    """Simulate the workload's traffic as it is and with each KV optimisation (prefix caching, fp8 KV, the chunked-prefill budget, max_num_seqs, block size) and say which pays: SLO capacity, goodput and KV pool side by side."""  # noqa: E501
+    """Simulate the workload's traffic as it is and with each KV optimisation (prefix caching, fp8 KV, the chunked-prefill budget, max_num_seqs, block size, disaggregation) and say which pays: SLO capacity, goodput and KV pool side by side."""  # noqa: E501
     from kvplan.optimize.advise import advise as run_advise
     from kvplan.run.sim.cli_setup import setups_for
     from kvplan.run.sim.facts import simulated_facts
@@ -64,7 +64,8 @@ def advise(
 
     def setup_for(changed: Workload, alt_kv: str | None) -> SimSetup:
         """A GPU target is set up anew per alternative; the workload's engine keeps the base
-        calibration's clock unless its KV dtype changes (which has a calibration of its own)."""
+        calibration's clock unless its KV dtype changes (which has a calibration of its own) or
+        either is disaggregated (two pools: set up anew)."""
 
         def setup(kv: str, calibration: Path | None) -> SimSetup:
             return setups_for(
@@ -81,7 +82,8 @@ def advise(
 
         if on_gpu:
             return setup(alt_kv or kv_cache_dtype, None)
-        if base and changed.engine.kv_cache_dtype == spec.engine.kv_cache_dtype:
+        same_kv = changed.engine.kv_cache_dtype == spec.engine.kv_cache_dtype
+        if base and same_kv and changed.engine.disagg is None and base[0].make_backend is None:
             facts = simulated_facts(changed, base[0].facts.device, base[0].facts.attention_backend)
             return base[0].with_facts(facts)
         own = setup(kv_cache_dtype, calibrate)

@@ -10,6 +10,7 @@ under each alternative the serving guides weigh, one setting changed at a time::
     block size            16 <-> 32
     host / disk offload   a KV tier of 4 / 16 x the pool's bytes below it (prefix caching on;
                           kvplan.optimize.advise_offload)
+    disaggregation        1 prefill + 1 decode worker <-> one engine (the workload's own engine only)
 
 For each: the KV pool in tokens, and per bucket the SLO capacity (the highest concurrency and
 request rate at which the attainment target of requests meet every SLO: kvplan.run.sim.search),
@@ -39,6 +40,7 @@ from kvplan.run.checks import check_requests_fit
 from kvplan.run.sim.run import sample
 from kvplan.run.sim.search import Prober, resolve_auto, search_capacity, simulated_knees
 from kvplan.run.sim.setups import SimSetup
+from kvplan.workload.admission import EngineDisagg
 from kvplan.workload.schema import Workload
 from kvplan.workload.trace import read_trace
 
@@ -144,15 +146,30 @@ def alternatives(
     if engine.num_blocks is not None and not on_gpu:  # the same pool in bytes: fewer, larger blocks
         change["num_blocks"] = max(1, engine.num_blocks * engine.block_size // block)
     out.append(Alternative(f"block size {block}", ", ".join(f"{k}: {v}" for k, v in change.items()), change))
-    if pool_bytes is not None:
+    if pool_bytes is not None and engine.disagg is None:  # no offload tiers with engine.disagg
         for name, said, update, removes in offload_changes(workload, pool_bytes):
             out.append(Alternative(name, said, update, removes=removes, tier=name.split()[0]))
+    if not on_gpu:  # a GPU's disaggregation is a deployment's question: kvplan plan --disagg
+        split = engine.disagg is not None
+        pools = {"prefill": {"workers": 1}, "decode": {"workers": 1}}
+        out.append(
+            Alternative(
+                "disaggregation",
+                "disagg: null (it is disaggregated: simulated as one engine)" if split else f"disagg: {pools}",
+                {"disagg": None if split else pools},
+                condition="two engines instead of one, each on its own machine in the simulation (the"
+                " prefill and decode pools, engine.disagg), the KV moved over engine.disagg.link",
+                removes=split,
+            )
+        )
     return out
 
 
 def _changed(workload: Workload, engine: dict) -> Workload:
     if not engine:
         return workload
+    if engine.get("disagg") is not None:  # a section: validated as the YAML's would be
+        engine = {**engine, "disagg": EngineDisagg.model_validate(engine["disagg"])}
     changed = workload.model_copy(update={"engine": workload.engine.model_copy(update=engine)})
     changed._source, changed._sha256 = workload.source, workload.sha256
     return changed
@@ -160,10 +177,11 @@ def _changed(workload: Workload, engine: dict) -> Workload:
 
 def _outcome(workload: Workload, setup: SimSetup, sampled: dict, attainment: float) -> list[BucketAdvice]:
     """Per bucket: the SLO search's answers and the bucket's top level, simulated on ``setup``."""
-    facts = setup.facts
-    knees = simulated_knees(workload, facts, sampled)
-    caps = {c.name: c for c in search_capacity(workload, facts, sampled, setup.clock, attainment, knees)}
-    prober = Prober(workload, facts, setup.clock, sampled)
+    facts, pools = setup.facts, setup.make_backend  # pools: a disaggregated engine's (no knee: no one pool)
+    knees = {} if pools else simulated_knees(workload, facts, sampled)
+    found = search_capacity(workload, facts, sampled, setup.clock, attainment, knees, make_backend=pools)
+    caps = {c.name: c for c in found}
+    prober = Prober(workload, facts, setup.clock, sampled, pools)
     out = []
     trace = read_trace(workload)
     for i, bucket in enumerate(workload.buckets):

@@ -346,8 +346,8 @@ def load_run(run_dir: str | Path) -> RunData:
 def check_records(data: RunData) -> None:
     """Refuse records that cannot be the run's: a JSONL file missing, fewer or more records than
     the result counts (``kv.num_steps``, ``kv.num_requests``), or finished requests with no
-    step in a run that records steps. A view rebuilt from them would replace the measured one with
-    an empty one.
+    step in a run that records steps (not a target's, nor a disaggregated engine's: two pools). A
+    view rebuilt from them would replace the measured one with an empty one.
 
     Raises:
         KvplanError: naming the file; nothing has been written.
@@ -363,7 +363,8 @@ def check_records(data: RunData) -> None:
             raise KvplanError("", "missing", fix, source=str(path))
         if counted is not None and counted != len(records):
             raise KvplanError("", f"holds {len(records)} {what}, results.json counts {counted}", fix, source=str(path))
-    if data.requests and not data.steps and data.result.source != "target":
+    disagg = (data.result.workload.config.get("engine") or {}).get("disagg")
+    if data.requests and not data.steps and data.result.source != "target" and not disagg:
         raise KvplanError(
             "",
             f"holds no steps, {data.result.records.requests} {len(data.requests)} finished requests",

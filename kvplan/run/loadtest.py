@@ -27,6 +27,7 @@ from kvplan.results.run_result import EngineFacts, RunResult, WorkloadRef
 from kvplan.results.store import check_out
 from kvplan.run.bundled.backend import (
     EngineBackend,
+    backend_for,
     build_engine,
     engine_facts,
     run_info,
@@ -81,7 +82,8 @@ def run_loadtest(workload: Workload, run_dir: Path | None = None, *, engine=None
 
         facts = facts.model_copy(update={"kv_scales": calibrate_for_run(engine, workload, sampled.requests)})
     estimate, pricing = compute_estimate(workload, facts, sampled.requests)
-    estimate = with_knees(estimate, simulated_knees(workload, facts, sampled.requests))
+    if workload.engine.disagg is None:  # a disaggregated engine has no one pool to find a knee in
+        estimate = with_knees(estimate, simulated_knees(workload, facts, sampled.requests))
     variants = _variant_engines(workload, engine, sampled.requests, say)
     result = RunResult(
         started_at=started,
@@ -100,7 +102,7 @@ def run_loadtest(workload: Workload, run_dir: Path | None = None, *, engine=None
         warm_up(warmed)  # each engine's one-time costs before its first level, not in it
     run_dir = start_run(workload, result, run_dir)
     status = run_levels(
-        EngineBackend(engine),
+        backend_for(engine),
         schedule_levels(workload, sampled.requests),
         run_dir,
         pricing.step_bytes,

@@ -1,6 +1,7 @@
-"""The workload's ``engine.admission:`` and ``engine.offload:`` sections: admission at the engine's
-entry, for the bundled engine and ``kvplan simulate`` alike (the policy itself is engine.admission's;
-this is its YAML schema), and the bundled engine's KV offload tiers (engine.offload).
+"""The workload's ``engine.admission:``, ``engine.offload:`` and ``engine.disagg:`` sections: admission
+at the engine's entry, for the bundled engine and ``kvplan simulate`` alike (the policy itself is
+engine.admission's; this is its YAML schema), the bundled engine's KV offload tiers (engine.offload),
+and the bundled engine served disaggregated (engine.disagg: x prefill and y decode workers).
 
 ::
 
@@ -19,7 +20,7 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from pydantic import Field, model_validator
+from pydantic import ByteSize, Field, field_validator, model_validator
 
 from kvplan.workload.lengths import Count, StrictModel
 
@@ -113,4 +114,83 @@ OFFLOAD_FIELD = Field(
     OffloadSettings(),
     description="KV offload tiers of the bundled engine: host memory and disk below the device pool"
     " (kvplan.workload.admission.OffloadSettings); off by default.",
+)
+
+
+class EnginePool(StrictModel):
+    """One pool of the bundled engine disaggregated: ``workers`` engines alike, each with the engine
+    section's settings and these put over them (null: the engine section's). Names as a ``plan:``
+    entry's ``disagg`` pool (kvplan.workload.deployment.DisaggPool) and EngineConfig's fields."""
+
+    workers: Count = Field(1, description="Engines in the pool, each with its own KV pool and scheduler.")
+    max_num_seqs: Count | None = Field(None, description="Each worker's max_num_seqs; null = the engine section's.")
+    max_num_batched_tokens: Count | None = Field(
+        None, description="Each worker's token budget per step, tokens; null = the engine section's."
+    )
+    kv_cache_memory: ByteSize | None = Field(
+        None, description="Each worker's KV pool, bytes with units (``48MiB``); null = the engine section's pool."
+    )
+    num_blocks: Count | None = Field(
+        None, description="Each worker's KV pool in blocks, instead of kv_cache_memory; null = the engine section's."
+    )
+
+    @field_validator("kv_cache_memory")
+    @classmethod
+    def _positive(cls, value: ByteSize | None) -> ByteSize | None:
+        if value is not None and not 0 < value < 2**63:
+            raise ValueError(f"must be > 0 bytes and below 8 EiB (got {int(value)})")
+        return value
+
+    @model_validator(mode="after")
+    def _one_pool_size(self) -> EnginePool:
+        if self.kv_cache_memory is not None and self.num_blocks is not None:
+            raise ValueError("give kv_cache_memory or num_blocks, not both")
+        return self
+
+    def over(self, engine: dict) -> dict:
+        """``engine`` (the engine section's fields, a dict) with this pool's settings put over them."""
+        own = self.model_dump(exclude={"workers"}, exclude_none=True)
+        if own.keys() & {"kv_cache_memory", "num_blocks"}:
+            engine = {**engine, "kv_cache_memory": None, "num_blocks": None}  # one pool size replaces the other
+        return {**engine, **own}
+
+
+class EngineDisagg(StrictModel):
+    """The bundled engine disaggregated (engine.disagg; semantics: docs/simulate.md, "Disaggregated
+    targets")::
+
+        engine:
+          disagg: {prefill: {workers: 1, max_num_batched_tokens: 512}, decode: {workers: 1, max_num_seqs: 16}}
+
+    ``kvplan loadtest`` runs engine.disagg.inproc.DisaggEngine in process (request i to prefill
+    worker i mod x, its KV to decode worker i mod y, copied and timed); ``kvplan simulate`` runs the
+    same pools on kvplan.run.sim.disagg, each transfer priced over ``link``. Admission, offload tiers
+    and an fp8 KV cache are not supported with it."""
+
+    prefill: EnginePool = Field(default_factory=EnginePool, description="The prefill pool.")
+    decode: EnginePool = Field(default_factory=EnginePool, description="The decode pool.")
+    link: str | dict[str, float] = Field(
+        "host-memcpy",
+        description="What ``kvplan simulate`` prices each KV transfer over (kvplan/sizing/data/links.yaml, or"
+        " ``{gbps: N, setup_us: N}``); ``host-memcpy``: the in-process copy, measured on this project's CPU.",
+    )
+
+    @field_validator("link")
+    @classmethod
+    def _link(cls, value: str | dict[str, float]) -> str | dict[str, float]:
+        from kvplan.errors import KvplanError
+        from kvplan.sizing.gpus.links import lookup_link
+
+        try:
+            lookup_link(value)
+        except KvplanError as err:
+            raise ValueError(f"{err.problem}; {err.fix}") from None
+        return value
+
+
+DISAGG_FIELD = Field(
+    None,
+    description="Run the bundled engine disaggregated: ``{prefill: {workers, max_num_seqs,"
+    " max_num_batched_tokens, kv_cache_memory, num_blocks}, decode: {...}, link}``"
+    " (kvplan.workload.admission.EngineDisagg); null = one aggregated engine.",
 )

@@ -118,6 +118,10 @@ def check_workload(workload: Workload) -> None:
     _check_buckets(workload)
     _check_shared_prefix(workload)
     check_variants(workload)
+    if workload.engine.disagg is not None and (workload.variants or any(b.variants for b in workload.buckets)):
+        raise _error(
+            workload, "variants", "are not supported with engine.disagg", "run each variant as its own workload"
+        )
 
 
 def _error(workload: Workload, field: str, problem: str, fix: str | None = None) -> KvplanError:

@@ -48,7 +48,14 @@ from kvplan.results.gated import GateSettings
 from kvplan.results.metrics import Slo
 from kvplan.results.stats.steady import LevelSchedule
 from kvplan.sizing import dtypes
-from kvplan.workload.admission import ADMISSION_FIELD, OFFLOAD_FIELD, AdmissionSettings, OffloadSettings
+from kvplan.workload.admission import (
+    ADMISSION_FIELD,
+    DISAGG_FIELD,
+    OFFLOAD_FIELD,
+    AdmissionSettings,
+    EngineDisagg,
+    OffloadSettings,
+)
 from kvplan.workload.buckets import Bucket, Count, Dataset, Name, StrictModel, Variant
 from kvplan.workload.deployment import Deployment, kv_cache_dtype_value
 from kvplan.workload.server import TargetSettings
@@ -131,6 +138,7 @@ class EngineSettings(StrictModel):
     )
     admission: AdmissionSettings = ADMISSION_FIELD
     offload: OffloadSettings = OFFLOAD_FIELD
+    disagg: EngineDisagg | None = DISAGG_FIELD
 
     @field_validator("model")
     @classmethod
@@ -175,7 +183,19 @@ class EngineSettings(StrictModel):
     def _one_pool_size(self) -> EngineSettings:
         if self.kv_cache_memory is not None and self.num_blocks is not None:
             raise ValueError("give kv_cache_memory or num_blocks, not both")
+        if self.disagg is not None:
+            on = "admission" if self.admission.is_on else "offload" if self.offload.is_on else None
+            on = on or ("kv_cache_dtype: fp8" if self.kv_cache_dtype == "fp8" else None)
+            if on:
+                raise ValueError(f"disagg: {on} is not supported with a disaggregated engine; drop one of them")
         return self
+
+    def pool(self, role: str) -> EngineSettings:
+        """The settings of each ``role`` (prefill | decode) worker of ``disagg``: this section's with the
+        pool's put over them, ``disagg`` none (every pool setting was validated on its own)."""
+        assert self.disagg is not None
+        own = getattr(self.disagg, role).over(self.model_dump(exclude={"disagg"}))
+        return EngineSettings.model_validate(own)
 
     @property
     def model_dtype(self) -> str:
@@ -189,7 +209,8 @@ class EngineSettings(StrictModel):
         return dtypes.canonical(self.model_dtype if self.kv_cache_dtype == "auto" else self.kv_cache_dtype)
 
     def to_engine_config(self, seed: int) -> EngineConfig:
-        settings = self.model_dump(exclude={"kv_cache_memory", "admission", "offload"}) | self.admission.model_dump()
+        settings = self.model_dump(exclude={"kv_cache_memory", "admission", "offload", "disagg"})
+        settings |= self.admission.model_dump()
         settings |= self.offload.engine_fields()
         return EngineConfig(**settings, kv_cache_memory_bytes=self.kv_cache_memory, seed=seed)
 

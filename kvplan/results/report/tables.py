@@ -288,6 +288,8 @@ def console_table(result: RunResult) -> pd.DataFrame:
                 if lv.num_steps
                 else "server "
                 + (f"{lv.server_peak_kv_usage:.0%}" if lv.server_peak_kv_usage is not None else "unavailable")
+                if result.server
+                else "not recorded"  # a disaggregated engine's two pools (no steps recorded)
             ),
         }
         for lv in result.levels

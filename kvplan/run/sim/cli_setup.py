@@ -82,6 +82,8 @@ def setups_for(
         if unused:
             raise KvplanError(unused[0], "applies to a simulated GPU only", "give `model` and `gpu`, or drop it")
         if replay is not None:
+            if workload.engine.disagg is not None:
+                raise KvplanError("replay", "does not replay engine.disagg (its runs record no steps)", "drop it")
             return _unplanned(setups.replay_setup(workload, replay), workload, "--replay"), (), None
         setup, calibrated = setups.engine_setup(workload, calibrate)
         plan, skipped = gpu_target.plan_setups(workload)

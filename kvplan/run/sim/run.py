@@ -114,7 +114,8 @@ def simulate(
             f" {lines:,} requests, evenly spaced; the replay level runs every one"
         )
     workload = resolve_auto(workload, setup.facts, sampled.requests)
-    knees = simulated_knees(workload, setup.facts, sampled.requests)
+    # a disaggregated engine has no one pool to find a knee in
+    knees = {} if setup.make_backend else simulated_knees(workload, setup.facts, sampled.requests)
     estimate, pricing = compute_estimate(setup.sized(workload), setup.facts, sampled.requests)
     estimate = with_knees(estimate, knees)
     result = RunResult(
@@ -156,7 +157,9 @@ def simulate(
         note(f"--replay: not simulated, as the measured run did not run them: {left_out}")
     records = KeptRecords()  # the records in memory too: the report reads no file back
     status = run_levels(
-        SimBackend(setup.facts, setup.clock(), admission=workload.engine.admission.model_dump()),
+        setup.make_backend()
+        if setup.make_backend
+        else SimBackend(setup.facts, setup.clock(), admission=workload.engine.admission.model_dump()),
         own,
         run_dir,
         pricing.step_bytes,

@@ -107,9 +107,42 @@ def engine_setup(workload: Workload, calibrate: Path | None = None) -> tuple[Sim
             calibration of another engine.
     """
     if calibrate is None:
-        return calibrated_setup(workload, calibrations.default_for(workload)), None
+        return _engine_setup(workload, calibrations.default_for(workload)), None
     calibrated = calibrations.from_run(calibrate)
-    return calibrated_setup(workload, calibrated.calibration), calibrated
+    return _engine_setup(workload, calibrated.calibration), calibrated
+
+
+def _engine_setup(workload: Workload, calibration: Calibration) -> SimSetup:
+    """``calibrated_setup``, or for ``engine.disagg`` (kvplan.workload.admission.EngineDisagg) its two
+    pools on kvplan.run.sim.disagg: each worker the calibrated engine with its pool's settings, each
+    prompt's KV, ceil(prompt / block_size) blocks of ``bytes_per_block``, priced over ``link``. Its
+    ``facts`` (fit checks) are the decode pool's with the smaller pool and max_model_len of the two
+    and max_num_seqs x the decode workers (as gpu_target.disagg_setup's)."""
+    disagg = workload.engine.disagg
+    if disagg is None:
+        return calibrated_setup(workload, calibration)
+    from kvplan.run.sim.disagg import DisaggBackend
+    from kvplan.sizing.gpus.links import lookup_link
+
+    pre, dec = (
+        calibrated_setup(workload.model_copy(update={"engine": workload.engine.pool(role)}), calibration)
+        for role in ("prefill", "decode")
+    )
+    link, x, y = lookup_link(disagg.link, "engine.disagg.link"), disagg.prefill.workers, disagg.decode.workers
+    block, per_block = dec.facts.block_size, dec.facts.bytes_per_block
+
+    def backend() -> DisaggBackend:
+        pools = (pre.facts, pre.clock, x), (dec.facts, dec.clock, y)
+        return DisaggBackend(*pools, link, lambda tokens: -(-tokens // block) * per_block)
+
+    shape = f"{x}P + {y}D over {link.name}"
+    limits = {
+        "num_blocks": min(pre.facts.num_blocks, dec.facts.num_blocks),
+        "max_model_len": min(pre.facts.max_model_len, dec.facts.max_model_len),
+        "max_num_seqs": y * dec.facts.max_num_seqs,
+    }
+    info = dec.cost_model.model_copy(update={"description": f"{shape}; {dec.cost_model.description}"})
+    return replace(dec, facts=dec.facts.model_copy(update=limits), cost_model=info, make_backend=backend, disagg=shape)
 
 
 def replay_setup(workload: Workload, run_dir: Path) -> SimSetup:

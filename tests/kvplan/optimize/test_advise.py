@@ -69,9 +69,16 @@ def test_the_alternatives_are_one_change_each_keeping_the_pool_in_bytes():
         "max_num_seqs 8": {"max_num_seqs": 8},
         "max_num_seqs 32": {"max_num_seqs": 32},
         "block size 32": {"block_size": 32, "num_blocks": 6},  # 48 x 4 = 6 x 32 tokens
+        "disaggregation": {"disagg": {"prefill": {"workers": 1}, "decode": {"workers": 1}}},
     }
     gpu = {a.name: a for a in alternatives(workload, on_gpu=True, kv_cache_dtype="fp8")}
     assert gpu["fp8 KV cache"].removes and gpu["fp8 KV cache"].kv_cache_dtype == "bf16"
+    assert "disaggregation" not in gpu  # a GPU deployment's split is kvplan plan --disagg's question
+    split = parse_workload(
+        {**workload.model_dump(mode="json"), "engine": {**workload.model_dump(mode="json")["engine"], "disagg": {}}}
+    )
+    (back,) = [a for a in alternatives(split, on_gpu=False, kv_cache_dtype="auto") if a.name == "disaggregation"]
+    assert back.removes and back.engine == {"disagg": None}
 
 
 def test_an_alternative_is_the_simulation_of_the_workload_with_that_setting(tmp_path):
@@ -81,17 +88,20 @@ def test_an_alternative_is_the_simulation_of_the_workload_with_that_setting(tmp_
     assert rows["as it is"]["verdict"] == "baseline"
     assert rows["fp8 KV cache"]["verdict"] == "cannot run"  # no fp8 calibration ships for the tiny model
     assert rows["prefix caching"]["verdict"] == "not worth it" and "no prefix reuse" in rows["prefix caching"]["reason"]
-    for name, engine in (("as it is", {}), ("max_num_seqs 8", {"max_num_seqs": 8})):
+    split = {"disagg": {"prefill": {"workers": 1}, "decode": {"workers": 1}}}  # 1 + 1 workers, host-memcpy
+    for i, (name, engine) in enumerate(
+        (("as it is", {}), ("max_num_seqs 8", {"max_num_seqs": 8}), ("disaggregation", split))
+    ):
         data = load_workload(SMOKE).model_dump(mode="json")
         data["engine"].update(engine)
         data["plan"] = []
-        path = tmp_path / f"{len(engine)}.yaml"
+        path = tmp_path / f"{i}.yaml"
 
         path.write_text(yaml.safe_dump(data))
         parse_workload(data)  # the edited workload is valid
-        code, out, err = run_cli("simulate", str(path), "--out", str(tmp_path / f"run{len(engine)}"), "--quiet")
+        code, out, err = run_cli("simulate", str(path), "--out", str(tmp_path / f"run{i}"), "--quiet")
         assert code == 0, err
-        result = read_result(tmp_path / f"run{len(engine)}")
+        result = read_result(tmp_path / f"run{i}")
         cap = result.capacity[0].buckets[0]
         mine = rows[name]["buckets"][0]
         assert mine["max_users"] == cap.max_concurrency.level
