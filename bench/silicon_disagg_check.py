@@ -31,11 +31,14 @@ mode="disagg")`` with the row's pools) from its own venv (``--peer-python``; mad
 folder with ``pip install aiconfigurator==0.12.0`` when not given; ``--no-peer`` skips it).
 
     flock /tmp/kvplan-cpu.lock .venv/bin/python bench/silicon_disagg_check.py [--limit N] [--jobs 2] \
-        [--dp-only] [--save rows.jsonl]
+        [--dp-only] [--save rows.jsonl] [--row-seconds S]
 
-``--dp-only`` checks the rows that use attention data parallelism in either pool; ``--save`` writes
-each row's results (kvplan's and the peer's) as a JSON line as it finishes, and ``--report`` prints
-the table and medians of such a file (a run cut short included) without simulating.
+``--row-seconds S`` gives up on a row after S seconds of simulation (listed with that reason: the
+largest closed loops, C x 10 requests of up to 8,192 output tokens at C up to 8,192, take far
+longer on this 2-CPU machine); ``--dp-only`` checks the rows that use attention data parallelism
+in either pool; ``--save`` writes each row's results (kvplan's and the peer's) as a JSON line as
+it finishes, and ``--report`` prints the table and medians of such a file (a run cut short
+included) without simulating.
 """
 
 from __future__ import annotations
@@ -134,9 +137,19 @@ def row_workload(row: dict):
     return parse_workload(data)
 
 
-def simulate_row(row: dict) -> dict:
-    """kvplan's mean TTFT and TPOT (ms) of one row, or the reason it could not simulate."""
+def simulate_row(row: dict, budget_s: int = 0) -> dict:
+    """kvplan's mean TTFT and TPOT (ms) of one row, or the reason it could not simulate (one: it
+    ran past ``budget_s`` seconds, where given)."""
+    import signal
+
     from kvplan.errors import KvplanError
+
+    def over(*_: Any) -> None:
+        raise TimeoutError(f"not replayed within the bench's {budget_s} s per row")
+
+    if budget_s:
+        signal.signal(signal.SIGALRM, over)
+        signal.alarm(budget_s)
     from kvplan.run.sim.gpu_target import disagg_setup
     from kvplan.run.sim.run import sample
     from kvplan.run.sim.search import Prober
@@ -156,8 +169,12 @@ def simulate_row(row: dict) -> dict:
             out.update(ttft_ms=level.ttft_ms.mean, tpot_ms=level.tpot_ms.mean, shape=setup.disagg)
     except KvplanError as e:
         out["reason"] = f"{e.field}: {e.problem}"
+    except TimeoutError as e:
+        out["reason"] = str(e)
     except Exception as e:  # a bench prints every row, with its reason
         out["reason"] = f"{type(e).__name__}: {e}"
+    finally:
+        signal.alarm(0)
     out["seconds"] = time.perf_counter() - started
     return out
 
@@ -267,6 +284,7 @@ def main() -> None:
     parser.add_argument("--dp-only", action="store_true", help="the rows with attention data parallelism only")
     parser.add_argument("--save", type=Path, help="write each row's results here as a JSON line as it finishes")
     parser.add_argument("--report", type=Path, help="print the report of a --save file; simulate nothing")
+    parser.add_argument("--row-seconds", type=int, default=0, help="give up on a row after this many seconds")
     args = parser.parse_args()
     rows = load_rows()
     if args.dp_only:
@@ -293,7 +311,7 @@ def main() -> None:
     started = time.perf_counter()
     ours = {}
     with ProcessPoolExecutor(args.jobs) as pool:
-        for o in pool.map(simulate_row, todo):
+        for o in pool.map(simulate_row, todo, [args.row_seconds] * len(todo)):
             ours[o["id"]] = o
             if save:
                 save.write(json.dumps({"who": "kvplan", **o}) + "\n")
