@@ -30,6 +30,15 @@ def _ints(text: str, field: str) -> list[int]:
     return list(dict.fromkeys(values))  # a value given twice is judged once
 
 
+def _floats(text: str, field: str) -> tuple[float, ...]:
+    from kvplan.errors import KvplanError
+
+    try:
+        return tuple(float(v) for v in text.split(",") if v.strip())
+    except ValueError:
+        raise KvplanError(field, f"must be comma-separated numbers (got {text!r})", "e.g. 0,64,256") from None
+
+
 def _maybe_ints(text: str | None, field: str) -> tuple[int, ...] | None:
     return None if text is None else tuple(_ints(text, field))
 
@@ -101,6 +110,13 @@ def plan(
     window_requests: Annotated[
         int, typer.Option(help="With --window: requests per window the capacity search uses at most (evenly spaced).")
     ] = 300,
+    host_offload_gib: Annotated[
+        str,
+        typer.Option(
+            help="GiB of host memory per replica to keep as a KV offload tier, comma-separated sizes to consider"
+            " (0: none); each replica configuration is judged with each (engine.offload.host_gib)."
+        ),
+    ] = "0",
     json_output: Annotated[bool, typer.Option("--json", help="Print one JSON object instead of tables.")] = False,
     disagg: Annotated[
         bool,
@@ -174,6 +190,7 @@ def plan(
         decode_tp=_maybe_ints(decode_tp, "decode_tp"),
         prefill_max_num_seqs=_maybe_ints(prefill_max_num_seqs, "prefill_max_num_seqs"),
         prefill_max_num_batched_tokens=_maybe_ints(prefill_max_num_batched_tokens, "prefill_max_num_batched_tokens"),
+        host_offload_gib=_floats(host_offload_gib, "host_offload_gib"),
     )
     console = make_console()
     outcome = plan_deployments(request, lambda total: _progress(console, total, quiet=json_output), warn)
@@ -191,8 +208,9 @@ def plan(
             from kvplan.results.report.plan_view import print_windows
 
             print_windows(run.windows, console)
-        if run.disagg_verdict:
-            console.print(run.disagg_verdict, markup=False, highlight=False, soft_wrap=True)
+        for verdict in (run.disagg_verdict, run.offload_verdict):
+            if verdict:
+                console.print(verdict, markup=False, highlight=False, soft_wrap=True)
         console.print(f"report: {run_dir}", markup=False, highlight=False)
     if run.interrupted:
         raise typer.Exit(130)

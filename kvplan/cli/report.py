@@ -80,6 +80,7 @@ def _plan_report(run_dir: Path, json_output: bool, compare: Path | None) -> None
     console = make_console()
     cut = (len(run.configs), run.num_configs) if run.interrupted else None
     print_plan(run.configs, run.model, run.load, console, interrupted=cut)
-    if run.disagg_verdict:
-        console.print(run.disagg_verdict, markup=False, highlight=False, soft_wrap=True)
+    for verdict in (run.disagg_verdict, run.offload_verdict):
+        if verdict:
+            console.print(verdict, markup=False, highlight=False, soft_wrap=True)
     console.print(f"report: {run_dir}", markup=False, highlight=False)

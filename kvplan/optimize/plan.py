@@ -15,6 +15,10 @@ requests for all::
                   requests = $/hour / (rate x the attainment at the capacity point x 3,600 / 1,000);
                   with --users, rate = users x the capacity point's requests/s per user
 
+With ``--host-offload-gib``, every replica configuration is judged with each host KV tier size
+given (``engine.offload.host_gib`` per replica, simulated with the engine's tier policy and loads
+priced over the GPU's host link; kvplan.optimize.plan_offload says whether a tier pays).
+
 With ``--disagg``, disaggregated units join the grid (kvplan.optimize.plan_disagg): ``x`` prefill
 workers of tp ``t_p`` and ``y`` decode workers of tp ``t_d`` over a link, each pool with its own
 limits, judged on kvplan.run.sim.disagg's pools and costed the same way with the unit as the
@@ -62,6 +66,7 @@ class Config:
     link: str = ""
     prefill_max_num_seqs: int = 0
     prefill_max_num_batched_tokens: int = 0
+    host_offload_gib: float = 0.0  # a replica's host KV tier (engine.offload.host_gib); 0: none
 
     @property
     def num_gpus(self) -> int:
@@ -134,9 +139,11 @@ def judge(job: Job) -> ConfigResult:
     from kvplan.run.sim.search import CONCURRENCY_PRECISION, search_capacity
 
     c = job.config
-    engine = job.workload.engine.model_copy(
-        update={"max_num_seqs": c.max_num_seqs, "max_num_batched_tokens": c.max_num_batched_tokens}
-    )
+    limits: dict = {"max_num_seqs": c.max_num_seqs, "max_num_batched_tokens": c.max_num_batched_tokens}
+    if c.host_offload_gib:  # the tier kvplan simulate runs for engine.offload.host_gib (kvplan.run.sim.facts)
+        offload = job.workload.engine.offload.model_copy(update={"host_gib": c.host_offload_gib})
+        limits["offload"] = offload
+    engine = job.workload.engine.model_copy(update=limits)
     bucket = job.workload.buckets[job.bucket]
     workload = job.workload.model_copy(update={"engine": engine, "buckets": [bucket], "plan": []})
     base = dict(
@@ -148,6 +155,7 @@ def judge(job: Job) -> ConfigResult:
         weight_dtype=c.weight_dtype,
         max_num_seqs=c.max_num_seqs,
         max_num_batched_tokens=c.max_num_batched_tokens,
+        host_offload_gib=c.host_offload_gib or None,
         cost_source=None if job.price is None else job.price[1],
     )
     empty = dict(
@@ -257,7 +265,9 @@ def progress_line(r: ConfigResult) -> str:
     """One line per finished configuration (the search's progress)."""
     weights = "" if r.weight_dtype == "auto" else f" weights {r.weight_dtype}"
     shape = f" {r.disagg}" if r.disagg else f" x{r.tp}"
-    what = f"{r.gpu}{shape} kv {r.kv_cache_dtype}{weights} seqs {r.max_num_seqs} tokens {r.max_num_batched_tokens}"
+    host = f" host {r.host_offload_gib:g} GiB" if r.host_offload_gib else ""
+    limits = f"seqs {r.max_num_seqs} tokens {r.max_num_batched_tokens}{host}"
+    what = f"{r.gpu}{shape} kv {r.kv_cache_dtype}{weights} {limits}"
     if not r.feasible:
         return f"{what}: infeasible ({r.reason})"
     if not r.meets_slo:

@@ -64,6 +64,7 @@ class PlanRequest:
     decode_tp: tuple[int, ...] | None = None
     prefill_max_num_seqs: tuple[int, ...] | None = None
     prefill_max_num_batched_tokens: tuple[int, ...] | None = None
+    host_offload_gib: tuple[float, ...] = (0.0,)  # host KV tier sizes per replica (kvplan.optimize.plan_offload)
 
 
 @dataclass(frozen=True)
@@ -191,6 +192,7 @@ def plan_deployments(request: PlanRequest, progress: Progress = _silent, warn: W
             after plan.json is written, no configuration fits the model at all (field ``model``).
     """
     from kvplan.optimize.plan_disagg import disagg_verdict
+    from kvplan.optimize.plan_offload import check_sizes, offload_verdict, with_host_tiers
     from kvplan.optimize.plan_pool import search
     from kvplan.results.report.plan import write_plan
     from kvplan.results.store import check_out, create_run_dir
@@ -238,6 +240,12 @@ def plan_deployments(request: PlanRequest, progress: Progress = _silent, warn: W
     )
     if request.disagg:
         configs += _disagg_configs(request, configs, spec.resolve_model(model))
+    sizes = check_sizes(request.host_offload_gib)
+    if any(sizes):
+        if not spec.engine.enable_prefix_caching:
+            problem = "a host KV tier keeps prefix-cache blocks, and the engine section turns prefix caching off"
+            raise KvplanError("host_offload_gib", problem, "set engine.enable_prefix_caching: true, or give 0")
+        configs = with_host_tiers(configs, sizes)
     if not configs:
         raise KvplanError("tp", f"no --tp value is within --max-gpus {request.max_gpus}", "give a smaller --tp")
     engine_model = spec.engine.model
@@ -284,6 +292,7 @@ def plan_deployments(request: PlanRequest, progress: Progress = _silent, warn: W
         created=dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC"),
         windows=windows,
         disagg_verdict=disagg_verdict(results) if request.disagg else None,
+        offload_verdict=offload_verdict(results),
     )
     write_plan(run_dir, run)
     if pareto is not None:

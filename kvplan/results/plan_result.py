@@ -67,6 +67,11 @@ class ConfigResult(BaseModel):
     prefill_max_num_batched_tokens: int | None = Field(
         None, description="Each prefill worker's token budget per step; null: a replica."
     )
+    host_offload_gib: float | None = Field(
+        None,
+        description="GiB of host memory per replica kept as a KV offload tier (kvplan plan --host-offload-gib; the"
+        " engine section's engine.offload.host_gib); null: none (or a plan written before it existed).",
+    )
 
 
 class WindowResult(BaseModel):
@@ -127,6 +132,11 @@ class PlanRun(BaseModel):
         None,
         description="With --disagg: whether disaggregation pays at this load and why (the best unit against the best"
         " replica: cost, GPUs added or saved, TTFT P99 at capacity; kvplan.optimize.plan_disagg.disagg_verdict).",
+    )
+    offload_verdict: str | None = Field(
+        None,
+        description="With --host-offload-gib above 0: whether a host KV tier pays at this load and why (the best"
+        " configuration with a tier against the best without; kvplan.optimize.plan_offload.offload_verdict).",
     )
 
 

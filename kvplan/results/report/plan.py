@@ -64,6 +64,8 @@ def summary_markdown(run: PlanRun) -> str:
         lines += [f"{best.replicas} replica(s){unit}{note}:", "", "```bash", serve_command(run.model, best), "```"]
     if run.disagg_verdict:
         lines += ["", "## Disaggregation", "", run.disagg_verdict]
+    if run.offload_verdict:
+        lines += ["", "## Host offload", "", run.offload_verdict]
     if run.windows is not None:
         from kvplan.results.report.plan_view import windows_frame, windows_lines
 

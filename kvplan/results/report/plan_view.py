@@ -32,6 +32,8 @@ def serve_command(model: str, r: ConfigResult) -> str:
     if r.weight_dtype == "fp8":
         parts.append("--quantization fp8")
     parts.append("--gpu-memory-utilization 0.9")
+    if r.host_offload_gib:  # vLLM native CPU offloading, GiB (docs.vultr.com cookbook "KV Cache Offloading")
+        parts.append(f"--kv-offloading-backend native --kv-offloading-size {r.host_offload_gib:g}")
     if r.weight_dtype not in ("auto", "", "fp8"):
         parts.append(f"  # a {r.weight_dtype} checkpoint of the model")
     return " ".join(parts)
@@ -50,6 +52,7 @@ def plan_frame(results: list[ConfigResult], load: dict, top: int = 15) -> pd.Dat
             "weights": r.weight_dtype,
             "seqs": r.max_num_seqs,
             "tokens": r.max_num_batched_tokens,
+            "host GiB": r.host_offload_gib or 0,
             per: r.slo_max_request_rate if "rate" in load else r.slo_max_concurrency,
             "replicas": r.replicas,
             "GPUs": r.num_gpus,
@@ -64,6 +67,8 @@ def plan_frame(results: list[ConfigResult], load: dict, top: int = 15) -> pd.Dat
     frame = pd.DataFrame(rows)
     if "disagg" in frame and set(frame["disagg"]) == {""}:
         frame = frame.drop(columns="disagg")  # aggregated replicas only
+    if "host GiB" in frame and not frame["host GiB"].any():
+        frame = frame.drop(columns="host GiB")  # no host KV tier asked
     if "weights" in frame and set(frame["weights"]) == {"auto"}:
         frame = frame.drop(columns="weights")  # one weight dtype asked: the checkpoint's
     return frame
