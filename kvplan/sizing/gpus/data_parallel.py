@@ -21,7 +21,8 @@ Rules kvplan simulates with (one scheduler per instance, kvplan.run.sim.gpu_targ
   so the instance's are ``dp x`` them.
 - Step time: the ranks step in lockstep (the experts' all-to-all joins them every MoE layer), so
   an instance step lasts as long as its slowest rank's: the rank with the most work when the
-  step's sequences are spread as evenly as whole sequences allow (:func:`busiest_rank`).
+  step's decodes are spread as evenly as whole sequences allow and its prefill tokens as evenly
+  as chunked prefill allows (:func:`busiest_rank`).
   The MoE operations of that rank's step see every rank's tokens (aiconfigurator's scaling by
   ``attention_dp_size`` above); the roofline prices the same (kvplan.sizing.gpus.step_cost, ``dp``).
 """
@@ -89,29 +90,32 @@ class RankWork:
 
 def busiest_rank(work: Any, dp: int) -> Any:
     """The share of ``work`` (StepWork's counts over the whole instance) of its busiest DP rank:
-    ``ceil(n / dp)`` of the ``n`` decodes and ``ceil(m / dp)`` of the ``m`` prefill chunks, each at
-    the step's mean sizes (decode context, prefill tokens, cached context and query-key pairs per
-    chunk). ``dp`` 1 returns ``work`` itself.
+    ``ceil(n / dp)`` of the ``n`` decodes at their mean context, and of the ``P`` prefill tokens in
+    ``m`` chunks, ``ceil(P / min(m, dp))`` in ``ceil(m / dp)`` chunks: one mean chunk where there
+    are fewer chunks than ranks, else an even share, as each rank's own scheduler chunks its
+    prompts to fill its own token budget (the instance's budget is ``dp`` x a rank's). Cached
+    context and query-key pairs follow the tokens. ``dp`` 1 returns ``work`` itself.
 
     Example: 8 decodes over 4 ranks at 1,000 context tokens each: the rank prices 2 decodes and
     2,000 context tokens; 5 decodes over 4 ranks: 2 decodes (one rank gets two).
     """
     if dp == 1:
         return work
-    n, m = work.num_decode_tokens, work.num_prefill_seqs
+    n, m, p = work.num_decode_tokens, work.num_prefill_seqs, work.num_prefill_tokens
     rank_n, rank_m = -(-n // dp), -(-m // dp)
+    rank_p = -(-p // min(m, dp)) if m else 0
     decode_context = work.num_decode_context_tokens
-    if not decode_context and not work.num_prefill_tokens:
+    if not decode_context and not p:
         decode_context = work.num_context_tokens
     prefill_context = work.num_context_tokens - decode_context
+    decode_share = _share(decode_context, rank_n, n)
     return RankWork(
-        num_prefill_tokens=_share(work.num_prefill_tokens, rank_m, m),
+        num_prefill_tokens=rank_p,
         num_decode_tokens=rank_n,
         num_prefill_seqs=rank_m,
-        num_context_tokens=_share(decode_context, rank_n, n) + _share(prefill_context, rank_m, m),
-        num_attended_tokens=_share(max(work.num_attended_tokens - decode_context, 0), rank_m, m)
-        + _share(decode_context, rank_n, n),
-        num_decode_context_tokens=_share(decode_context, rank_n, n),
+        num_context_tokens=decode_share + _share(prefill_context, rank_p, p),
+        num_attended_tokens=_share(max(work.num_attended_tokens - decode_context, 0), rank_p, p) + decode_share,
+        num_decode_context_tokens=decode_share,
     )
 
 

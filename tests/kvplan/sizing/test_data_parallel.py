@@ -28,16 +28,20 @@ def test_a_batch_of_8_decodes_over_4_ranks_prices_a_rank_of_2():
     assert busiest_rank(work, 1) is work
 
 
-def test_prefill_chunks_spread_whole_over_the_ranks():
+def test_prefill_tokens_spread_as_chunked_prefill_allows():
     # 3 chunks of 1,000 new tokens (500 cached each) and 4 decodes at 100 context, over 2 ranks:
-    # the busiest rank has 2 chunks (2,000 new, 1,000 cached) and 2 decodes (200 context)
+    # the busiest rank computes half the 3,000 prefill tokens (each rank's scheduler chunks its
+    # prompts to its own budget) in 2 chunks, with half the cached context and pairs, and 2 decodes
     pairs_prefill = 3 * (500 * 1000 + 1000 * 1001 // 2)
     work = StepWork(3000, 4, 3, 3 * 1500 + 400, pairs_prefill + 400, 400)
     rank = busiest_rank(work, 2)
-    assert (rank.num_prefill_tokens, rank.num_prefill_seqs, rank.num_decode_tokens) == (2000, 2, 2)
-    assert rank.num_context_tokens == 2 * 1500 + 200
+    assert (rank.num_prefill_tokens, rank.num_prefill_seqs, rank.num_decode_tokens) == (1500, 2, 2)
+    assert rank.num_context_tokens == 4500 // 2 + 200
     assert rank.num_decode_context_tokens == 200
-    assert rank.num_attended_tokens == -(-pairs_prefill * 2 // 3) + 200
+    assert rank.num_attended_tokens == -(-pairs_prefill // 2) + 200
+    # 2 prompts of 4,096 over 4 ranks: fewer chunks than ranks, each whole on its own rank
+    two = busiest_rank(StepWork(8192, 0, 2, 8192, 2 * 4096 * 4097 // 2, 0), 4)
+    assert (two.num_prefill_tokens, two.num_prefill_seqs, two.num_context_tokens) == (4096, 1, 4096)
 
 
 class _Recorder:
