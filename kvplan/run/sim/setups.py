@@ -19,6 +19,7 @@ from kvplan.run.sim.calibration.store import Calibrated, Calibration
 from kvplan.run.sim.cost import ModelClock, StepClock
 from kvplan.run.sim.facts import simulated_facts
 from kvplan.run.sim.replay import ReplayClock
+from kvplan.sizing.gpus.offload import machine_tier_links
 from kvplan.workload.schema import Workload
 
 
@@ -63,7 +64,8 @@ class SimSetup:
 
 
 def calibrated_setup(workload: Workload, calibration: Calibration) -> SimSetup:
-    """The workload's engine, each step timed by ``calibration``'s model; for a calibration fitted
+    """The workload's engine, each step timed by ``calibration``'s model (with offload tiers on the
+    CPU, each step's loads priced by this machine's fitted copies: ``machine_tier_links``); for a calibration fitted
     on a server's run (``--calibrate`` of a ``--target`` run), on that server's pool: its usable
     blocks (kvplan.run.sim.calibration.store.server_pool) of its block size, each request reaching
     its scheduler the server's front-end latency after it is sent (``front_end_s``).
@@ -95,7 +97,11 @@ def calibrated_setup(workload: Workload, calibration: Calibration) -> SimSetup:
         },
     )
     lag = calibration.front_end_s
-    return SimSetup(facts, lambda: ModelClock(model, lag), info)
+    links = None
+    if (facts.offload_host_blocks or facts.offload_disk_blocks) and facts.device == "cpu":  # the bundled engine's
+        links = machine_tier_links(facts.bytes_per_block)
+        info = info.model_copy(update={"description": f"{info.description}; {links.describe()}"})
+    return SimSetup(facts, lambda: ModelClock(model, lag, links=links), info)
 
 
 def engine_setup(workload: Workload, calibrate: Path | None = None) -> tuple[SimSetup, Calibrated | None]:

@@ -96,3 +96,16 @@ def tier_links(gpu: str, bytes_per_block: int, disk: str = DISK_LINK) -> TierLin
     if host is None:
         raise KvplanError("gpu", f"{name} has no host link in the GPU table", "add its host_link to gpus.yaml")
     return TierLinks(lookup_link(host, "host_link"), lookup_link(disk, "disk_link"), bytes_per_block)
+
+
+MACHINE_LINKS = ("cpu-host-load", "cpu-disk-read")  # links.yaml: this machine's fitted copies
+
+
+def machine_tier_links(bytes_per_block: int) -> TierLinks:
+    """The bundled engine's own loads on this project's CPU machine (links.yaml ``cpu-host-load``:
+    a host slot read and written into the pool; ``cpu-disk-read``: a disk slot read), fitted as
+    setup + bytes / bandwidth by bench/offload_copy_fit.py (date and machine in their sources)."""
+    from kvplan.sizing.gpus.links import lookup_link
+
+    host, disk = (lookup_link(name) for name in MACHINE_LINKS)
+    return TierLinks(host, disk, bytes_per_block)

@@ -145,3 +145,29 @@ def test_offload_without_room_for_one_block_is_named(tmp_path):
         simulated_facts(load_workload(tmp_path / "w.yaml"), "cpu", "torch")
     assert err.value.field == "engine.offload.host_gib"
     assert "2,048 bytes" in err.value.problem
+
+
+def test_the_calibrated_clock_prices_loads_by_this_machines_fitted_copies(tmp_path):
+    """Under the shipped CPU calibration a step's loads cost this machine's fitted copies
+    (links.yaml cpu-host-load and cpu-disk-read, bench/offload_copy_fit.py): the step's calibrated
+    time + the disk leg + the host leg (kvplan.sizing.gpus.offload.TierLinks)."""
+    from kvplan.run.sim.cost import StepWork
+    from kvplan.run.sim.setups import engine_setup
+    from kvplan.sizing.gpus.links import lookup_link
+
+    (tmp_path / "w.yaml").write_text(SESSIONS.format(engine=ENGINE.format(num_blocks=16, disk=tmp_path)))
+    workload = load_workload(tmp_path / "w.yaml")
+    setup = engine_setup(workload)[0]
+    assert "cpu-host-load" in setup.cost_model.description
+    run = load_run(simulate(workload, setup, tmp_path / "sim", search=False))
+    host, disk = lookup_link("cpu-host-load"), lookup_link("cpu-disk-read")
+    cost = setup.clock().cost
+    loaded = [s for s in run.steps if s.num_host_loads or s.num_disk_loads]
+    assert any(s.num_disk_loads for s in loaded)
+    for s in run.steps:
+        extra = 0.0
+        if s.num_disk_loads:
+            extra += disk.setup_s + s.num_disk_loads * BLOCK_BYTES / disk.bytes_per_s
+        if s.num_host_loads or s.num_disk_loads:
+            extra += host.setup_s + (s.num_host_loads + s.num_disk_loads) * BLOCK_BYTES / host.bytes_per_s
+        assert s.end_time - s.start_time == pytest.approx(cost.step_seconds(StepWork.of(s)) + extra, rel=1e-9)
