@@ -64,8 +64,9 @@ def advise(
 
     def setup_for(changed: Workload, alt_kv: str | None) -> SimSetup:
         """A GPU target is set up anew per alternative; the workload's engine keeps the base
-        calibration's clock unless its KV dtype changes (which has a calibration of its own) or
-        either is disaggregated (two pools: set up anew)."""
+        calibration's clock unless its KV dtype changes (which has a calibration of its own), its
+        offload tiers change (the clock prices their loads) or either is disaggregated (two pools:
+        set up anew)."""
 
         def setup(kv: str, calibration: Path | None) -> SimSetup:
             return setups_for(
@@ -83,7 +84,8 @@ def advise(
         if on_gpu:
             return setup(alt_kv or kv_cache_dtype, None)
         same_kv = changed.engine.kv_cache_dtype == spec.engine.kv_cache_dtype
-        if base and same_kv and changed.engine.disagg is None and base[0].make_backend is None:
+        same_tiers = changed.engine.offload == spec.engine.offload
+        if base and same_kv and same_tiers and changed.engine.disagg is None and base[0].make_backend is None:
             facts = simulated_facts(changed, base[0].facts.device, base[0].facts.attention_backend)
             return base[0].with_facts(facts)
         own = setup(kv_cache_dtype, calibrate)
