@@ -98,6 +98,10 @@ class RequestRecord:
     # a disaggregated deployment: seconds the prompt's KV took to move from its prefill worker to its
     # decode worker (admission to arrival, setup included); None: served aggregated
     kv_transfer_s: float | None = None
+    # when the load driver handed the request to its backend, on the run's clock (at or after
+    # arrival_time; an HTTP target's then goes out at sent_time); what lets a replayed simulation
+    # submit it before the same step (kvplan.run.sim.replay); None in runs recorded before it existed
+    submit_time: float | None = None
 
     @property
     def key(self) -> LevelKey:

@@ -231,14 +231,15 @@ class Recorder:
         advance: Callable[..., None] = lambda *args: None,
     ):
         self.writer, self.level, self.kv_sizes, self.advance = writer, level, kv_sizes, advance
-        self.submitted: dict[str, tuple[SampledRequest, str]] = {}  # request id -> (request, cache salt)
+        # request id -> (request, cache salt, when the driver submitted it on the backend's clock)
+        self.submitted: dict[str, tuple[SampledRequest, str, float]] = {}
 
     def record(self, finished: list[Finished], steps: Sequence[Any]) -> None:
         key = self.level.key
         for stats in steps:
             self.writer.write_step(StepRecord.from_stats(key, stats, **self.kv_sizes(stats)))
         for out in finished:
-            req, salt = self.submitted.pop(out.request_id)
+            req, salt, submitted_at = self.submitted.pop(out.request_id)
             self.writer.write_request(
                 RequestRecord(
                     **{name: getattr(out, name) for name in field_names(type(out))},
@@ -251,6 +252,7 @@ class Recorder:
                     session=req.session,
                     turn=req.turn,
                     tenant_name=req.admission_tenant,
+                    submit_time=submitted_at,
                 )
             )
             self.advance(out, len(self.submitted))
@@ -278,7 +280,7 @@ def run_level(backend: Backend, level: Level, recorder: Recorder, seed: int) -> 
         def send(index: int, arrival: float | None) -> str:
             req = requests[index]
             rid, salt = f"{key.id}/{index}", cache_salt(key, index, req)  # the level's salt for every turn
-            recorder.submitted[rid] = (req, salt)
+            recorder.submitted[rid] = (req, salt, backend.now())
             submission = Submission(rid, tuple(req.prompt_token_ids), req.max_tokens, seed + index, salt, arrival)
             backend.submit(replace(submission, output_token_ids=req.reply_token_ids, tenant=req.admission_tenant))
             return rid
@@ -309,7 +311,7 @@ def run_level(backend: Backend, level: Level, recorder: Recorder, seed: int) -> 
         index = 0 if sent < copies else sent - copies  # the request list from its start after copies
         req = requests[index % num]
         rid, salt = f"{key.id}/{sent}", round_salt(cache_salt(key, index, req), index, num)
-        recorder.submitted[rid] = (req, salt)
+        recorder.submitted[rid] = (req, salt, backend.now())
         tenant = req.admission_tenant
         ids = tuple(req.prompt_token_ids)  # a trace's prompt is built here (kvplan.traffic.trace.TracePrompt)
         backend.submit(Submission(rid, ids, req.max_tokens, seed + sent, salt, arrival, tenant=tenant))

@@ -6,20 +6,24 @@ steps as they did on the engine, and any difference between the two runs is the 
 replay's, not the cost model's. Closed-loop levels never depend on the clock.
 
 Which arrivals joined step k? On the engine the driver read its clock once between step k-1's
-end and step k's start and submitted every request that had arrived by then. That reading is not
-recorded, but it lies at or after ``check_k``, the later of step k-1's end and the latest arrival
-among the requests first scheduled in step k (they were submitted before it), and before any
-arrival that was not submitted (those arrived after the reading)::
+end and step k's start and submitted every request that had arrived by then. That reading lies
+at or after ``check_k``, the later of step k-1's end and the latest arrival among the requests
+submitted in that gap (each record's ``submit_time``; in runs recorded before it existed, those
+first scheduled in step k, which were submitted before it), and before any arrival that was not
+submitted (those arrived after the reading)::
 
-    measured:  end(k-1) ... a_i (first scheduled at k) ... driver reads clock ... start(k) ... a_j
+    measured:  end(k-1) ... a_i (submitted before k) ... driver reads clock ... start(k) ... a_j
     replay:    arrivals <= check_k join step k; later ones wait for step k+1
 
-A request that arrived inside that window but could not be admitted at step k changes only that
-step's count of waiting requests.
+A request submitted in that gap but not admitted at step k still joins the waiting queue before
+step k, in the same place as on the engine: without its submit time the replay deferred it past
+requests submitted at step k's end, and a multi-turn level with think times of milliseconds could
+then admit turns in another order.
 """
 
 from __future__ import annotations
 
+from bisect import bisect_right
 from collections import defaultdict
 from collections.abc import Sequence
 
@@ -46,12 +50,18 @@ class ReplayClock:
             self._steps[s.key.id].append((s.start_time, s.end_time))
         self._t0: dict[str, float] = {}
         self._joined: dict[tuple[str, float], float] = {}  # (level, step start) -> latest arrival first scheduled there
+        starts = {level: [start for start, _ in steps] for level, steps in self._steps.items()}
         for r in requests:
             level = r.key.id
             self._t0[level] = min(self._t0.get(level, r.arrival_time), r.arrival_time)
-            if r.first_scheduled_time is not None:
-                at = (level, r.first_scheduled_time)
-                self._joined[at] = max(self._joined.get(at, r.arrival_time), r.arrival_time)
+            joined = [r.first_scheduled_time]  # submitted before the step that first scheduled it
+            if r.submit_time is not None:  # ... and before the first step that started after its submission
+                k = bisect_right(starts.get(level, []), r.submit_time)
+                joined.append(starts[level][k] if k < len(starts.get(level, [])) else None)
+            for start in joined:
+                if start is not None:
+                    at = (level, start)
+                    self._joined[at] = max(self._joined.get(at, r.arrival_time), r.arrival_time)
         self._level, self._k, self._shift = "", 0, 0.0
 
     def begin_level(self, level_id: str, now: float) -> None:
