@@ -115,14 +115,21 @@ def disagg_verdict(ranked: Sequence[ConfigResult]) -> str | None:
         return "disaggregation does not pay: no disaggregated configuration meets the SLO at this load"
     if agg is None:
         return f"disaggregation pays: {_said(dis)}; no aggregated configuration meets the SLO at this load"
+    verb = pays(dis, agg)
     assert dis.num_gpus is not None and agg.num_gpus is not None  # both meet the SLO
-    cost: tuple[float, float] = (dis.num_gpus, agg.num_gpus)  # unpriced: by GPU count
-    if dis.usd_per_hour is not None and agg.usd_per_hour is not None:
-        cost = (dis.usd_per_hour, agg.usd_per_hour)
-    verb = "pays" if cost[0] < cost[1] else "breaks even" if cost[0] == cost[1] else "does not pay"
     more = dis.num_gpus - agg.num_gpus
     gpus = f"{more} GPU(s) more" if more > 0 else f"{-more} GPU(s) fewer" if more < 0 else "as many GPUs"
     return f"disaggregation {verb}: {_said(dis)} against aggregated {_said(agg)}: {gpus}"
+
+
+def pays(option: ConfigResult, other: ConfigResult) -> str:
+    """ "pays", "breaks even" or "does not pay": whether ``option``'s deployment costs less per hour
+    than ``other``'s (both meeting the SLO; either unpriced: by GPU count)."""
+    assert option.num_gpus is not None and other.num_gpus is not None  # both meet the SLO
+    cost: tuple[float, float] = (option.num_gpus, other.num_gpus)
+    if option.usd_per_hour is not None and other.usd_per_hour is not None:
+        cost = (option.usd_per_hour, other.usd_per_hour)
+    return "pays" if cost[0] < cost[1] else "breaks even" if cost[0] == cost[1] else "does not pay"
 
 
 def _said(r: ConfigResult) -> str:

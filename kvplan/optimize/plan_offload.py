@@ -20,6 +20,7 @@ from dataclasses import replace
 
 from kvplan.errors import KvplanError
 from kvplan.optimize.plan import Config
+from kvplan.optimize.plan_disagg import pays
 from kvplan.results.plan_result import ConfigResult
 
 
@@ -58,11 +59,8 @@ def offload_verdict(ranked: Sequence[ConfigResult]) -> str | None:
         return "host offload does not pay: no configuration with a host tier meets the SLO at this load"
     if plain is None:
         return f"host offload pays: {_said(tiered)}; none without a host tier meets the SLO at this load"
+    verb = pays(tiered, plain)
     assert tiered.num_gpus is not None and plain.num_gpus is not None  # both meet the SLO
-    cost: tuple[float, float] = (tiered.num_gpus, plain.num_gpus)
-    if tiered.usd_per_hour is not None and plain.usd_per_hour is not None:
-        cost = (tiered.usd_per_hour, plain.usd_per_hour)
-    verb = "pays" if cost[0] < cost[1] else "breaks even" if cost[0] == cost[1] else "does not pay"
     fewer = plain.num_gpus - tiered.num_gpus
     gpus = f"{fewer} GPU(s) fewer" if fewer > 0 else f"{-fewer} GPU(s) more" if fewer < 0 else "as many GPUs"
     return f"host offload {verb}: {_said(tiered)} against no host tier {_said(plain)}: {gpus}"
