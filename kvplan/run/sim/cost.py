@@ -12,11 +12,17 @@ is no step: a clock's ``submit_lag_s`` is the seconds a request takes from its c
 the server's scheduler (and its tokens back), 0 for the bundled engine stepped in process.
 
 ``ModelClock`` is that clock for any cost model (the calibrated one, the GPU roofline);
-``kvplan.run.sim.replay.ReplayClock`` replays a measured run's own step times instead.
+``kvplan.run.sim.replay.ReplayClock`` replays a measured run's own step times instead. A server's
+steps seen from its client scatter about the fitted model (its own stalls, its processes sharing
+the CPU): ``StepJitter`` adds to each step a residual drawn from the ones measured, so that
+latencies made of one or two steps (TTFT) see a typical step and those averaged over many (TPOT)
+the mean one, as on the server.
 """
 
 from __future__ import annotations
 
+import random
+import zlib
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -86,28 +92,60 @@ class StepClock(Protocol):
         """When a step of ``work`` that started at ``start`` ends."""
 
 
+@dataclass(frozen=True)
+class StepJitter:
+    """The measured steps' residuals about a fitted model, s: ``quantiles``, the 0th to 100th
+    percentile (101 values, ascending; kvplan.run.sim.calibration.client_steps.step_jitter). A
+    clock draws one per step by inverse transform sampling (a uniform u in [0, 1), linear between
+    neighbouring percentiles), from a stream seeded by the level's id alone, so a level's draws
+    are the same in every run and whichever probes ran before it."""
+
+    quantiles: tuple[float, ...]
+
+    def stream(self, level_id: str) -> random.Random:
+        """The level's own random stream (seeded by the CRC-32 of its id)."""
+        return random.Random(zlib.crc32(level_id.encode()))
+
+    def draw(self, rng: random.Random) -> float:
+        """One residual, s."""
+        q = self.quantiles
+        x = rng.random() * (len(q) - 1)
+        i = int(x)
+        return q[i] + (x - i) * (q[i + 1] - q[i])
+
+
 class ModelClock:
     """A ``StepClock`` from a cost model: each step starts ``gap_s`` after the previous one ended
     (arrivals until then join it) and lasts ``step_seconds(work)``; requests reach the scheduler
     ``submit_lag_s`` after they arrive (>= 0; a server's front end, fitted by
     kvplan.run.sim.calibration.client_steps.front_end_seconds). With ``links``
     (kvplan.sizing.gpus.offload.TierLinks), a step that loads blocks back from offload tiers lasts
-    their ``load_seconds`` longer: the loads are on its critical path (stores are not)."""
+    their ``load_seconds`` longer: the loads are on its critical path (stores are not). With
+    ``jitter`` (a server's calibration), each step lasts its model's seconds plus a drawn residual,
+    at least 0, drawn once per step taken in the order the steps are taken."""
 
-    def __init__(self, cost: CostModel, submit_lag_s: float = 0.0, links: Any = None):
+    def __init__(self, cost: CostModel, submit_lag_s: float = 0.0, links: Any = None, jitter: StepJitter | None = None):
         self.cost = cost
         self.submit_lag_s = submit_lag_s
         self.links = links
+        self.jitter = jitter
+        self._rng: random.Random | None = None
 
     def begin_level(self, level_id: str, now: float) -> None:
-        pass
+        if self.jitter is not None:
+            self._rng = self.jitter.stream(level_id)
 
     def next_start(self, now: float) -> tuple[float, float]:
         start = now + self.cost.gap_s
         return start, start
 
     def step_end(self, start: float, work: StepWork) -> float:
-        end = start + self.cost.step_seconds(work)
+        seconds = self.cost.step_seconds(work)
+        if self.jitter is not None:
+            if self._rng is None:
+                self._rng = self.jitter.stream("")
+            seconds = max(seconds + self.jitter.draw(self._rng), 0.0)
+        end = start + seconds
         if self.links is not None and (work.num_host_loads or work.num_disk_loads):
             end += self.links.load_seconds(work.num_host_loads, work.num_disk_loads)
         return end

@@ -16,7 +16,7 @@ from kvplan.results.simulated import CostModelInfo
 from kvplan.run.driver import Level
 from kvplan.run.sim.calibration import store as calibrations
 from kvplan.run.sim.calibration.store import Calibrated, Calibration
-from kvplan.run.sim.cost import ModelClock, StepClock
+from kvplan.run.sim.cost import ModelClock, StepClock, StepJitter
 from kvplan.run.sim.facts import simulated_facts
 from kvplan.run.sim.replay import ReplayClock
 from kvplan.sizing.gpus.offload import machine_tier_links
@@ -68,7 +68,9 @@ def calibrated_setup(workload: Workload, calibration: Calibration) -> SimSetup:
     CPU, each step's loads priced by this machine's fitted copies: ``machine_tier_links``); for a calibration fitted
     on a server's run (``--calibrate`` of a ``--target`` run), on that server's pool: its usable
     blocks (kvplan.run.sim.calibration.store.server_pool) of its block size, each request reaching
-    its scheduler the server's front-end latency after it is sent (``front_end_s``).
+    its scheduler the server's front-end latency after it is sent (``front_end_s``), each step
+    its model's seconds plus a residual drawn from the server's measured ones (``jitter_s``,
+    kvplan.run.sim.cost.StepJitter).
 
     Raises:
         KvplanError: a calibration of another engine (``engine.<field>``), or engine settings the
@@ -94,14 +96,16 @@ def calibrated_setup(workload: Workload, calibration: Calibration) -> SimSetup:
             "coefficients": model.coefficients,
             "gap_s": model.gap_s,
             "front_end_s": calibration.front_end_s,
+            **({"step_jitter_s": list(calibration.jitter_s)} if calibration.jitter_s else {}),
         },
     )
     lag = calibration.front_end_s
+    jitter = StepJitter(calibration.jitter_s) if calibration.jitter_s else None
     links = None
     if (facts.offload_host_blocks or facts.offload_disk_blocks) and facts.device == "cpu":  # the bundled engine's
         links = machine_tier_links(facts.bytes_per_block)
         info = info.model_copy(update={"description": f"{info.description}; {links.describe()}"})
-    return SimSetup(facts, lambda: ModelClock(model, lag, links=links), info)
+    return SimSetup(facts, lambda: ModelClock(model, lag, links=links, jitter=jitter), info)
 
 
 def engine_setup(workload: Workload, calibrate: Path | None = None) -> tuple[SimSetup, Calibrated | None]:

@@ -30,6 +30,8 @@ from collections import defaultdict
 from collections.abc import Sequence
 from statistics import median
 
+import numpy as np
+
 from kvplan.results.records import RequestRecord
 from kvplan.run.sim.calibration.fit import LinearStepCost, StepSample
 from kvplan.run.sim.cost import StepWork
@@ -106,11 +108,29 @@ def _level_steps(level: str, records: Sequence[RequestRecord], lag: float) -> li
     return out
 
 
-def front_end_seconds(requests: Sequence[RequestRecord], model: LinearStepCost) -> float:
+def step_jitter(samples: Sequence[StepSample], model: LinearStepCost) -> tuple[float, ...]:
+    """The residuals of ``samples`` about ``model`` (measured seconds - the model's), s, as their
+    0th to 100th percentiles (numpy's linear interpolation; 101 values, ascending): the scatter of a
+    server's steps that a fit of their mean leaves out (kvplan.run.sim.cost.StepJitter).
+
+    Raises:
+        ValueError: no samples.
+    """
+    if not samples:
+        raise ValueError("no steps to read the jitter from")
+    residuals = [s.seconds - model.step_seconds(s.work) for s in samples]
+    return tuple(float(v) for v in np.percentile(residuals, np.arange(101)))
+
+
+def front_end_seconds(
+    requests: Sequence[RequestRecord], model: LinearStepCost, jitter: Sequence[float] | None = None
+) -> float:
     """The server's front-end latency, s (module docstring): the median over the requests that
     were alone on the server from their send to their first token (no other request of their level
-    in flight) of TTFT - ``model``'s seconds for a step prefilling their prompt alone; 0 where no
-    request was alone or the median is negative."""
+    in flight) of TTFT - ``model``'s seconds for a step prefilling their prompt alone, less the
+    median residual of ``jitter`` (``step_jitter``'s percentiles: such a step took the model's
+    seconds plus a residual, and the median of a constant plus a residual is the constant plus the
+    residual's median); 0 where no request was alone or that is negative."""
     by_level: dict[str, list[RequestRecord]] = defaultdict(list)
     for r in requests:
         if r.token_times:
@@ -127,4 +147,5 @@ def front_end_seconds(requests: Sequence[RequestRecord], model: LinearStepCost) 
             if busy_until <= sent[i] and next_sent >= first:
                 lags.append(first - sent[i] - model.step_seconds(_prefill(r.num_prompt_tokens, r.num_cached_tokens)))
             busy_until = max(busy_until, r.token_times[-1])
-    return max(median(lags), 0.0) if lags else 0.0
+    typical = jitter[len(jitter) // 2] if jitter else 0.0
+    return max(median(lags) - typical, 0.0) if lags else 0.0

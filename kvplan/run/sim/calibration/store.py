@@ -36,7 +36,9 @@ class Calibration:
     """A fitted step-time model and what it is valid for. ``engine``: ENGINE_KEYS -> the
     measured run's values; ``source``: the run it came from; ``machine``: where it ran;
     ``front_end_s``: a server's front-end latency (s; kvplan.run.sim.calibration.client_steps),
-    0 for the bundled engine measured in process."""
+    0 for the bundled engine measured in process; ``jitter_s``: a server's step residuals, s, as
+    101 percentiles (client_steps.step_jitter; empty for the bundled engine, whose in-process
+    steps the model fits closely)."""
 
     name: str
     model: LinearStepCost
@@ -46,6 +48,7 @@ class Calibration:
     r2: float
     num_steps: int
     front_end_s: float = 0.0
+    jitter_s: tuple[float, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -118,7 +121,7 @@ def _from_server_run(run_dir: str | Path, data) -> Calibrated:
     the server, its block size, ``num_gpu_blocks`` and ``usable_blocks`` (``server_pool``); the
     model, dtypes and scheduler limits are the workload's (its ``engine:`` section, set to the
     server's ``--max-num-seqs`` and ``--max-num-batched-tokens``)."""
-    from kvplan.run.sim.calibration.client_steps import client_samples, front_end_seconds
+    from kvplan.run.sim.calibration.client_steps import client_samples, front_end_seconds, step_jitter
 
     result = data.result
     server = result.server
@@ -129,10 +132,12 @@ def _from_server_run(run_dir: str | Path, data) -> Calibrated:
             "calibrate on a run against a server that exports its pool (vLLM, SGLang)",
         )
     try:  # a client's steps: their mean is what its latencies see; fitted again once the front end is known
-        fit = fit_samples(client_samples(data.requests), mean=True)
-        lag = front_end_seconds(data.requests, fit.model)
+        samples = client_samples(data.requests)
+        fit = fit_samples(samples, mean=True)
+        lag = front_end_seconds(data.requests, fit.model, step_jitter(samples, fit.model))
         samples = client_samples(data.requests, lag)
         fit = fit_samples(samples, mean=True)
+        jitter = step_jitter(samples, fit.model)
     except ValueError as err:
         raise KvplanError("calibrate", f"{run_dir}: {err}", "run a load test with more requests") from None
     engine: dict[str, object] = {key: None for key in ENGINE_KEYS}
@@ -153,6 +158,7 @@ def _from_server_run(run_dir: str | Path, data) -> Calibrated:
         fit.r2,
         fit.num_steps,
         lag,
+        jitter,
     )
     return Calibrated(calibration, fit, samples, [])
 
@@ -249,6 +255,7 @@ def load(path: Path) -> Calibration:
         data["r2"],
         data["num_steps"],
         data.get("front_end_s", 0.0),
+        tuple(data.get("jitter_s", ())),
     )
 
 
@@ -269,6 +276,7 @@ def save(calibration: Calibration, samples: list[StepSample], folder: Path = DAT
                 "coefficients": c.model.coefficients,
                 "gap_s": c.model.gap_s,
                 "front_end_s": c.front_end_s,
+                **({"jitter_s": list(c.jitter_s)} if c.jitter_s else {}),
                 "features": list(FEATURES),
                 "steps_file": f"{c.name}.steps.csv.gz",
             },

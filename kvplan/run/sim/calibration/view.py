@@ -16,7 +16,14 @@ def print_calibration(calibrated: Calibrated, console) -> None:
         f"calibration: {calibration.source}: R² {fit.r2:.3f} over {fit.num_steps:,} steps "
         f"({fit.num_outliers} outliers dropped); step = {model.intercept_s * 1e3:.2f} ms + {terms} each;"
         f" gap {model.gap_s * 1e3:.2f} ms"
-        + (f"; front end {calibration.front_end_s * 1e3:.1f} ms" if calibration.front_end_s else ""),
+        + (f"; front end {calibration.front_end_s * 1e3:.1f} ms" if calibration.front_end_s else "")
+        + (
+            "; step jitter P10/P50/P90 "
+            + "/".join(f"{calibration.jitter_s[p] * 1e3:+.1f}" for p in (10, 50, 90))
+            + " ms (drawn per step)"
+            if calibration.jitter_s
+            else ""
+        ),
         markup=False,
         highlight=False,
         soft_wrap=True,

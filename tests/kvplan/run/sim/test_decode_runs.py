@@ -8,7 +8,9 @@ where they sit, the free queue's order, evictions) are the same with runs taken 
 without."""
 
 from dataclasses import asdict, replace
+from types import SimpleNamespace
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -139,10 +141,12 @@ def cases(draw):
     return engine, requests, mode, value, plan, lag, admission
 
 
-def run(engine: EngineFacts, requests, mode, value, plan, lag, admission=None, *, decode_runs: bool) -> _Capture:
+def run(
+    engine: EngineFacts, requests, mode, value, plan, lag, admission=None, *, decode_runs: bool, jitter=None
+) -> _Capture:
     level = Level(LevelKey("b", mode, value, ""), 0, tuple(requests), plan)
     capture = _Capture(level)
-    backend = SimBackend(engine, ModelClock(COST, lag), decode_runs=decode_runs, admission=admission)
+    backend = SimBackend(engine, ModelClock(COST, lag, jitter=jitter), decode_runs=decode_runs, admission=admission)
     run_level(backend, level, capture, seed=0)
     capture.pool = pool_state(backend)
     capture.batches = [len(steps) for steps in capture.batches]
@@ -200,6 +204,32 @@ def test_a_long_decode_level_is_taken_in_runs():
     assert fast.steps == slow.steps and fast.finished == slow.finished and fast.pool == slow.pool
     decode_only = sum(s["num_prefill_tokens"] == 0 for s in slow.steps)
     assert decode_only > 0.9 * len(slow.steps)
+
+
+def test_a_jittered_clock_draws_the_same_residual_for_each_step_in_runs_as_step_by_step():
+    """A server calibration's step jitter (kvplan.run.sim.cost.StepJitter, skewed like vLLM's on a
+    CPU: most steps 5 ms short, a tenth up to 40 ms long) on a long decode level with a front end:
+    the runs draw one residual per step, in step order, as stepping one by one does; each step
+    lasts the cost model's seconds plus the level stream's next draw (at least 0), by hand."""
+    from kvplan.run.sim.cost import StepJitter, StepWork
+
+    jitter = StepJitter(tuple([-5e-3] * 90 + [i * 4e-3 for i in range(11)]))
+    engine = facts(16, 4096, 64, 8192, False)
+    requests = [SampledRequest(tuple(range(i % 50 + 10)), 120, "random") for i in range(64)]
+    case = (engine, requests, "closed", 16, None, 2e-3)
+    fast = run(*case, decode_runs=True, jitter=jitter)
+    slow = run(*case, decode_runs=False, jitter=jitter)
+    assert fast.steps == slow.steps and fast.finished == slow.finished and fast.pool == slow.pool
+    assert max(fast.batches) > 10
+    stream = jitter.stream(LevelKey("b", "closed", 16, "").id)
+    for step in slow.steps:
+        work = StepWork.of(SimpleNamespace(**step))
+        want = max(COST.step_seconds(work) + jitter.draw(stream), 0.0)
+        assert step["end_time"] - step["start_time"] == pytest.approx(want, abs=1e-12)
+    plain = run(*case, decode_runs=True)
+    assert sum(s["end_time"] - s["start_time"] for s in plain.steps) != pytest.approx(
+        sum(s["end_time"] - s["start_time"] for s in fast.steps)
+    )
 
 
 def test_a_front_end_delays_a_request_to_the_next_step_boundary_after_it_reaches_the_scheduler():

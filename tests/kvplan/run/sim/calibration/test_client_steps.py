@@ -3,13 +3,14 @@ against the engine's scheduler itself: a simulated run on a known linear step co
 its steps and its requests' token times; the steps read back from the token times alone must be
 those steps, work and seconds, and the fit on them must give back the known cost."""
 
+import numpy as np
 import pytest
 
 from kvplan.results.run_result import load_run
 from kvplan.results.simulated import CostModelInfo
 from kvplan.run.sim.calibration.client_steps import client_samples, client_steps
 from kvplan.run.sim.calibration.fit import FEATURES, LinearStepCost, fit_samples
-from kvplan.run.sim.cost import ModelClock, StepWork
+from kvplan.run.sim.cost import ModelClock, StepJitter, StepWork
 from kvplan.run.sim.facts import simulated_facts
 from kvplan.run.sim.run import simulate
 from kvplan.run.sim.setups import SimSetup
@@ -33,7 +34,7 @@ def simulated(tmp_path_factory):
     return _simulate(tmp_path_factory.mktemp("sim") / "run", 0.0)
 
 
-def _simulate(run_dir, lag: float):
+def _simulate(run_dir, lag: float, jitter=None):
     workload = Workload.model_validate(
         {
             "name": "client-steps",
@@ -60,7 +61,7 @@ def _simulate(run_dir, lag: float):
     )
     setup = SimSetup(
         simulated_facts(workload, "cpu", "torch"),
-        lambda: ModelClock(KNOWN, lag),
+        lambda: ModelClock(KNOWN, lag, jitter=jitter),
         CostModelInfo(kind="calibrated", description="known"),
     )
     return load_run(simulate(workload, setup, run_dir, search=False))
@@ -159,3 +160,39 @@ def test_with_a_front_end_the_steps_read_back_are_still_the_engine_s(lagged):
     assert fit.model.intercept_s == pytest.approx(KNOWN.intercept_s, rel=1e-6)
     for name in FEATURES:
         assert fit.model.coefficients.get(name, 0.0) == pytest.approx(KNOWN.coefficients[name], rel=1e-6), name
+
+
+# a server's steps on a CPU: most 0.5 ms short of the mean, a tenth up to 4 ms long
+JITTER = StepJitter(tuple([-5e-4] * 90 + [i * 4e-4 for i in range(11)]))
+
+
+@pytest.fixture(scope="module")
+def jittered(tmp_path_factory):
+    """The lagged requests again, each step lasting ``KNOWN``'s seconds plus a ``JITTER`` draw."""
+    return _simulate(tmp_path_factory.mktemp("jittered") / "run", LAG, JITTER)
+
+
+def test_the_jitter_read_back_is_that_of_the_simulated_steps(jittered):
+    """Each step read back from the token times lasted KNOWN's seconds plus the residual the
+    clock drew for it: the percentiles ``step_jitter`` gives are those of the drawn residuals of
+    the same steps, matched by their end times in the simulation's own step records."""
+    from kvplan.run.sim.calibration.client_steps import step_jitter
+
+    drawn = {s.end_time: s.end_time - s.start_time - KNOWN.step_seconds(StepWork.of(s)) for s in jittered.steps}
+    read = client_steps(jittered.requests, LAG)
+    assert len(read) > 100
+    residuals = [drawn[min(drawn, key=lambda t: abs(t - end))] for end, _ in read]
+    quantiles = step_jitter([sample for _, sample in read], KNOWN)
+    assert quantiles == pytest.approx(tuple(np.percentile(residuals, np.arange(101))), abs=1e-9)
+    assert quantiles[50] == pytest.approx(-5e-4, abs=1e-9) and quantiles[100] <= 4e-3 + 1e-9
+
+
+def test_the_front_end_is_read_back_under_jitter_once_the_typical_residual_is_taken_off(jittered):
+    """A request alone on the server waits LAG, then a prefill step of KNOWN's seconds plus a
+    residual whose median is JITTER's (-0.5 ms): TTFT - the model's prefill step has median
+    LAG - 0.5 ms, and taking the jitter's median off gives LAG back (to the draws' spread at the
+    median, which is 0 here: most residuals are exactly -0.5 ms)."""
+    from kvplan.run.sim.calibration.client_steps import front_end_seconds
+
+    assert front_end_seconds(jittered.requests, KNOWN) == pytest.approx(LAG - 5e-4, abs=1e-9)
+    assert front_end_seconds(jittered.requests, KNOWN, JITTER.quantiles) == pytest.approx(LAG, abs=1e-9)
