@@ -10,9 +10,13 @@ prefill chunks; engine.config's ``prefill_first`` admits in steps of their own) 
 the run needs, the scheduler's choice is the same each step: every running request, one token
 each, in admission order, a new block for each request whose next token crosses a block
 boundary; the waiting ones wait. So ``k`` such
-steps can be taken together: per step only the blocks, the clock and the step's stats are
-computed; each request's counters, output ids and token times are brought forward once at the
-end. A run stops before the step in which a request would finish, before a step an arrival
+steps can be taken together, with no work per step but each step's times: request i takes a
+block at steps ``first_i + m x block_size``, so how many blocks each step takes, and the step that
+would take more than the pool gives, follow from each request's first; the clock gives the run's
+step times in one call where it can (``decode_times``: the step-time model over the run's
+contexts at once); the steps come back as one ``engine.outputs.DecodeRunSteps`` (each step's
+StepStats built only where it is read); each request's counters, output ids and token times are
+brought forward once at the end. A run stops before the step in which a request would finish, before a step an arrival
 (``until``) would join, and before a step the free blocks could not supply; the backend then takes
 that step through the scheduler itself; with offload tiers on (engine.offload) it stops too before
 a step whose block take would evict a cached block (a store), so stores are counted step by step.
@@ -30,11 +34,12 @@ least 200 of them, with preemption, chunked prefill and prefix caching).
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from collections.abc import Callable
 from typing import Any, Protocol
 
 from engine.block_manager import BlockManager
-from engine.outputs import StepStats
+from engine.outputs import DecodeRunSteps
 from engine.request import Request
 from engine.scheduler import Scheduler
 
@@ -45,7 +50,12 @@ SIMULATED_TOKEN_ID = (
 
 
 class RunClock(Protocol):
-    """Where steps sit on a virtual clock, seconds (kvplan.run.sim.cost.StepClock)."""
+    """Where steps sit on a virtual clock, seconds (kvplan.run.sim.cost.StepClock). A clock may also
+    have ``decode_times(now, n, context0, k)``: the (checks, starts, ends) of ``k`` decode-only
+    steps after ``now`` (step j: ``n`` decodes over ``context0 + n x j`` context tokens), each
+    equal to what ``next_start`` and ``step_end`` give step by step (kvplan.run.sim.cost.ModelClock),
+    or None where only step by step will do (a clock drawing a residual per step taken); a run
+    then asks it once per stretch instead of twice per step."""
 
     def next_start(self, now: float) -> tuple[float, float]:
         """For the step after ``now``: (the time up to which arrivals join it, its start)."""
@@ -61,11 +71,12 @@ def decode_run(
     until: float | None,
     first_index: int,
     decode_work: Callable[[int, int], Any],
-) -> tuple[list[StepStats], float] | None:
+) -> tuple[DecodeRunSteps, float] | None:
     """The steps of a decode run from ``now`` (see the module docstring) and the clock after it;
     None where no run of at least ``MIN_RUN`` steps can be taken. ``first_index``: the first
     step's index; ``decode_work(n, context)``: the work ``clock.step_end`` times, of a step of
-    ``n`` decodes over ``context`` context tokens (seconds are the clock's)."""
+    ``n`` decodes over ``context`` context tokens (seconds are the clock's). The steps come as a
+    ``DecodeRunSteps``: each step's StepStats is built where it is read."""
     running = scheduler.running
     bm = scheduler.block_manager
     if scheduler.has_untaken_finished() or not running:
@@ -93,155 +104,170 @@ def decode_run(
         return None
     block_size, tables = bm.block_size, bm.block_tables
     ids = tuple(r.request_id for r in running)
-    capacity = [len(tables[rid]) * block_size for rid in ids]  # tokens each table holds
-    context0 = sum(computed) + n
-    # step j -> the requests (in admission order) whose token c_i + j needs a new block then
-    due: dict[int, list[int]] = {}
-    for i in range(n):
-        due.setdefault(max(capacity[i] - computed[i], 0), []).append(i)
-    # step j -> the requests whose block fills then: (c_i + j + 1) % block_size == 0
-    fills: dict[int, list[int]] = {}
-    if bm.enable_prefix_caching:
-        for i in range(n):
-            fills.setdefault(-(computed[i] + 1) % block_size, []).append(i)
-    num_waiting = len(scheduler.waiting)
-    tenants: dict[str, Any] = {}
-    if scheduler.admission is not None:
-        tenants.update(scheduler.admission.tenant_columns())
-    if bm.offload is not None:  # a run stores and loads nothing: the tiers hold what they held
-        tenants = {
-            **tenants,
-            "num_host_blocks": bm.offload.num_blocks("host"),
-            "num_disk_blocks": bm.offload.num_blocks("disk"),
-        }
-    # blocks taken and filled blocks are settled after the run (_settle), as the steps would have
-    grown: list[tuple[int, list[str]]] = []  # (step, a request id per block taken then, in order)
-    filled: list[tuple[int, list[int]]] = []  # (step, the requests whose block filled then)
+    # step of each request's first new block: its token c_i + j needs one when c_i + j fills its table
+    firsts = [max(len(tables[rid]) * block_size - c, 0) for rid, c in zip(ids, computed)]
     free, used = bm.num_free_blocks, bm.num_used_blocks
     # offload tiers on: a step whose take would evict a cached block (a store) is the scheduler's
     unevicting = bm.num_takeable_without_eviction() if bm.offload is not None else free
-    steps: list[StepStats] = []
-    ends: list[float] = []
-    for j in range(room):
-        check, start = clock.next_start(now)
-        if until is not None and until <= check:
-            break
-        grow = due.get(j, ())
-        if len(grow) > free:
-            break  # the scheduler would preempt: it takes this step itself
-        if len(grow) > unevicting:
-            break  # it would store an evicted block in a lower tier: counted in a step of its own
-        if grow:
-            grow = sorted(grow)  # in admission order, as the scheduler allocates
-            grown.append((j, [ids[i] for i in grow]))
-            free -= len(grow)
-            unevicting -= len(grow)
-            used += len(grow)
-            later = due.setdefault(j + block_size, [])
-            for i in grow:
-                capacity[i] += block_size
-            later += grow
-            del due[j]
-        context = context0 + n * j
-        end = clock.step_end(start, decode_work(n, context))
-        full = fills.pop(j, None)
-        if full:  # as update_from_output offers a filled block, in admission order (each list ascends:
-            # a request's fills are block_size steps apart, all first fills within the first block_size)
-            filled.append((j, full))
-            fills[j + block_size] = full[:]
-        steps.append(
-            StepStats(
-                step_index=first_index + j,
-                start_time=start,
-                end_time=end,
-                num_prefill_tokens=0,
-                num_decode_tokens=n,
-                num_running=n,
-                num_waiting=num_waiting,
-                num_used_blocks=used,
-                num_free_blocks=free,
-                num_total_blocks=bm.num_blocks,
-                num_preemptions=0,
-                num_finished=0,
-                num_oom=0,
-                kv_resident_tokens=tuple(map((j + 1).__add__, computed)),
-                kv_resident_request_ids=ids,
-                num_prefix_queried_tokens=0,
-                num_prefix_hit_tokens=0,
-                num_peak_used_blocks=used,
-                num_prefill_seqs=0,
-                num_context_tokens=context,
-                num_attended_tokens=context,
-                num_decode_context_tokens=context,
-                **tenants,
-            )
-        )
-        ends.append(end)
-        now = end
-    if not steps:
+    spare = min(free, unevicting)  # a step that would take more blocks than these ends the run
+    supplied = room  # the steps the pool supplies: up to the one that takes block spare + 1
+    if _num_taken(firsts, block_size, room - 1) > spare:
+        supplied = _taken(firsts, block_size, room)[0][spare]
+    times = _step_times(clock, now, until, n, sum(computed) + n, (room, supplied), decode_work)
+    if times is None:
         return None
-    k = len(steps)
+    starts, ends = times
+    k = len(ends)
+    taken_steps, order = _taken(firsts, block_size, k)
+    columns: dict[str, Any] = {}
+    if scheduler.admission is not None:
+        columns.update(scheduler.admission.tenant_columns())
+    if bm.offload is not None:  # a run stores and loads nothing: the tiers hold what they held
+        columns["num_host_blocks"] = bm.offload.num_blocks("host")
+        columns["num_disk_blocks"] = bm.offload.num_blocks("disk")
+    counts = (len(scheduler.waiting), used, free, bm.num_blocks)
+    steps = DecodeRunSteps(first_index, starts, ends, computed, ids, counts, taken_steps, columns)
     for r, c in zip(running, computed):
         _bring_forward(r, c + k)
         r.token_times.extend(ends)
-    if grown or filled:
-        _settle(bm, running, computed, grown, filled, k)
+    # the blocks taken and the blocks filled are settled after the run, as the steps would have left them
+    fills = [-(c + 1) % block_size for c in computed] if bm.enable_prefix_caching else []
+    if order or any(f < k for f in fills):
+        _settle(bm, running, computed, (taken_steps, [ids[i] for i in order]), fills, k)
     scheduler._blocks_held = bm.num_used_blocks  # as schedule() leaves it after its last step
-    return steps, now
+    return steps, ends[-1]
+
+
+def _num_taken(firsts: list[int], block_size: int, j: int) -> int:
+    """Blocks the run's steps 0..``j`` take: request i one at steps ``firsts[i] + m x block_size``."""
+    return sum((j - f) // block_size + 1 for f in firsts if f <= j)
+
+
+def _taken(firsts: list[int], block_size: int, k: int) -> tuple[list[int], list[int]]:
+    """The blocks steps 0..``k - 1`` take, in the order the steps take them (by step, and within a
+    step in admission order, as the scheduler allocates): the step of each and its request's
+    position in ``running``. Request i takes one at steps ``firsts[i] + m x block_size``; where
+    every first step is below ``block_size`` (a table filled up to its last block, the common
+    case), each stretch of ``block_size`` steps takes them in one order."""
+    if any(f >= block_size for f in firsts):
+        events = sorted((f + m * block_size, i) for i, f in enumerate(firsts) for m in range(-(-(k - f) // block_size)))
+        return [j for j, _ in events], [i for _, i in events]
+    order = sorted(range(len(firsts)), key=firsts.__getitem__)  # stable: by step, then admission order
+    ordered = [firsts[i] for i in order]
+    steps: list[int] = []
+    who: list[int] = []
+    for base in range(0, k, block_size):
+        cut = len(order) if base + block_size <= k else bisect_left(ordered, k - base)
+        steps += [f + base for f in ordered[:cut]]
+        who += order[:cut]
+    return steps, who
+
+
+def _step_times(
+    clock: RunClock,
+    now: float,
+    until: float | None,
+    n: int,
+    context0: int,
+    limits: tuple[int, int],
+    decode_work: Callable,
+) -> tuple[list[float], list[float]] | None:
+    """The starts and ends of the run's steps: fewer than both ``limits`` (the steps before a
+    request would finish, the steps the pool supplies blocks for), each before the arrival at
+    ``until`` would join it (None: not one step)."""
+    times: Callable | None = getattr(clock, "decode_times", None)
+    room = min(limits)
+    size = room if until is None else min(room, 64)  # cut at an arrival: stretches of doubling length
+    got = None if times is None else times(now, n, context0, size)
+    if got is None:  # step by step, asking the clock as the run's loop always has
+        starts: list[float] = []
+        ends: list[float] = []
+        for j in range(limits[0]):
+            check, start = clock.next_start(now)
+            if (until is not None and until <= check) or j == limits[1]:
+                break
+            now = clock.step_end(start, decode_work(n, context0 + n * j))
+            starts.append(start)
+            ends.append(now)
+        return (starts, ends) if ends else None
+    starts, ends = [], []
+    while True:
+        checks, more_starts, more_ends = got
+        cut = size if until is None else bisect_left(checks, until)  # checks only grow: the first step it joins
+        starts += more_starts[:cut]
+        ends += more_ends[:cut]
+        if cut < size or len(ends) >= room:
+            break
+        now, size = ends[-1], min(size * 2, room - len(ends))
+        got = times(now, n, context0 + n * len(ends), size) if times is not None else None
+        assert got is not None  # a clock that timed the first stretch times every one
+    return (starts, ends) if ends else None
 
 
 def _settle(
     bm: BlockManager,
     running: list[Request],
     computed: list[int],
-    grown: list[tuple[int, list[str]]],
-    filled: list[tuple[int, list[int]]],
+    taken: tuple[list[int], list[str]],
+    fills: list[int],
     k: int,
 ) -> None:
     """Take the run's blocks and offer its filled blocks to the prefix cache, leaving the block
-    manager as the run's ``k`` steps would have, each taking its blocks (``grown``) and then
-    offering the blocks it filled (``filled``). Taking blocks never touches a filled block's
-    cache entry unless it evicts a cached block of the same hash, so where none of the evicted
-    hashes is a filled block's, all blocks are taken first (one call) and the filled blocks
-    offered after (``_cache_filled``); else step by step, in the steps' order."""
-    taken = [rid for _, ids in grown for rid in ids]
-    evicted = bm.hashes_evicted_by(len(taken)) if filled else set()
-    if evicted and any(
-        h in evicted for i in {i for _, full in filled for i in full} for h in bm.uncached_hashes(running[i])
-    ):
-        grows, fills = dict(grown), dict(filled)  # each step at most once in either
-        for j in sorted(grows.keys() | fills.keys()):
+    manager as the run's ``k`` steps would have, each taking its blocks (``taken``: the step of
+    each block and its request, in the order the steps take them) and then offering the blocks it
+    filled (request i's at steps ``fills[i] + m x block_size``; [] without prefix caching). Taking
+    blocks never touches a filled block's cache entry unless it evicts a cached block of the same
+    hash, so where none of the evicted hashes is a filled block's, all blocks are taken first
+    (one call) and the filled blocks offered after (``_cache_filled``); else step by step, in the
+    steps' order."""
+    which = [i for i, f in enumerate(fills) if f < k]
+    evicted = bm.hashes_evicted_by(len(taken[1])) if which else set()
+    if evicted and any(h in evicted for i in which for h in bm.uncached_hashes(running[i])):
+        grows: dict[int, list[str]] = {}
+        for j, rid in zip(*taken):
+            grows.setdefault(j, []).append(rid)
+        filled = dict(_filled(fills, bm.block_size, k))
+        for j in sorted(grows.keys() | filled.keys()):
             if j in grows:
                 assert bm.append_blocks(grows[j])
-            for i in fills.get(j, ()):
+            for i in filled.get(j, ()):
                 running[i].num_computed_tokens = computed[i] + j + 1
                 bm.cache_computed_blocks(running[i])
         for i, r in enumerate(running):
             r.num_computed_tokens = computed[i] + k
         return
-    if taken:
-        assert bm.append_blocks(taken)
-    if filled:
-        _cache_filled(bm, running, computed, filled, k)
+    if taken[1]:
+        assert bm.append_blocks(taken[1])
+    if which:
+        _cache_filled(bm, running, computed, which, fills, k)
+
+
+def _filled(fills: list[int], block_size: int, k: int) -> list[tuple[int, list[int]]]:
+    """Per step of the run's ``k`` (ascending), the requests (positions in ``running``, ascending)
+    whose block fills then: request i's at steps ``fills[i] + m x block_size``."""
+    by_step: dict[int, list[int]] = {}
+    for i, f in enumerate(fills):
+        for j in range(f, k, block_size):
+            by_step.setdefault(j, []).append(i)
+    return sorted(by_step.items())
 
 
 def _cache_filled(
-    bm: BlockManager, running: list[Request], computed: list[int], filled: list[tuple[int, list[int]]], k: int
+    bm: BlockManager, running: list[Request], computed: list[int], which: list[int], fills: list[int], k: int
 ) -> None:
-    """Offer the prefix cache the blocks a deferred run filled (``filled``: per step, the requests,
-    by position in ``running``, whose block filled then; each request already brought forward by
-    the run's ``k`` steps from ``computed``), as the steps would have offered them. Per request in
-    one call where no two of them can hash a block alike (their first blocks differ in tokens or
-    salt: a block's hash chains over every block before it); else step by step, in the order the
-    steps offered them."""
+    """Offer the prefix cache the blocks a deferred run filled (``which``: the requests, by position
+    in ``running``, that filled one; ``fills`` as ``_settle`` has them; each request already brought
+    forward by the run's ``k`` steps from ``computed``), as the steps would have offered them. Per
+    request in one call where no two of them can hash a block alike (their first blocks differ in
+    tokens or salt: a block's hash chains over every block before it); else step by step, in the
+    order the steps offered them."""
     block_size = bm.block_size
-    which = sorted({i for _, full in filled for i in full})
     heads = {(running[i].cache_salt, running[i].token_ids_between(0, block_size)) for i in which}
     if len(heads) == len(which):
         for i in which:
             bm.cache_computed_blocks(running[i])
         return
-    for j, full in filled:
+    for j, full in _filled(fills, block_size, k):
         for i in full:
             running[i].num_computed_tokens = computed[i] + j + 1
             bm.cache_computed_blocks(running[i])

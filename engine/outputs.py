@@ -8,8 +8,10 @@ All frozen: a receiver can keep them without copying.
 
 from __future__ import annotations
 
+from bisect import bisect_right
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple, overload
 
 from engine.request import Request
 
@@ -146,6 +148,99 @@ class StepStats:
     offload_bytes_loaded: int = 0
     num_host_blocks: int = 0
     num_disk_blocks: int = 0
+
+
+class DecodeRunSteps(Sequence[StepStats]):
+    """The steps of a decode run (engine.decode_run), described by its first step and the growth
+    per step; each step's exact ``StepStats`` is built only where it is read (``run[j]``, iterating):
+    a capacity probe that only summarises the run reads the columns instead (``ends``, ``starts``,
+    ``used_blocks``), with no object per step. Step ``j`` of ``len(run)`` (0-based)::
+
+        step_index first_index + j; start_time starts[j]; end_time ends[j]
+        num_decode_tokens = num_running = n = len(computed); no prefill, preemption or finish
+        num_used_blocks = num_peak_used_blocks = used + the blocks taken in steps 0..j
+        num_free_blocks = free - the same      (taken_steps: the step of each block taken, in order)
+        kv_resident_tokens (c_i + j + 1 for each request's c_i in ``computed``), kv_resident_request_ids ``ids``
+        num_context_tokens = num_attended_tokens = num_decode_context_tokens = sum(c_i) + n x (j + 1)
+        num_waiting, num_total_blocks and ``columns`` (admission's tenant columns, offload's tier
+        sizes) as at the run's start; every other field 0
+    """
+
+    __slots__ = (
+        *("first_index", "starts", "ends", "computed", "ids", "num_waiting", "used", "free"),
+        *("num_total_blocks", "taken_steps", "columns", "context0"),
+    )
+
+    def __init__(
+        self,
+        first_index: int,
+        starts: list[float],
+        ends: list[float],
+        computed: Sequence[int],
+        ids: tuple[str, ...],
+        counts: tuple[int, int, int, int],
+        taken_steps: list[int],
+        columns: dict[str, Any],
+    ):
+        """``counts``: (waiting requests, used blocks, free blocks, all blocks) at the run's start."""
+        self.first_index, self.starts, self.ends, self.computed, self.ids = first_index, starts, ends, computed, ids
+        self.num_waiting, self.used, self.free, self.num_total_blocks = counts
+        self.taken_steps, self.columns = taken_steps, columns
+        self.context0 = sum(computed) + len(computed)
+
+    def __len__(self) -> int:
+        return len(self.ends)
+
+    def used_blocks(self, j: int) -> int:
+        """Blocks in use after step ``j`` (0-based)."""
+        return self.used + bisect_right(self.taken_steps, j)
+
+    def _step(self, j: int) -> StepStats:
+        n, grown = len(self.computed), bisect_right(self.taken_steps, j)
+        context = self.context0 + n * j
+        return StepStats(
+            step_index=self.first_index + j,
+            start_time=self.starts[j],
+            end_time=self.ends[j],
+            num_prefill_tokens=0,
+            num_decode_tokens=n,
+            num_running=n,
+            num_waiting=self.num_waiting,
+            num_used_blocks=self.used + grown,
+            num_free_blocks=self.free - grown,
+            num_total_blocks=self.num_total_blocks,
+            num_preemptions=0,
+            num_finished=0,
+            num_oom=0,
+            kv_resident_tokens=tuple(map((j + 1).__add__, self.computed)),
+            kv_resident_request_ids=self.ids,
+            num_prefix_queried_tokens=0,
+            num_prefix_hit_tokens=0,
+            num_peak_used_blocks=self.used + grown,
+            num_prefill_seqs=0,
+            num_context_tokens=context,
+            num_attended_tokens=context,
+            num_decode_context_tokens=context,
+            **self.columns,
+        )
+
+    @overload
+    def __getitem__(self, index: int) -> StepStats: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> list[StepStats]: ...
+
+    def __getitem__(self, index: int | slice) -> StepStats | list[StepStats]:
+        if isinstance(index, slice):
+            return [self._step(j) for j in range(*index.indices(len(self)))]
+        if index < 0:
+            index += len(self)
+        if not 0 <= index < len(self):
+            raise IndexError(f"step {index} of a run of {len(self)}")
+        return self._step(index)
+
+    def __iter__(self) -> Iterator[StepStats]:
+        return map(self._step, range(len(self)))
 
 
 @dataclass(frozen=True)

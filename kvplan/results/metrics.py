@@ -12,6 +12,7 @@ from __future__ import annotations
 from bisect import bisect_right
 from collections.abc import Mapping, Sequence
 from itertools import chain
+from typing import Any
 
 import numpy as np
 from pydantic import Field, computed_field
@@ -40,6 +41,7 @@ from kvplan.results.stats.latency import (  # noqa: F401  (re-exported: kvplan.r
 from kvplan.results.stats.offload import OffloadSummary, offload_summary
 from kvplan.results.stats.shed import TenantShed, is_rejected, shed_fields
 from kvplan.results.stats.steady import LevelSchedule, window_steps
+from kvplan.results.stats.step_log import StepColumns, StepLog
 from kvplan.results.stats.turns import TurnSummary, turn_summaries
 from kvplan.results.stats.variants import is_alone
 
@@ -141,7 +143,7 @@ class LevelSummary(_Summary):
 def summarize_level(
     key: LevelKey,
     requests: Sequence[RequestRecord],
-    steps: Sequence[StepRecord],
+    steps: Sequence[StepRecord] | StepLog,
     slo: Slo,
     num_planned: int | None = None,
     plan: LevelSchedule | None = None,
@@ -183,12 +185,6 @@ def summarize_level(
         all_tokens = out_tokens + prefilled
         served = [(r, good) for r, good in served if start < r.finish_time <= end]
         done = [r for r in requests if completed(r)]
-    used = np.array([s.num_used_blocks for s in steps], dtype=np.float64)
-    held = np.array([held_blocks(s) for s in steps], dtype=np.float64)  # during each step
-    waiting = np.array([s.num_waiting for s in steps], dtype=np.float64)
-    queried = sum(s.num_prefix_queried_tokens for s in steps)
-    # steps without KV sizes (a simulation's search probes keep the scheduler's stats) count them as 0
-    peak = lambda key: max((getattr(s, key, 0) for s in steps), default=0)  # noqa: E731
     errors = [r for r in requests if r.finish_reason == "error"]
     # sent as the level's rate counts them: requests, or in a session level sessions (their first turns)
     sent = sorted(r.sent_time if r.sent_time is not None else r.arrival_time for r in requests if (r.turn or 1) == 1)
@@ -215,24 +211,8 @@ def summarize_level(
         requests_per_s=rate(len(served)),
         goodput_rps=rate(sum(good for _, good in served)),
         slo_attainment=(sum(meets_slo(r, slo_of(r)) for r in requests) / len(requests)) if requests else None,
-        num_steps=len(steps),
-        num_preemptions=sum(s.num_preemptions for s in steps),
         num_preempted_requests=sum(r.num_preemptions > 0 for r in requests),
-        num_total_blocks=peak("num_total_blocks"),
-        peak_used_blocks=int(held.max()) if held.size else 0,
-        mean_used_blocks=float(used.mean()) if used.size else 0.0,
-        peak_kv_usage=max((held_blocks(s) / s.num_total_blocks for s in steps if s.num_total_blocks), default=0.0),
-        mean_kv_usage=float(np.mean([kv_cache_usage(s) for s in steps])) if steps else 0.0,
-        mean_queue_len=float(waiting.mean()) if waiting.size else 0.0,
-        max_queue_len=int(waiting.max()) if waiting.size else 0,
-        peak_ideal_bytes=peak("ideal_bytes"),
-        peak_paged_bytes=peak("paged_bytes"),
-        peak_contiguous_bytes=peak("contiguous_bytes"),
-        peak_measured_bytes=peak("measured_bytes"),
-        max_paged_error_bytes=max(
-            (abs(getattr(s, "measured_bytes", 0) - getattr(s, "paged_bytes", 0)) for s in steps), default=0
-        ),
-        prefix_hit_rate=(sum(s.num_prefix_hit_tokens for s in steps) / queried) if queried else None,
+        **step_fields(steps),
         variant=key.variant,
         num_planned=num_planned,
         num_errors=len(errors),
@@ -250,8 +230,42 @@ def summarize_level(
         classes=class_summaries(requests, served, rate, slo_of),
         turns=turn_summaries(requests),
         **shed_fields(requests),
-        offload=offload_summary(steps),
     )
+
+
+def step_fields(steps: Sequence[StepRecord] | StepLog | StepColumns) -> dict[str, Any]:
+    """A level summary's fields read off its steps (step records, or a simulated probe's
+    ``StepLog`` or ``StepColumns``, kvplan.results.stats.step_log: the same values from arrays)."""
+    if isinstance(steps, StepLog):
+        steps = steps.columns()
+    if isinstance(steps, StepColumns):
+        return steps.fields()
+    used = np.array([s.num_used_blocks for s in steps], dtype=np.float64)
+    held = np.array([held_blocks(s) for s in steps], dtype=np.float64)  # during each step
+    waiting = np.array([s.num_waiting for s in steps], dtype=np.float64)
+    queried = sum(s.num_prefix_queried_tokens for s in steps)
+    # steps without KV sizes (a simulation's search probes keep the scheduler's stats) count them as 0
+    peak = lambda key: max((getattr(s, key, 0) for s in steps), default=0)  # noqa: E731
+    return {
+        "num_steps": len(steps),
+        "num_preemptions": sum(s.num_preemptions for s in steps),
+        "num_total_blocks": peak("num_total_blocks"),
+        "peak_used_blocks": int(held.max()) if held.size else 0,
+        "mean_used_blocks": float(used.mean()) if used.size else 0.0,
+        "peak_kv_usage": max((held_blocks(s) / s.num_total_blocks for s in steps if s.num_total_blocks), default=0.0),
+        "mean_kv_usage": float(np.mean([kv_cache_usage(s) for s in steps])) if steps else 0.0,
+        "mean_queue_len": float(waiting.mean()) if waiting.size else 0.0,
+        "max_queue_len": int(waiting.max()) if waiting.size else 0,
+        "peak_ideal_bytes": peak("ideal_bytes"),
+        "peak_paged_bytes": peak("paged_bytes"),
+        "peak_contiguous_bytes": peak("contiguous_bytes"),
+        "peak_measured_bytes": peak("measured_bytes"),
+        "max_paged_error_bytes": max(
+            (abs(getattr(s, "measured_bytes", 0) - getattr(s, "paged_bytes", 0)) for s in steps), default=0
+        ),
+        "prefix_hit_rate": (sum(s.num_prefix_hit_tokens for s in steps) / queried) if queried else None,
+        "offload": offload_summary(steps),
+    }
 
 
 def summarize_levels(

@@ -196,10 +196,11 @@ class Backend(Protocol):
     def submit(self, submission: Submission) -> None:
         """Take one request."""
 
-    def advance(self, until: float | None) -> tuple[list[Finished], list[Any]]:
+    def advance(self, until: float | None) -> tuple[list[Finished], Sequence[Any]]:
         """Make progress while requests are in flight: requests finished since the last call, and
-        the steps run (objects with ``engine.outputs.StepStats``' fields; [] for a backend without
-        steps). May return early at ``until`` (the next scheduled arrival) with nothing finished."""
+        the steps run (objects with ``engine.outputs.StepStats``' fields, in a list or a decode
+        run's ``engine.outputs.DecodeRunSteps``; [] for a backend without steps). May return
+        early at ``until`` (the next scheduled arrival) with nothing finished."""
 
     def wait_until(self, when: float) -> None:
         """Nothing is in flight: idle until the clock reads ``when``."""

@@ -31,7 +31,7 @@ class SessionBackend(Protocol):
 
     def now(self) -> float: ...
 
-    def advance(self, until: float | None) -> tuple[list[Any], list[Any]]: ...
+    def advance(self, until: float | None) -> tuple[list[Any], Sequence[Any]]: ...
 
     def wait_until(self, when: float) -> None: ...
 
@@ -52,7 +52,7 @@ def run_sessions(
     users: int | None,
     offsets: Callable[[int], float] | None,
     send: Callable[[int, float | None], str],
-    record: Callable[[list[Any], list[Any]], None],
+    record: Callable[[list[Any], Sequence[Any]], None],
 ) -> None:
     """Run every session of ``requests`` (a level's, each session's turns in order) to its end.
 

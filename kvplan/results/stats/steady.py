@@ -18,10 +18,12 @@ arrival. The index is the driver's, the last part of the request id (``<level id
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
 from kvplan.results.records import RequestRecord, StepRecord
+from kvplan.results.stats.step_log import StepLog
 
 
 class LevelSchedule(BaseModel):
@@ -114,8 +116,10 @@ def request_index(record: RequestRecord) -> int:
     return int(record.request_id.rsplit("/", 1)[1])
 
 
-def window_steps(steps: Sequence[StepRecord], t0: float, window: tuple[float, float]) -> list[StepRecord]:
+def window_steps(steps: Sequence[StepRecord] | StepLog, t0: float, window: tuple[float, float]) -> Any:
     """The steps that ran within ``window`` (seconds from ``t0``): those ending after its start
-    and starting before its end."""
+    and starting before its end (a list; of a simulated probe's ``StepLog``, its StepColumns)."""
     start, end = t0 + window[0], t0 + window[1]
+    if isinstance(steps, StepLog):
+        return steps.columns().within(start, end)
     return [s for s in steps if s.end_time > start and s.start_time < end]

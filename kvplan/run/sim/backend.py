@@ -21,7 +21,7 @@ an idle scheduler waits for it. Requests run with ignore_eos, so each produces e
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from operator import attrgetter
 from typing import Any
@@ -33,14 +33,9 @@ from engine.request import Request, SamplingParams
 from engine.scheduler import Scheduler
 from kvplan.results.run_result import EngineFacts
 from kvplan.run.driver import Finished, Submission
-from kvplan.run.sim.cost import StepClock, StepWork
+from kvplan.run.sim.cost import StepClock, StepWork, decode_work
 
 _REQUEST_ID = attrgetter("request_id")
-
-
-def _decode_work(num_decodes: int, num_context_tokens: int) -> StepWork:
-    """A decode-only step's work: each decode attends to its own context (engine.decode_run)."""
-    return StepWork(0, num_decodes, 0, num_context_tokens, num_context_tokens, num_context_tokens)
 
 
 def scheduler_for(
@@ -130,18 +125,18 @@ class SimBackend:
             return pending[0][0]
         return until
 
-    def advance(self, until: float | None) -> tuple[list[Finished], list[Any]]:
+    def advance(self, until: float | None) -> tuple[list[Finished], Sequence[Any]]:
         """One step, unless an arrival (``until``) comes before it would take new requests; or a
         whole decode run of steps (engine.decode_run), each the step the scheduler would
         take."""
         if self._pending:
             until = self._take_pending(until)
         if self.decode_runs:
-            run = decode_run(self.scheduler, self.clock, self.now_s, until, self.num_steps, _decode_work)
+            run = decode_run(self.scheduler, self.clock, self.now_s, until, self.num_steps, decode_work)
             if run is not None:
                 steps, self.now_s = run
                 self.num_steps += len(steps)
-                return [], list(steps)
+                return [], steps  # a DecodeRunSteps: each step's StepStats built where it is read
         check, start = self.clock.next_start(self.now_s)
         if until is not None and until <= check:
             self.now_s = max(self.now_s, until)

@@ -26,6 +26,8 @@ import zlib
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+import numpy as np
+
 
 @dataclass(frozen=True)
 class StepWork:
@@ -63,6 +65,22 @@ class StepWork:
     @property
     def num_tokens(self) -> int:
         return self.num_prefill_tokens + self.num_decode_tokens
+
+
+def decode_work(num_decodes: int, num_context_tokens: int) -> StepWork:
+    """A decode-only step's work: each decode attends to its own context (engine.decode_run)."""
+    return StepWork(0, num_decodes, 0, num_context_tokens, num_context_tokens, num_context_tokens)
+
+
+def decode_seconds(cost: Any, num_decodes: int, contexts: np.ndarray) -> np.ndarray:
+    """``cost.step_seconds`` of decode-only steps of ``num_decodes`` decodes over each of
+    ``contexts`` context tokens (int64 [k]): seconds [k], float for float what ``step_seconds``
+    gives each ``decode_work``; in one call where the cost model has ``decode_seconds`` (the same
+    arithmetic over the array), else step by step."""
+    fast = getattr(cost, "decode_seconds", None)
+    if fast is not None:
+        return np.asarray(fast(num_decodes, contexts), dtype=np.float64)
+    return np.array([cost.step_seconds(decode_work(num_decodes, c)) for c in contexts.tolist()], dtype=np.float64)
 
 
 class CostModel(Protocol):
@@ -150,6 +168,25 @@ class ModelClock:
             end += self.links.load_seconds(work.num_host_loads, work.num_disk_loads)
         return end
 
+    def decode_times(
+        self, now: float, num_decodes: int, context0: int, num_steps: int
+    ) -> tuple[list[float], list[float], list[float]] | None:
+        """The (checks, starts, ends) of ``num_steps`` decode-only steps after ``now``, step j of
+        ``num_decodes`` decodes over ``context0 + num_decodes x j`` context tokens
+        (engine.decode_run): float for float what ``next_start`` and ``step_end`` give step by
+        step, the same additions in the same order (start = previous end + gap, end = start +
+        seconds: one running sum over gap, seconds, gap, ... that numpy's accumulate adds in
+        order); a decode step loads nothing back, so the links add nothing. None with ``jitter``:
+        its draws follow the steps actually taken, so the run asks step by step."""
+        if self.jitter is not None:
+            return None
+        contexts = context0 + num_decodes * np.arange(num_steps, dtype=np.int64)
+        sums = np.empty(2 * num_steps + 1, dtype=np.float64)
+        sums[0], sums[1::2], sums[2::2] = now, self.cost.gap_s, decode_seconds(self.cost, num_decodes, contexts)
+        np.add.accumulate(sums, out=sums)
+        starts = sums[1::2].tolist()
+        return starts, starts, sums[2::2].tolist()
+
 
 class FixedStepCost:
     """Every step takes ``seconds``, with no gap: for searches that need no timing (the knee: closed-
@@ -162,3 +199,7 @@ class FixedStepCost:
 
     def step_seconds(self, work: StepWork) -> float:
         return self.seconds
+
+    def decode_seconds(self, n: int, contexts: np.ndarray) -> np.ndarray:
+        """``seconds`` for each of the decode steps over ``contexts`` (engine.decode_run)."""
+        return np.full(len(contexts), self.seconds, dtype=np.float64)

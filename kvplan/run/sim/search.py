@@ -55,6 +55,7 @@ from kvplan.results.run_result import EngineFacts, RunEstimate
 from kvplan.results.simulated import BucketCapacity, SloPoint
 from kvplan.results.stats.prefix_metrics import CACHED, UNCACHED
 from kvplan.results.stats.steady import LevelSchedule, request_index
+from kvplan.results.stats.step_log import StepLog
 from kvplan.run.driver import Level, Recorder, run_level
 from kvplan.run.sim.backend import SimBackend
 from kvplan.run.sim.brackets import beyond, highest_int, highest_rate, round_rate
@@ -84,9 +85,10 @@ class _Decided(Exception):
 
 class _Records(Recorder):
     """A Recorder that keeps a probe's records in memory: its requests as RequestRecords, its steps
-    as the scheduler's own StepStats (what the level's summary reads of a step, without the KV
-    sizes a report draws); raises _Preempted at a preempting step when asked to, and _Decided once
-    more than ``(1 - attainment) x num_requests`` measured requests of ``plan`` missed ``slo``."""
+    as the scheduler reports them (kvplan.results.stats.step_log.StepLog: StepStats, and decode runs
+    read as columns; what the level's summary reads of a step, without the KV sizes a report
+    draws); raises _Preempted at a preempting step when asked to, and _Decided once more than
+    ``(1 - attainment) x num_requests`` measured requests of ``plan`` missed ``slo``."""
 
     def __init__(
         self,
@@ -99,7 +101,7 @@ class _Records(Recorder):
         super().__init__(self, level, lambda _: _NO_SIZES)
         self.class_slos = class_slos or {}  # a mix class judged by its own SLO
         self.requests: list[RequestRecord] = []
-        self.steps: list[Any] = []
+        self.steps = StepLog()  # decode runs kept as runs: the summary reads them as columns
         self.stop = stop_on_preemption
         plan = level.plan
         self.decide = slo is not None and attainment is not None and plan is not None and plan.duration_s is None
@@ -123,9 +125,10 @@ class _Records(Recorder):
         raise NotImplementedError("record() keeps the steps as they are and writes none")
 
     def record(self, finished, steps) -> None:
-        if self.stop and any(s.num_preemptions for s in steps):
+        before = self.steps.num_preemptions
+        self.steps.extend(steps)
+        if self.stop and self.steps.num_preemptions > before:
             raise _Preempted
-        self.steps += steps
         super().record(finished, ())
 
 

@@ -138,6 +138,20 @@ class DataParallelStepCost:
     def step_seconds(self, work: Any) -> float:
         return self.rank_cost.step_seconds(busiest_rank(work, self.dp))
 
+    def decode_seconds(self, n: int, contexts: Any) -> Any:
+        """``step_seconds`` of decode-only steps of ``n`` decodes over each of ``contexts`` context
+        tokens (numpy int64 [k]), float for float: the busiest rank's ``ceil(n / dp)`` decodes over
+        its share of each context (``busiest_rank``), priced by ``rank_cost.decode_seconds`` (else
+        step by step)."""
+        import numpy as np
+
+        rank_n = -(-n // self.dp)
+        shares = -(-np.asarray(contexts, dtype=np.int64) * rank_n // n)
+        fast = getattr(self.rank_cost, "decode_seconds", None)
+        if fast is not None:
+            return fast(rank_n, shares)
+        return np.array([self.rank_cost.step_seconds(RankWork(0, rank_n, 0, c, c, c)) for c in shares.tolist()])
+
 
 def check_ep(spec: ModelSpec, tp: int, ep: int, dp: int = 1) -> None:
     """Whether ``ep`` splits ``spec``'s experts within the instance's ``tp x dp`` GPUs (whatever

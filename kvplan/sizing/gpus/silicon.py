@@ -223,6 +223,19 @@ class SiliconStepCost:
             ms += self._ms("decode_attention", _q(n), _q(-(-decode_context // n)))
         return ms * self._prefill_s + self._fixed_s + fit.seq_overhead_s * (n + m)
 
+    def decode_seconds(self, n: int, contexts: Any) -> Any:
+        """``step_seconds`` of decode-only steps of ``n`` decodes over each of ``contexts`` context
+        tokens (numpy int64 [k]), float for float: seconds [k]. Each distinct rounded shape is
+        asked once, as ``step_seconds`` asks it (a run's context per decode grows by one a step, so
+        a few shapes cover thousands of steps)."""
+        import numpy as np
+
+        shapes = _q_array(-(-np.asarray(contexts, dtype=np.int64) // max(n, 1)))
+        distinct, where = np.unique(shapes, return_inverse=True)
+        batch = _q(n)
+        ms = np.array([self._ms("decode", batch, int(s)) for s in distinct.tolist()], dtype=np.float64)[where]
+        return ms * self._decode_s + self._fixed_s + self.fit.seq_overhead_s * n
+
     def _ms(self, kind: str, *shape: int) -> float:
         key = (kind, *shape)
         value = self._memo.get(key)
@@ -285,6 +298,16 @@ def _q(x: int) -> int:
         return x
     shift = x.bit_length() - 7
     return ((x + (1 << (shift - 1))) >> shift) << shift
+
+
+def _q_array(x: Any) -> Any:
+    """``_q`` of every element of ``x`` (numpy int64, each in [1, 2**53)): the same integers."""
+    import numpy as np
+
+    x = np.asarray(x, dtype=np.int64)
+    bits = np.frexp(x.astype(np.float64))[1].astype(np.int64)  # x = m x 2**bits, m in [0.5, 1): bit_length
+    shift = np.maximum(bits - 7, 1)
+    return np.where(x <= _EXACT_BELOW, x, ((x + np.left_shift(1, shift - 1)) >> shift) << shift)
 
 
 def _short(message: str, limit: int = 120) -> str:

@@ -135,6 +135,31 @@ class RooflineStepCost:
             else 0.0,
         }
 
+    def decode_seconds(self, n: int, contexts: Any) -> Any:
+        """``step_seconds`` of decode-only steps of ``n`` decodes over each of ``contexts``
+        context tokens (numpy int64 [k]; each decode attends its own context: context =
+        attended = C), float for float: seconds [k], ``parts`` and ``step_seconds``' arithmetic in
+        the same order over the array."""
+        import numpy as np
+
+        c = np.asarray(contexts, dtype=np.int64)
+        fit = self.fit
+        flops = self.flops_per_token * n + self.lm_head_flops * n + self.attention_flops_per_pair * c
+        moved = self.weight_bytes + self.kv_bytes_per_token * (c + n) + self.activation_bytes_per_token * n
+        if self.moe_layers:
+            moved += self.moe_layers * self.experts_hit(n * self.dp) * self.expert_bytes
+        link_s = (
+            (self.link_bytes_per_token * n / self.link_bytes_per_s + self.num_allreduces * ALLREDUCE_LATENCY_S)
+            if self.num_allreduces
+            else 0.0
+        )
+        compute_s, memory_s = flops / self.peak_flops, moved / self.hbm_bytes_per_s
+        return (
+            np.maximum(compute_s / fit.compute_efficiency, memory_s / fit.memory_efficiency)
+            + link_s
+            + fit.step_overhead_s
+        )
+
     def step_seconds(self, work: Any) -> float:
         part = self.parts(work)
         fit = self.fit

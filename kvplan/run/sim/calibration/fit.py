@@ -26,13 +26,16 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
-from kvplan.run.sim.cost import StepWork
+from kvplan.run.sim.cost import StepWork, decode_work
 
 _MIN_DEVIATION = 0.005  # relative; see fit_samples
 FEATURES = ("num_prefill_tokens", "num_decode_tokens", "num_prefill_seqs", "num_context_tokens", "num_attended_tokens")
+# a decode step's features that are its context (kvplan.run.sim.cost.decode_work)
+_CONTEXT_FEATURES = ("num_context_tokens", "num_attended_tokens", "num_decode_context_tokens")
 
 
 @dataclass(frozen=True)
@@ -56,6 +59,16 @@ class LinearStepCost:
 
     def step_seconds(self, work: StepWork) -> float:
         return self.intercept_s + sum(c * getattr(work, name) for name, c in self.coefficients.items())
+
+    def decode_seconds(self, n: int, contexts: np.ndarray) -> np.ndarray:
+        """``step_seconds`` of decode-only steps of ``n`` decodes over each of ``contexts`` context
+        tokens (kvplan.run.sim.cost.decode_work), float for float: the same products summed in
+        the same order over the array."""
+        work = decode_work(n, 0)
+        total: Any = 0
+        for name, c in self.coefficients.items():
+            total = total + c * (contexts if name in _CONTEXT_FEATURES else getattr(work, name))
+        return np.broadcast_to(np.asarray(self.intercept_s + total, dtype=np.float64), (len(contexts),)).copy()
 
 
 @dataclass(frozen=True)

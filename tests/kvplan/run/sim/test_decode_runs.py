@@ -14,9 +14,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from kvplan.results.metrics import step_fields
 from kvplan.results.records import LevelKey
 from kvplan.results.run_result import EngineFacts
-from kvplan.results.stats.steady import LevelSchedule
+from kvplan.results.stats.steady import LevelSchedule, window_steps
+from kvplan.results.stats.step_log import StepLog
 from kvplan.run.driver import Level, Recorder, run_level
 from kvplan.run.sim.backend import SimBackend
 from kvplan.run.sim.calibration.fit import LinearStepCost
@@ -38,7 +40,8 @@ COST = LinearStepCost(
 
 
 class _Capture(Recorder):
-    """Keeps what the backend reported: each step's stats as a dict, each finished request."""
+    """Keeps what the backend reported: each step's stats as a dict, each finished request; and
+    the steps as a capacity probe keeps them (``log``: decode runs as runs) and one by one."""
 
     def __init__(self, level: Level):
         super().__init__(self, level, lambda _: {})
@@ -46,9 +49,13 @@ class _Capture(Recorder):
         self.finished: list = []
         self.batches: list = []  # the steps of each advance, as reported
         self.pool: dict = {}
+        self.log = StepLog()
+        self.objects: list = []
 
     def record(self, finished, steps) -> None:
         self.batches.append(steps)
+        self.log.extend(steps)
+        self.objects += steps
         self.steps += [asdict(s) for s in steps]
         self.finished += finished
         for out in finished:
@@ -141,12 +148,29 @@ def cases(draw):
     return engine, requests, mode, value, plan, lag, admission
 
 
+class _StepByStepClock(ModelClock):
+    """A clock without ``decode_times``: a run asks it step by step (as it asks a replayed run's)."""
+
+    decode_times = None
+
+
 def run(
-    engine: EngineFacts, requests, mode, value, plan, lag, admission=None, *, decode_runs: bool, jitter=None
+    engine: EngineFacts,
+    requests,
+    mode,
+    value,
+    plan,
+    lag,
+    admission=None,
+    *,
+    decode_runs: bool,
+    jitter=None,
+    by_step: bool = False,
 ) -> _Capture:
     level = Level(LevelKey("b", mode, value, ""), 0, tuple(requests), plan)
     capture = _Capture(level)
-    backend = SimBackend(engine, ModelClock(COST, lag, jitter=jitter), decode_runs=decode_runs, admission=admission)
+    clock = (_StepByStepClock if by_step else ModelClock)(COST, lag, jitter=jitter)
+    backend = SimBackend(engine, clock, decode_runs=decode_runs, admission=admission)
     run_level(backend, level, capture, seed=0)
     capture.pool = pool_state(backend)
     capture.batches = [len(steps) for steps in capture.batches]
@@ -172,6 +196,26 @@ def test_decode_runs_equal_the_scheduler_step_by_step(case):
     assert fast.steps == slow.steps
     assert fast.finished == slow.finished
     assert fast.pool == slow.pool
+    same_summaries(fast, slow)
+    by_step = run(*case, decode_runs=True, by_step=True)  # the run's times asked of the clock step by step
+    assert (by_step.steps, by_step.finished, by_step.pool) == (slow.steps, slow.finished, slow.pool)
+
+
+def same_summaries(fast: _Capture, slow: _Capture) -> None:
+    """A probe's summary read off its decode runs as columns (StepLog) equals the one read off
+    the scheduler's steps one by one: the whole level, and windows cut at its steps' edges."""
+    assert step_fields(fast.log) == step_fields(slow.objects)
+    assert [asdict(s) for s in fast.log] == slow.steps
+    if not slow.objects:
+        return
+    t0 = slow.objects[0].start_time
+    edges = sorted({s.start_time - t0 for s in slow.objects} | {s.end_time - t0 for s in slow.objects})
+    for window in (
+        (edges[0], edges[-1]),
+        (edges[len(edges) // 3], edges[2 * len(edges) // 3]),
+        (edges[1:2] or edges)[:1] * 2,
+    ):
+        assert step_fields(window_steps(fast.log, t0, window)) == step_fields(window_steps(slow.objects, t0, window))
 
 
 def test_runs_are_taken_with_prefix_caching_and_replies_and_fill_the_cache_as_steps_do():
@@ -303,3 +347,34 @@ def test_a_run_that_evicts_the_hashes_its_own_blocks_fill_settles_step_by_step()
     fast, slow = run(*case, decode_runs=True), run(*case, decode_runs=False)
     assert fast.steps == slow.steps and fast.finished == slow.finished and fast.pool == slow.pool
     assert max(fast.batches) > 2 and slow.pool["evictions"] > 0
+
+
+def _taken_step_by_step(firsts: list[int], block_size: int, k: int) -> tuple[list[int], list[int]]:
+    """The blocks a run's ``k`` steps take, found as the run's loop once found them: step by step,
+    the requests due a block in admission order, each due again ``block_size`` steps later."""
+    due: dict[int, list[int]] = {}
+    for i, f in enumerate(firsts):
+        due.setdefault(f, []).append(i)
+    steps, who = [], []
+    for j in range(k):
+        grow = sorted(due.pop(j, ()))
+        steps += [j] * len(grow)
+        who += grow
+        due.setdefault(j + block_size, []).extend(grow)
+    return steps, who
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.integers(1, 16), st.data())
+def test_the_blocks_a_run_takes_come_in_the_order_its_steps_take_them(block_size, data):
+    """engine.decode_run's ``_taken`` (a stretch of block_size steps at a time where every request
+    is due within the first, else sorted) and ``_num_taken`` against the steps one by one, first
+    steps past block_size included (a table holding more than its tokens need)."""
+    from engine.decode_run import _num_taken, _taken
+
+    top = data.draw(st.sampled_from([block_size - 1, 2 * block_size + 3]))  # the common case, or any
+    firsts = data.draw(st.lists(st.integers(0, top), min_size=1, max_size=12))
+    k = data.draw(st.integers(1, 6 * block_size + 5))
+    assert _taken(firsts, block_size, k) == _taken_step_by_step(firsts, block_size, k)
+    steps = _taken_step_by_step(firsts, block_size, k)[0]
+    assert [_num_taken(firsts, block_size, j) for j in range(k)] == [sum(s <= j for s in steps) for j in range(k)]

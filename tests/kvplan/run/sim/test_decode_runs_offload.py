@@ -13,7 +13,7 @@ from kvplan.run.driver import Level, run_level
 from kvplan.run.sim.backend import SimBackend
 from kvplan.run.sim.cost import ModelClock
 from kvplan.traffic.requests import SampledRequest
-from tests.kvplan.run.sim.test_decode_runs import COST, _Capture, cases, facts, pool_state
+from tests.kvplan.run.sim.test_decode_runs import COST, _Capture, cases, facts, pool_state, same_summaries
 
 
 def run(engine, requests, mode, value, plan, lag, admission, tiers, *, decode_runs: bool) -> _Capture:
@@ -41,6 +41,7 @@ def test_decode_runs_with_tiers_equal_the_scheduler_step_by_step(case, tiers):
     assert fast.steps == slow.steps
     assert fast.finished == slow.finished
     assert fast.pool == slow.pool
+    same_summaries(fast, slow)
 
 
 def test_a_decode_run_stops_where_its_growth_evicts_and_the_evicted_blocks_load_back():
