@@ -31,6 +31,7 @@ from array import array
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from itertools import repeat
 from types import MappingProxyType
 from typing import Any
 
@@ -161,10 +162,16 @@ class BlockManager:
         first, width = len(hashes), 8 * self.block_size  # int64 bytes per block
         if first < num_full:  # only the blocks not hashed yet are read: a long request's tokens are not copied whole
             raw = array("q", request.token_ids_between(first * self.block_size, num_full * self.block_size)).tobytes()
-            parent = hashes[-1] if first else None
-            for i in range(first, num_full):
-                offset = (i - first) * width
-                parent = _hash_bytes(parent, raw[offset : offset + width], request.cache_salt if i == 0 else None)
+            begin = 0
+            if first:
+                parent = hashes[-1]
+            else:  # block 0 carries the salt; the chain carries it after (``_hash_bytes`` inlined below)
+                parent = _hash_bytes(None, raw[:width], request.cache_salt)
+                hashes.append(parent)
+                begin = width
+            blake2b = hashlib.blake2b
+            for offset in range(begin, len(raw), width):
+                parent = blake2b(parent + raw[offset : offset + width], digest_size=16).digest()
                 hashes.append(parent)
         return hashes if len(hashes) == num_full else hashes[:num_full]
 
@@ -214,11 +221,12 @@ class BlockManager:
         table = self._tables[request.request_id]
         hashes = self._block_hashes(request, request.num_computed_tokens)
         self._num_checked[request.request_id] = len(hashes)
-        for i in range(start, len(hashes)):
-            block_hash, block = hashes[i], self.blocks[table[i]]
-            if block.block_hash is None and block_hash not in self._cached:
+        blocks, cached = self.blocks, self._cached
+        for block_hash, block_id in zip(hashes[start:], table[start:]):  # the table holds a block per hash
+            block = blocks[block_id]
+            if block.block_hash is None and block_hash not in cached:
                 block.block_hash = block_hash
-                self._cached[block_hash] = block.block_id
+                cached[block_hash] = block_id
 
     def uncached_hashes(self, request: Request) -> list[bytes]:
         """Hashes of the request's full computed blocks not yet offered to the cache (what the
@@ -338,16 +346,17 @@ class BlockManager:
         num_fresh = min(max(num, 0), self.num_blocks - self._next_unused)
         first, blocks = self._next_unused, self.blocks
         self._next_unused += num_fresh
-        for block_id in range(first, first + num_fresh):
-            blocks[block_id] = KVBlock(block_id, 1)
-        taken = [*range(first, first + num_fresh)]
+        fresh = range(first, first + num_fresh)
+        blocks.update(zip(fresh, map(KVBlock, fresh, repeat(1, num_fresh))))
+        taken = [*fresh]
+        popitem, cached, offload = self._free.popitem, self._cached, self.offload
         for _ in range(num - num_fresh):
-            block_id, _ = self._free.popitem(last=False)
+            block_id = popitem(last=False)[0]
             block = blocks[block_id]
             if block.block_hash is not None:
-                if self.offload is not None:  # stored before the block is reused (OFFLOAD.md rule 2)
-                    self.offload.evicted(block_id, block.block_hash)
-                del self._cached[block.block_hash]
+                if offload is not None:  # stored before the block is reused (OFFLOAD.md rule 2)
+                    offload.evicted(block_id, block.block_hash)
+                del cached[block.block_hash]
                 block.block_hash = None
                 self.num_evictions += 1
             block.ref_count = 1
@@ -358,10 +367,11 @@ class BlockManager:
         """Release the request's blocks (finish, abort, preemption). ``forget=False`` keeps its
         block hashes for a later lookup (preemption: the tokens will be the same)."""
         self._num_checked.pop(request_id, None)
+        blocks, queue = self.blocks, self._free
         for block_id in reversed(self._tables.pop(request_id, ())):
-            block = self.blocks[block_id]
+            block = blocks[block_id]
             block.ref_count -= 1
             if block.ref_count == 0:
-                self._free[block_id] = None  # tail of the request joins first
+                queue[block_id] = None  # tail of the request joins first
         if forget:
             self._hashes.pop(request_id, None)
