@@ -31,7 +31,7 @@ from array import array
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from itertools import repeat
+from itertools import islice, repeat
 from types import MappingProxyType
 from typing import Any
 
@@ -240,14 +240,8 @@ class BlockManager:
         num_old = num - (self.num_blocks - self._next_unused)
         if num_old <= 0 or not self._cached:
             return set()
-        blocks, out = self.blocks, set()
-        for block_id in self._free:
-            if num_old <= 0:
-                break
-            num_old -= 1
-            if (block_hash := blocks[block_id].block_hash) is not None:
-                out.add(block_hash)
-        return out
+        blocks = self.blocks
+        return {h for block_id in islice(self._free, num_old) if (h := blocks[block_id].block_hash) is not None}
 
     def num_takeable_without_eviction(self) -> int:
         """Blocks the free queue gives before the first cached one (whose take evicts it)."""

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 from bisect import bisect_right
 from collections.abc import Mapping, Sequence
-from itertools import chain
 from typing import Any
 
 import numpy as np
@@ -31,6 +30,7 @@ from kvplan.results.stats.latency import (  # noqa: F401  (re-exported: kvplan.r
     e2e_s,
     held_blocks,
     itl_s,
+    itls_s,
     kv_cache_usage,
     latency_stats,
     meets_slo,
@@ -204,7 +204,7 @@ def summarize_level(
         ttft_ms=latency_stats([t for r in done if (t := ttft_s(r)) is not None]),  # all: done are completed
         ttfo_ms=latency_stats([t for r in done if (t := ttfo_s(r)) is not None]),
         tpot_ms=latency_stats([t for r in done if (t := tpot_s(r)) is not None]),
-        itl_ms=latency_stats(list(chain.from_iterable(map(itl_s, done)))),
+        itl_ms=latency_stats(itls_s(done)),
         e2e_ms=latency_stats([e2e_s(r) for r in done]),
         output_tokens_per_s=rate(out_tokens),
         total_tokens_per_s=rate(all_tokens),

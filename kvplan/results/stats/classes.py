@@ -10,7 +10,6 @@ the level's do, so the classes' goodputs sum to the level's. A request is judged
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from itertools import chain
 
 from pydantic import Field
 
@@ -21,7 +20,7 @@ from kvplan.results.stats.latency import (
     _Summary,
     completed,
     e2e_s,
-    itl_s,
+    itls_s,
     latency_stats,
     meets_slo,
     tpot_s,
@@ -68,7 +67,7 @@ def class_summaries(
                 num_completed=len(done),
                 ttft_ms=latency_stats([t for r in done if (t := ttft_s(r)) is not None]),
                 tpot_ms=latency_stats([t for r in done if (t := tpot_s(r)) is not None]),
-                itl_ms=latency_stats(list(chain.from_iterable(map(itl_s, done)))),
+                itl_ms=latency_stats(itls_s(done)),
                 e2e_ms=latency_stats([e2e_s(r) for r in done]),
                 slo_attainment=sum(meets_slo(r, slo_of(r)) for r in own) / len(own),
                 goodput_rps=rate(sum(counted)),

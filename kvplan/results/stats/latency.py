@@ -71,6 +71,13 @@ def itl_s(r: RequestRecord) -> list[float]:
     return list(map(operator.sub, r.token_times[1:], r.token_times))
 
 
+def itls_s(records: Sequence[RequestRecord]) -> np.ndarray:
+    """``itl_s`` of every record, one after another, seconds [sum of gaps]: the same differences
+    in the same order, taken by numpy (a long output's thousands of gaps at C speed)."""
+    gaps = [np.diff(np.asarray(r.token_times, dtype=np.float64)) for r in records if len(r.token_times) > 1]
+    return np.concatenate(gaps) if gaps else np.zeros(0, dtype=np.float64)
+
+
 def kv_cache_usage(s: StepRecord) -> float:
     return s.num_used_blocks / s.num_total_blocks if s.num_total_blocks else 0.0
 
