@@ -58,6 +58,9 @@ def load_rows(limit: int | None = None) -> list[dict]:
 # the rows InferenceX measured (SILICON_PROTOCOL.md: their ``source`` names these exports); the
 # others come from a pipeline whose protocol is not public
 INFERENCEX_SOURCES = ("source_file=2026-03-25.csv", "source_file=2026-04-06.csv", "db-dump")
+# --no-marlin: price a recipe's Marlin experts with the database's own kernel (the check before
+# kvplan.sizing.gpus.silicon_marlin); set in main, read by the worker processes through the env
+NO_MARLIN = os.environ.get("KVPLAN_SILICON_NO_MARLIN") == "1"
 # InferenceX's warm-up (2 x C requests, drained) from this date on (commit d053ae24e)
 WARMUP_FROM = date(2026, 1, 21)
 # The engine flags of the InferenceX vLLM recipes that set the rows' engines, by (preset, GPU):
@@ -65,11 +68,13 @@ WARMUP_FROM = date(2026, 1, 21)
 # (2025-10-29), benchmarks/gptoss_fp4_{h100,h200}_slurm.sh at e06929c70 (2025-11-02) and 4e135fd3f
 # (2025-12-08), benchmarks/single_node/gptoss_fp4_{h100,h200,b200}.sh at 79a42e20a (2026-03-27).
 # Every one: --max-num-batched-tokens 8192, --no-enable-prefix-caching (random prompts share
-# nothing either way); None: --max-num-seqs $CONC.
+# nothing either way); None: --max-num-seqs $CONC. moe_kernel marlin: the H100 gpt-oss recipes
+# export VLLM_MXFP4_USE_MARLIN=1 (benchmarks/gptoss_fp4_h100_slurm.sh at 2e46dba0,
+# benchmarks/single_node/gptoss_fp4_h100.sh at 34bc7c40), so vLLM ran the experts on Marlin.
 RECIPES: dict[tuple[str, str], dict[str, Any]] = {
     ("llama-3.1-70b", "H100-SXM"): {"max_num_seqs": None, "kv_cache_dtype": "fp8"},
     ("llama-3.1-70b", "H200"): {"max_num_seqs": None, "kv_cache_dtype": "fp8"},
-    ("gpt-oss-120b", "H100-SXM"): {"max_num_seqs": None},
+    ("gpt-oss-120b", "H100-SXM"): {"max_num_seqs": None, "moe_kernel": "marlin"},
     ("gpt-oss-120b", "H200"): {"max_num_seqs": None},
     ("gpt-oss-120b", "B200"): {"max_num_seqs": 512, "kv_cache_dtype": "fp8"},
 }
@@ -118,6 +123,9 @@ def row_replay(row: dict) -> dict[str, Any]:
             if recipe.get("kv_cache_dtype") and not row["kv_cache_dtype"]:
                 flags["kv_cache_dtype"] = recipe["kv_cache_dtype"]
                 said.append(f"kv {recipe['kv_cache_dtype']}")
+            if recipe.get("moe_kernel") and not NO_MARLIN:
+                flags["moe_kernel"] = recipe["moe_kernel"]
+                said.append(f"experts on {recipe['moe_kernel']}")
         else:
             said.append("engine defaults")
     else:
@@ -183,6 +191,7 @@ def simulate_row(args: tuple[dict, str, Any]) -> dict:
             step_times="silicon" if step_times == "silicon" else "roofline",
             silicon_fit=silicon_fit,
             fit=roofline_fit,
+            moe_kernel=row_replay(row)["flags"].get("moe_kernel", "auto"),
         )
         bucket = workload.buckets[0]
         level = Prober(workload, setup.facts, setup.clock, sample(workload, setup.facts).requests).level(
@@ -460,6 +469,7 @@ def main() -> None:
     parser.add_argument("--limit", type=int, help="check this many rows, spread over the file")
     parser.add_argument("--backend", help="check only this backend's rows")
     parser.add_argument("--source", choices=("inferencex", "internal"), help="check only this source's rows")
+    parser.add_argument("--preset", help="check only this model's rows (a kvplan preset: gpt-oss-120b)")
     parser.add_argument("--step-times", choices=("silicon", "roofline"), default="silicon")
     parser.add_argument("--peer-python", help="python of a venv with aiconfigurator==0.12.0")
     parser.add_argument("--no-peer", action="store_true")
@@ -469,11 +479,20 @@ def main() -> None:
     parser.add_argument("--backends", help="fit only these (comma-separated); the others keep their fit")
     parser.add_argument("--jobs", type=int, default=2)
     parser.add_argument("--quiet", action="store_true", help="medians only")
+    parser.add_argument(
+        "--no-marlin", action="store_true", help="price recipes' Marlin MXFP4 experts with the database's own kernel"
+    )
     args = parser.parse_args()
+    if args.no_marlin:
+        global NO_MARLIN
+        NO_MARLIN = True
+        os.environ["KVPLAN_SILICON_NO_MARLIN"] = "1"
     rows = [
         r
         for r in load_rows(args.limit)
-        if args.backend in (None, r["backend"]) and args.source in (None, row_source(r))
+        if args.backend in (None, r["backend"])
+        and args.source in (None, row_source(r))
+        and args.preset in (None, r["preset"])
     ]
     print(
         f"bench/silicon_check.py, {date.today().isoformat()}, {platform.node()} ({os.cpu_count()} CPUs), "

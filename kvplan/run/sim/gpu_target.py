@@ -57,6 +57,7 @@ def gpu_setup(
     step_times: str = "auto",
     silicon_fit=None,
     dp: int = 1,
+    moe_kernel: str = "auto",
 ) -> SimSetup:
     """Simulate ``model`` on ``tp`` GPUs ``gpu`` under the workload's scheduler limits; ``dp`` > 1:
     an instance of ``tp x dp`` GPUs with attention data parallel ``dp`` (kvplan.sizing.gpus.data_parallel:
@@ -68,6 +69,8 @@ def gpu_setup(
     expert ``tp x dp / ep`` ways). step_times: ``auto`` (silicon where covered, else the roofline),
     ``silicon`` (an error where not covered) or ``roofline``. silicon_fit: the silicon model's
     correction (kvplan.sizing.gpus.silicon.SiliconFit); default the backend's fitted one.
+    moe_kernel: ``auto`` or ``marlin`` (MXFP4 experts on Marlin, as ``VLLM_MXFP4_USE_MARLIN=1``
+    runs them; silicon step times only: kvplan.sizing.gpus.silicon_marlin).
 
     Raises:
         KvplanError: an unknown model or GPU, a GPU without FLOP/s and bandwidth figures (``gpu``),
@@ -112,7 +115,7 @@ def gpu_setup(
     if step_times != "roofline":
         system = getattr(perf, "silicon_system", None)
         timed = silicon.silicon_cost(
-            config, system, tp, backend, backend_version, weight_dtype, kv_cache_dtype, ep, silicon_fit, dp
+            config, system, tp, backend, backend_version, weight_dtype, kv_cache_dtype, ep, silicon_fit, dp, moe_kernel
         )
         if isinstance(timed, str):
             if step_times == "silicon":
@@ -177,6 +180,7 @@ def gpu_setup(
             description=f"measured operation times of {src.system} x{tp}"
             + (f" (expert parallel {ep})" if ep > 1 else "")
             + (f", attention data parallel {dp}" if dp > 1 else "")
+            + (", MXFP4 experts on Marlin (silicon_marlin)" if moe_kernel == "marlin" else "")
             + f" under {src.backend} {src.version}, scales {timed.fit.decode_scale:.3f} (decode) and "
             f"{timed.fit.prefill_scale:.3f} (prefill), {timed.fit.step_overhead_s * 1e3:.2f} ms per step, "
             f"{timed.fit.layer_overhead_s * 1e3:.4f} ms per layer per step and "

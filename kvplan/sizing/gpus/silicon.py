@@ -42,6 +42,7 @@ from typing import Any
 from kvplan.errors import KvplanError
 from kvplan.sizing import dtypes
 from kvplan.sizing.gpus.silicon_db import available, database_versions, default_version, nvlink_domain, quiet
+from kvplan.sizing.gpus.silicon_marlin import MOE_KERNELS, take_marlin_experts
 from kvplan.sizing.gpus.silicon_models import bundled_configs, match_model, mla_modes, quant_method, quant_modes
 
 BACKENDS = ("vllm", "sglang", "trtllm")
@@ -107,6 +108,7 @@ def silicon_cost(
     ep: int = 1,
     fit: SiliconFit | None = None,
     dp: int = 1,
+    moe_kernel: str = "auto",
 ) -> SiliconStepCost | str:
     """The silicon cost model of ``config`` on ``tp`` GPUs of aiconfigurator system ``system``
     under ``backend`` (``version``: its database version, default the newest), experts split
@@ -114,13 +116,19 @@ def silicon_cost(
     database does not cover the target, a one-line reason. ``dp`` > 1: one attention-DP rank of a
     ``tp x dp``-GPU instance, priced as aiconfigurator prices it (``attention_dp_size``: the MoE
     operations see every rank's tokens; kvplan.sizing.gpus.data_parallel), for the rank's own work.
+    ``moe_kernel``: ``auto`` (the database's own expert kernel) or ``marlin`` (MXFP4 experts on
+    Marlin's W4A16 kernels, as vLLM's ``VLLM_MXFP4_USE_MARLIN=1`` runs them: priced from the
+    database's Marlin MXFP4 rows by kvplan.sizing.gpus.silicon_marlin's rule).
 
     Raises:
         KvplanError: an unknown ``backend``; a ``backend_version`` that is empty, or that the
             database lacks for this system (the message lists those it has), or given for a GPU
-            it holds no ``backend`` data for; ``ep`` not dividing ``tp x dp``.
+            it holds no ``backend`` data for; ``ep`` not dividing ``tp x dp``; an unknown
+            ``moe_kernel``, or ``marlin`` for a model without MXFP4 experts.
     """
     backend = check_backend(backend)
+    if moe_kernel not in MOE_KERNELS:
+        raise KvplanError("moe_kernel", f"unknown MoE kernel {moe_kernel!r}", f"use one of {', '.join(MOE_KERNELS)}")
     if ep < 1 or (tp * dp) % ep:
         width = f"tp x dp = {tp * dp}" if dp > 1 else f"tp = {tp}"
         raise KvplanError("ep", f"must divide {width} (got {ep})", "give 1 or a divisor of tp" + " x dp" * (dp > 1))
@@ -158,7 +166,7 @@ def silicon_cost(
         return "no aiconfigurator model config has this model's shape"
     source = SiliconSource(system, backend, version, model_path)
     try:
-        handle, context_ops, generation_ops = _engine(
+        handle, context_ops, generation_ops, experts = _engine(
             source,
             tp,
             ep,
@@ -171,18 +179,24 @@ def silicon_cost(
                     ).items()
                 )
             ),
+            moe_kernel,
         )
+    except KvplanError:
+        raise
     except Exception as err:  # the database lacks this shape or precision: the roofline covers it
         return f"aiconfigurator-core cannot price it ({type(err).__name__}: {_short(str(err))})"
     layers = int(config.get("num_hidden_layers") or 0)
-    return SiliconStepCost(source, handle, context_ops, generation_ops, fit or silicon_fit(backend), layers)
+    fit = fit or silicon_fit(backend)
+    return SiliconStepCost(source, handle, context_ops, generation_ops, fit, layers, experts)
 
 
 class SiliconStepCost:
     """A CostModel (kvplan.run.sim.cost): ``step_seconds(work)`` per the module docstring, from
     an aiconfigurator compiled engine ``handle`` and the positions of its ``context_ops`` and
     ``generation_ops`` by role (``non_attention``, ``attention``, ``logits``), for a model of
-    ``num_layers`` layers (what the fit's layer overhead multiplies). ``gap_s`` is 0: the
+    ``num_layers`` layers (what the fit's layer overhead multiplies). ``experts``: a
+    kvplan.sizing.gpus.silicon_marlin.MarlinExperts pricing the MoE experts at a step's tokens in
+    place of the database's own MoE operation (left out of the ops), or None. ``gap_s`` is 0: the
     serving loop's own cost is the fitted step overhead."""
 
     gap_s = 0.0
@@ -195,6 +209,7 @@ class SiliconStepCost:
         generation_ops: dict[str, list[int]],
         fit: SiliconFit,
         num_layers: int = 0,
+        experts: Any = None,
     ):
         self.source = source
         self.fit = fit
@@ -203,6 +218,7 @@ class SiliconStepCost:
         self._handle = handle
         self._ctx = context_ops
         self._gen = generation_ops
+        self._experts, self._experts_ms = experts, (experts.ms if experts is not None else lambda tokens: 0.0)
         self._memo: dict[tuple, float] = {}
         self._decode_s, self._prefill_s = fit.decode_scale / 1e3, fit.prefill_scale / 1e3
 
@@ -248,7 +264,7 @@ class SiliconStepCost:
         if kind == "decode":  # aiconfigurator's decode step: every generation op at this batch and context
             batch, context = shape
             ops = gen["non_attention"] + gen["logits"] + gen["attention"]
-            return _sum(h.evaluate_generation_ops(ops, batch_size=batch, s=context))
+            return _sum(h.evaluate_generation_ops(ops, batch_size=batch, s=context)) + self._experts_ms(batch)
         if kind == "decode_attention":
             batch, context = shape
             return (
@@ -259,6 +275,7 @@ class SiliconStepCost:
         if kind == "shared":  # non-attention ops at T tokens; the LM head at the sampled positions
             tokens, sampled = shape
             total = _sum(h.evaluate_context_ops(ctx["non_attention"], batch_size=1, s=tokens, x=tokens))
+            total += self._experts_ms(tokens)
             if ctx["logits"]:
                 total += _sum(h.evaluate_generation_ops(gen["logits"], batch_size=sampled, s=1))
             return total
@@ -325,13 +342,15 @@ def _sum(entries: list[tuple]) -> float:
 
 
 @cache
-def _engine(source: SiliconSource, tp: int, ep: int, dp: int, modes_items: Any) -> tuple[Any, dict, dict]:
-    return _build_engine(source, tp, ep, dict(modes_items), dp)
+def _engine(
+    source: SiliconSource, tp: int, ep: int, dp: int, modes_items: Any, moe_kernel: str = "auto"
+) -> tuple[Any, dict, dict, Any]:
+    return _build_engine(source, tp, ep, dict(modes_items), dp, moe_kernel)
 
 
 def _build_engine(
-    source: SiliconSource, tp: int, ep: int, modes: dict[str, str], dp: int = 1
-) -> tuple[Any, dict, dict]:
+    source: SiliconSource, tp: int, ep: int, modes: dict[str, str], dp: int = 1, moe_kernel: str = "auto"
+) -> tuple[Any, dict, dict, Any]:
     from aiconfigurator_core.sdk import common, config
     from aiconfigurator_core.sdk.models import get_model
     from aiconfigurator_core.sdk.perf_database import get_database
@@ -354,12 +373,13 @@ def _build_engine(
         model = get_model(source.model_path, model_config, source.backend)
         handle = _cached_engine_handle(model, database)
         context, generation = _roles(model.context_ops), _roles(model.generation_ops)
+        experts = take_marlin_experts(source, model, context, generation) if moe_kernel == "marlin" else None
         # one probe of each kind now, so a shape or precision the data lacks fails here, not mid-run
         handle.evaluate_generation_ops(generation["non_attention"] + generation["logits"], batch_size=8, s=1024)
         handle.evaluate_generation_ops(generation["attention"], batch_size=8, s=1024)
         handle.evaluate_context_ops(context["non_attention"], batch_size=1, s=1024, x=1024)
         handle.evaluate_context_ops(context["attention"], batch_size=1, s=1024, prefix=0)
-    return handle, context, generation
+    return handle, context, generation, experts
 
 
 def _roles(ops: list[Any]) -> dict[str, list[int]]:
