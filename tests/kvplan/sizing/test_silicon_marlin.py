@@ -11,7 +11,7 @@ import pytest
 from kvplan.errors import KvplanError
 from kvplan.run.sim.cost import StepWork
 from kvplan.sizing.gpus import silicon
-from kvplan.sizing.gpus.silicon_marlin import MarlinExperts, marlin_experts
+from kvplan.sizing.gpus.silicon_marlin import MarlinExperts, fixed_time, marlin_experts
 from kvplan.sizing.models.model_source import load_model_config
 
 aic = pytest.importorskip("aiconfigurator_core")
@@ -29,6 +29,15 @@ def test_the_rule_by_hand():
     # reference at 2 tokens: halfway between 1 and 4 in log tokens, so the geometric mean of the times
     assert experts.ms(1) == pytest.approx(math.sqrt(0.1 * 0.2) * 0.5 * 3)
     assert experts.ms(16) == pytest.approx(0.8 * 32 / 16 * 0.5 * 3)  # past the largest: time grows with tokens
+    # a fixed time of 0.05 ms in the reference, 0.02 in the model: only the rest scales with the weights
+    fixed = MarlinExperts([(1, 0.1), (4, 0.2), (16, 0.8)], 2.0, 0.5, 3.0, fixed_ref=0.05, fixed=0.02)
+    assert fixed.ms(2) == pytest.approx((0.02 + (0.2 - 0.05) * 0.5) * 3)
+
+
+def test_the_fixed_time_is_the_intercept_against_one_over_moe_tp():
+    assert fixed_time([1, 2], [3.0, 2.0]) == pytest.approx(1.0)  # 3 = f + c, 2 = f + c / 2
+    assert fixed_time([1, 2, 4], [3.0, 2.0, 1.5]) == pytest.approx(1.0)
+    assert fixed_time([4], [1.0]) == 0.0
 
 
 def _op(tp: int, **shape) -> SimpleNamespace:
