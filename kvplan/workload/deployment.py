@@ -142,6 +142,12 @@ class Deployment(StrictModel):
         description="The ``backend``'s database version (default: the one aiconfigurator-core maintains as"
         " current for the GPU).",
     )
+    moe_kernel: str = Field(
+        "auto",
+        description="The MoE expert kernel the steps are timed with: ``auto`` (the database's own) or ``marlin``"
+        " (MXFP4 experts on Marlin's W4A16 kernels, as vLLM runs them with ``VLLM_MXFP4_USE_MARLIN=1``;"
+        " docs/simulate.md).",
+    )
 
     disagg: Disagg | None = Field(
         None,
@@ -168,6 +174,15 @@ class Deployment(StrictModel):
         if name not in BACKENDS:
             raise ValueError(f"unknown backend {value!r}; use one of {', '.join(BACKENDS)}")
         return name
+
+    @field_validator("moe_kernel", mode="before")
+    @classmethod
+    def _moe_kernel(cls, value: Any) -> Any:
+        from kvplan.sizing.gpus.silicon_marlin import MOE_KERNELS
+
+        if str(value) not in MOE_KERNELS:
+            raise ValueError(f"unknown MoE kernel {value!r}; use one of {', '.join(MOE_KERNELS)}")
+        return str(value)
 
     @model_validator(mode="before")
     @classmethod

@@ -255,6 +255,7 @@ def plan_setups(workload: Workload) -> tuple[list[SimSetup], list[str]]:
                     backend_version=entry.backend_version,
                     ep=entry.ep,
                     dp=entry.dp,
+                    moe_kernel=entry.moe_kernel,
                 )
             )
         except KvplanError as err:
@@ -306,6 +307,7 @@ def disagg_setup(workload: Workload, entry: Any, target: str) -> SimSetup:
                 backend_version=entry.backend_version,
                 ep=pool.ep or entry.ep,
                 dp=pool.dp or entry.dp,
+                moe_kernel=entry.moe_kernel,
             )
         except KvplanError as err:
             if err.field in ("tp", "ep", "dp"):
