@@ -63,14 +63,17 @@ INFERENCEX_SOURCES = ("source_file=2026-03-25.csv", "source_file=2026-04-06.csv"
 NO_MARLIN = os.environ.get("KVPLAN_SILICON_NO_MARLIN") == "1"
 # InferenceX's warm-up (2 x C requests, drained) from this date on (commit d053ae24e)
 WARMUP_FROM = date(2026, 1, 21)
+MARLIN_FROM = date(2026, 1, 2)
 # The engine flags of the InferenceX vLLM recipes that set the rows' engines, by (preset, GPU):
 # github SemiAnalysisAI/InferenceX, benchmarks/70b_fp8_{h100,h200}_slurm.sh at 9596d23d7
 # (2025-10-29), benchmarks/gptoss_fp4_{h100,h200}_slurm.sh at e06929c70 (2025-11-02) and 4e135fd3f
 # (2025-12-08), benchmarks/single_node/gptoss_fp4_{h100,h200,b200}.sh at 79a42e20a (2026-03-27).
 # Every one: --max-num-batched-tokens 8192, --no-enable-prefix-caching (random prompts share
 # nothing either way); None: --max-num-seqs $CONC. moe_kernel marlin: the H100 gpt-oss recipes
-# export VLLM_MXFP4_USE_MARLIN=1 (benchmarks/gptoss_fp4_h100_slurm.sh at 2e46dba0,
-# benchmarks/single_node/gptoss_fp4_h100.sh at 34bc7c40), so vLLM ran the experts on Marlin.
+# export VLLM_MXFP4_USE_MARLIN=1 from 2026-01-02 on (MARLIN_FROM: commit 4e52ed4c6, "Fix H100/H200
+# perf regression", in benchmarks/gptoss_fp4_h100_{slurm,docker}.sh; kept in gptoss_fp4_h100.sh at
+# b0c4ed21b and benchmarks/single_node/gptoss_fp4_h100.sh at d2c2acb19, cec542a9a, 626932a11), so
+# vLLM ran the experts on Marlin; before it (af4ccd03f to 4e135fd3f) no recipe set it.
 RECIPES: dict[tuple[str, str], dict[str, Any]] = {
     ("llama-3.1-70b", "H100-SXM"): {"max_num_seqs": None, "kv_cache_dtype": "fp8"},
     ("llama-3.1-70b", "H200"): {"max_num_seqs": None, "kv_cache_dtype": "fp8"},
@@ -123,7 +126,7 @@ def row_replay(row: dict) -> dict[str, Any]:
             if recipe.get("kv_cache_dtype") and not row["kv_cache_dtype"]:
                 flags["kv_cache_dtype"] = recipe["kv_cache_dtype"]
                 said.append(f"kv {recipe['kv_cache_dtype']}")
-            if recipe.get("moe_kernel") and not NO_MARLIN:
+            if recipe.get("moe_kernel") and not NO_MARLIN and day is not None and day >= MARLIN_FROM:
                 flags["moe_kernel"] = recipe["moe_kernel"]
                 said.append(f"experts on {recipe['moe_kernel']}")
         else:
