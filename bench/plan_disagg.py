@@ -8,8 +8,15 @@ run: an aggregated-only search of the same size (5 GPU kinds x tp 1, 2, 4, 8 x m
 the machine. A configuration's capacity search simulates as many requests as its SLO capacity
 carries, so the time grows with the largest units' capacity (4 decode workers x 256 seqs).
 
+``--baseline DIR``: also run the --disagg search on the tree in DIR (a `git archive` of an earlier
+commit, imported ahead of this checkout through PYTHONPATH) in the same run, and compare the
+answers: the best configuration, and each configuration's SLO capacity (req/s per replica) side
+by side, with the largest ratio between the two. ``--no-peer`` skips the aggregated-only peer.
+
     .venv/bin/python bench/plan_disagg.py               # alone on the machine
     .venv/bin/python bench/plan_disagg.py --requests 10 # a lighter bucket
+    git archive 1680933 | tar -x -C /tmp/base
+    flock /tmp/kvplan-cpu.lock .venv/bin/python bench/plan_disagg.py --requests 10 --baseline /tmp/base
 """
 
 from __future__ import annotations
@@ -36,18 +43,27 @@ slo: {{ttft_ms: 2000, tpot_ms: 30}}
 buckets:
   - {{name: long, input_tokens: 8000, output_tokens: 1000, concurrency: [4], num_requests: {requests}}}
 """
-DISAGG = ("--gpus", "H100-SXM,H200", "--tp", "1,2", "--max-gpus", "12", "--disagg", "--prefill-workers", "1,2")
+DISAGG: tuple[str, ...] = ("--gpus", "H100-SXM,H200", "--tp", "1,2", "--max-gpus", "12", "--disagg", "--prefill-workers", "1,2")
 DISAGG += ("--decode-workers", "1,2,4", "--links", "rdma-400g,nvlink4")
 PEER = ("--gpus", "H100-SXM,H200,B200,A100-80GB,L40S", "--tp", "1,2,4,8", "--max-num-seqs", "64,128,256,512,1024")
 
 
-def _plan(workload: Path, out: Path, jobs: int, rate: float, *grid: str) -> tuple[float, dict]:
-    """``kvplan plan`` in a child process: its wall time, s, and its JSON."""
-    kvplan = str(Path(sys.executable).with_name("kvplan"))
-    args = [kvplan, "plan", str(workload), "--model", "llama-3.1-8b", "--rate", f"{rate:g}", *grid]
+def _plan(
+    workload: Path, out: Path, jobs: int, rate: float, *grid: str, tree: Path | None = None
+) -> tuple[float, dict]:
+    """``kvplan plan`` in a child process (on ``tree``'s kvplan where given): its wall time, s, and its JSON."""
+    # python -c puts its working folder first on sys.path: the baseline runs in its own tree
+    kvplan = [sys.executable, "-c", "import sys; from kvplan.cli import main; sys.argv[0] = 'kvplan'; main()"]
+    args = [*kvplan, "plan", str(workload), "--model", "llama-3.1-8b", "--rate", f"{rate:g}", *grid]
+    env = dict(os.environ, PYTHONPATH=str(tree)) if tree else dict(os.environ)
     start = time.perf_counter()
     done = subprocess.run(
-        [*args, "--jobs", str(jobs), "--out", str(out), "--json"], capture_output=True, text=True, check=False
+        [*args, "--jobs", str(jobs), "--out", str(out), "--json"],
+        capture_output=True,
+        text=True,
+        check=False,
+        cwd=tree or ROOT,
+        env=env,
     )
     took = time.perf_counter() - start
     if done.returncode != 0:
@@ -55,11 +71,38 @@ def _plan(workload: Path, out: Path, jobs: int, rate: float, *grid: str) -> tupl
     return took, json.loads(done.stdout)
 
 
+def _key(c: dict) -> tuple:
+    return (c["gpu"], c["disagg"] or f"x{c['tp']}", c["max_num_seqs"], c["max_num_batched_tokens"])
+
+
+def _compare(run: dict, base: dict) -> None:
+    """The best configuration of each, and each configuration's SLO capacity side by side."""
+    best, before = run["configs"][0], base["configs"][0]
+    same = _key(best) == _key(before) and best["replicas"] == before["replicas"]
+    print(f"  best: {_key(best)} x{best['replicas']}; baseline {_key(before)} x{before['replicas']}: "
+          f"{'the same' if same else 'DIFFERENT'}", flush=True)  # fmt: skip
+    old = {_key(c): c for c in base["configs"]}
+    worst, equal = 1.0, 0
+    for c in run["configs"]:
+        b = old[_key(c)]
+        new_rate, old_rate = c["slo_max_request_rate"], b["slo_max_request_rate"]
+        if new_rate == old_rate:
+            equal += 1
+        elif new_rate and old_rate:
+            worst = max(worst, new_rate / old_rate, old_rate / new_rate)
+        else:
+            worst = float("inf")
+        print(f"    {' '.join(map(str, _key(c)))}: {new_rate} req/s ({old_rate}), {c['replicas']} ({b['replicas']})")
+    print(f"  capacities: {equal} of {len(run['configs'])} equal, the largest ratio {worst:.4f}", flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
     parser.add_argument("--requests", type=int, default=20, help="the bucket's sampled requests")
     parser.add_argument("--rate", type=float, default=10.0, help="the load, requests/s")
+    parser.add_argument("--baseline", type=Path, help="an earlier tree (git archive) to time beside this one")
+    parser.add_argument("--no-peer", action="store_true", help="skip the aggregated-only peer")
     args = parser.parse_args()
     print(
         f"kvplan plan --disagg, 8,000 in / 1,000 out ({dt.date.today()}, {machine()}, --jobs {args.jobs})", flush=True
@@ -78,6 +121,12 @@ def main() -> None:
                 flush=True,
             )
         print(f"  {run['disagg_verdict']}", flush=True)
+        if args.baseline:
+            then, base = _plan(workload, folder / "b", args.jobs, args.rate, *DISAGG, tree=args.baseline)
+            print(f"  baseline {args.baseline}: {then:.1f} s; this / baseline = {took / then:.3f}", flush=True)
+            _compare(run, base)
+        if args.no_peer:
+            return
         peer, other = _plan(workload, folder / "a", args.jobs, args.rate, *PEER)
     size = other["num_configs"]
     print(

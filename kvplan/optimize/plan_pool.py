@@ -34,14 +34,27 @@ class Outcome:
 CHUNK = 5  # configurations per chunk at most: what Ctrl-C waits for, per worker
 
 
-def chunks(jobs: Sequence[Any], size: int = CHUNK) -> list[list[tuple[int, Any]]]:
+def chunks(jobs: Sequence[Any], size: int = CHUNK, largest_first: bool = False) -> list[list[tuple[int, Any]]]:
     """Jobs with their indices, grouped by (GPU, TP, KV dtype, weight dtype) in first-seen order,
-    each group cut into chunks of at most ``size``."""
+    each group cut into chunks of at most ``size``; ``largest_first``: each group's jobs and then
+    the chunks ordered by ``weight``, heaviest first (stable), so that a pool's workers do not
+    wait on one long chunk at the end (the longest-processing-time-first rule)."""
     groups: dict[tuple, list[tuple[int, Any]]] = {}
     for i, job in enumerate(jobs):
         c = job.config
         groups.setdefault((c.gpu, c.tp, c.kv_cache_dtype, c.weight_dtype), []).append((i, job))
-    return [group[k : k + size] for group in groups.values() for k in range(0, len(group), size)]
+    if not largest_first:
+        return [group[k : k + size] for group in groups.values() for k in range(0, len(group), size)]
+    heavy = [sorted(group, key=lambda item: -weight(item[1].config)) for group in groups.values()]
+    cut = [group[k : k + size] for group in heavy for k in range(0, len(group), size)]
+    return sorted(cut, key=lambda chunk: -sum(weight(job.config) for _, job in chunk))
+
+
+def weight(config: Any) -> int:
+    """How much simulating ``config``'s capacity search costs, roughly: the requests it can hold in
+    flight (``max_num_seqs``, times the decode workers of a disaggregated unit), which the largest
+    probes run (kvplan.run.sim.search: concurrency up to that limit, 4 requests a user)."""
+    return config.max_num_seqs * max(1, config.decode_workers)
 
 
 def judge_chunk(chunk: list[tuple[int, Any]]) -> list[tuple[int, Any]]:
@@ -101,7 +114,7 @@ def run_jobs(
             if done:
                 done(item[1])
 
-    work = chunks(jobs)
+    work = chunks(jobs, largest_first=ray is not None or workers > 1)  # one at a time: in grid order
     with _StopOnCtrlC() as stop:
         if ray is not None:
             _on_ray(work, ray, workers, finished, stop)

@@ -32,6 +32,8 @@ does meanwhile (a transfer freeing prefill blocks) lands between the two, as on 
 The backend reports requests as the router streams them (token 1 from the prefill worker, the
 rest from the decode worker) and the seconds each one's KV took to move (``kv_transfer_s``);
 each pool's steps are kept in ``steps`` (the driver gets none: two pools have no one step index).
+A decode worker's pure decode steps are taken together (engine.decode_run) up to the first step
+that a transfer's end or a handoff could change (``_run``), equal step for step to stepping them.
 """
 
 from __future__ import annotations
@@ -42,14 +44,15 @@ from dataclasses import dataclass, field, replace
 from operator import attrgetter
 from typing import Any
 
-from engine.decode_run import SIMULATED_TOKEN_ID
+from engine.decode_run import SIMULATED_TOKEN_ID, decode_run
 from engine.disagg.scheduler import DisaggScheduler
+from engine.outputs import DecodeRunSteps
 from engine.request import FinishReason, Request, SamplingParams
 from engine.scheduler import Scheduler
 from kvplan.results.run_result import EngineFacts
 from kvplan.run.driver import Finished, Submission
 from kvplan.run.sim.backend import _finished, scheduler_for
-from kvplan.run.sim.cost import StepClock, StepWork
+from kvplan.run.sim.cost import ModelClock, StepClock, StepWork, decode_work
 from kvplan.sizing.gpus.links import Link, SharedLink
 
 _REQUEST_ID = attrgetter("request_id")
@@ -62,13 +65,19 @@ class _Worker:
     now: float = 0.0  # when it may start its next step
     idle: bool = True  # nothing to do until an outside event (a request, a handoff, a freed block)
     step: tuple[Any, float, float] | None = None  # (SchedulerOutput, start, end) while a step runs
-    steps: list[Any] = field(default_factory=list)
+    parts: list[Any] = field(default_factory=list)  # its steps: a StepStats, or a decode run's DecodeRunSteps
+    num_steps: int = 0
     handoffs: deque[tuple[float, Request]] = field(default_factory=deque)  # decode: (ready at, prefilled)
     moving: dict[str, tuple[float, Request]] = field(default_factory=dict)  # decode: id -> (start, prefilled)
     moved: list[tuple[float, Request]] = field(default_factory=list)  # decode: (moved at, prefilled)
 
     def wake(self, at: float) -> None:
         self.idle, self.now = False, max(self.now, at)
+
+    @property
+    def steps(self) -> list[Any]:
+        """Every step's StepStats in order (a decode run's built here, where they are read)."""
+        return [s for part in self.parts for s in (part if isinstance(part, DecodeRunSteps) else (part,))]
 
 
 class DisaggBackend:
@@ -88,12 +97,14 @@ class DisaggBackend:
         link: Link,
         transfer_bytes: Callable[[int], float],
         first_token: str = "prefill",
+        decode_runs: bool = True,
     ):
         self.prefill = [_Worker(_disagg_scheduler(prefill[0], hold=True), prefill[1]()) for _ in range(prefill[2])]
         self.decode = [_Worker(_disagg_scheduler(decode[0], hold=False), decode[1]()) for _ in range(decode[2])]
         self.links = [SharedLink(link) for _ in self.decode]
         self.transfer_bytes = transfer_bytes
         self.decode_first = first_token == "decode"  # the client's token 1 from the decode worker
+        self.decode_runs = decode_runs  # a decode worker's pure decode steps taken together (_run)
         self.now_s = 0.0
         self._count = 0  # requests routed so far (the router's index i)
         self._route: dict[str, tuple[int, int, int]] = {}  # id -> (prefill worker, decode worker, max_tokens)
@@ -165,9 +176,44 @@ class DisaggBackend:
         if kind.endswith("start"):
             if pool is self.decode:
                 self._admit(i, at)
+                if self.decode_runs and self._run(i):
+                    return [], []
             self._start(worker, at)
             return [], []
         return self._end(worker, pool is self.prefill, at), []
+
+    def _run(self, d: int) -> bool:
+        """Decode worker ``d``'s steps from the one starting now (its handoffs admitted) taken
+        together as a decode run (engine.decode_run: equal step for step to the scheduler's), up to
+        the first step that something from outside could change: its link's next transfer end (a
+        moved request joins at the next step start), and, unless no handoff can be admitted during
+        the run, the earliest end a prefill step can have (a handoff; every prefill worker busy, its
+        step's end or next start, else no run). No handoff can be admitted while the head of the
+        queue waits (its pool only fills during a run: FIFO, the rest wait behind it) or running +
+        moving requests hold max_num_seqs (none finishes in a run). On a clock with a gap between
+        steps, a handoff arriving in a gap would delay the next step: the prefill bound then too.
+        Only on a ``ModelClock`` (a step's time from its work; arrivals join at its start). Whether
+        a run was taken."""
+        worker = self.decode[d]
+        clock = worker.clock
+        if type(clock) is not ModelClock:
+            return False
+        scheduler = worker.scheduler
+        until = self.links[d].next_end()
+        full = len(scheduler.running) + len(worker.moving) >= scheduler.max_num_seqs
+        if not (worker.handoffs or full) or clock.cost.gap_s:
+            for p in self.prefill:
+                if p.idle:  # it may start a step at any time (a request, a freed block)
+                    return False
+                at = p.step[2] if p.step is not None else p.clock.next_start(p.now)[1]
+                until = at if until is None else min(until, at)
+        run = decode_run(scheduler, clock, worker.now, until, worker.num_steps, decode_work)
+        if run is None:
+            return False
+        steps, worker.now = run
+        worker.parts.append(steps)
+        worker.num_steps += len(steps)
+        return True
 
     def _start(self, worker: _Worker, start: float) -> None:
         output = worker.scheduler.schedule(start)
@@ -182,7 +228,8 @@ class DisaggBackend:
         scheduler = worker.scheduler
         scheduler.update_from_output(output, dict.fromkeys(map(_REQUEST_ID, output.scheduled), SIMULATED_TOKEN_ID), end)
         finished = scheduler.take_finished()
-        worker.steps.append(scheduler.step_stats(len(worker.steps), start, end, output, len(finished)))
+        worker.parts.append(scheduler.step_stats(worker.num_steps, start, end, output, len(finished)))
+        worker.num_steps += 1
         worker.step, worker.now = None, end
         out = []
         for request in finished:

@@ -123,15 +123,22 @@ class SharedLink:
     link: Link
     now: float = 0.0
     _moving: dict[Any, _Transfer] = field(default_factory=dict)
+    _next_end: tuple[float | None] | None = None  # next_end() until start or take_done changes the state
 
     def __len__(self) -> int:
         return len(self._moving)
 
     def start(self, key: Any, now: float, num_bytes: float) -> None:
+        self._next_end = None
         self._advance(now)
         self._moving[key] = _Transfer(now + self.link.setup_s, float(num_bytes), float(num_bytes))
 
     def next_end(self) -> float | None:
+        if self._next_end is None:
+            self._next_end = (self._first_end(),)
+        return self._next_end[0]
+
+    def _first_end(self) -> float | None:
         if not self._moving:
             return None
         saved = self.now, {k: _Transfer(t.ready, t.remaining, t.total) for k, t in self._moving.items()}
@@ -140,6 +147,7 @@ class SharedLink:
         return done
 
     def take_done(self, now: float) -> list[Any]:
+        self._next_end = None
         self._advance(now)
         done = [k for k, t in self._moving.items() if self._is_done(t) and t.ready <= now]
         for key in done:
