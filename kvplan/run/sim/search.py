@@ -39,6 +39,11 @@ test's metrics, so a probe is exactly the level a load test or ``kvplan simulate
   it, no rate does either (at a rate low enough that requests never meet, each runs alone, as at
   concurrency 1).
 
+The knee and concurrency searches are steered (kvplan.run.sim.brackets.steered): they simulate
+the levels where the edge is expected (kvplan.run.sim.edges: the pool's arithmetic, the probes'
+scores, Little's law) and infer the rest by monotonicity, with the plain searches' answers where
+it holds. The rate search is not: 2 % apart, rates (with their own warm-up) are not monotone.
+
 A trace bucket's probes, knee and SLO alike, run a sample of at most 1,000 of its requests
 (kvplan.run.sim.trace_sample); its replay level (kvplan.run.driver) runs every request.
 """
@@ -58,8 +63,9 @@ from kvplan.results.stats.steady import LevelSchedule, request_index
 from kvplan.results.stats.step_log import StepLog
 from kvplan.run.driver import Level, Recorder, run_level
 from kvplan.run.sim.backend import SimBackend
-from kvplan.run.sim.brackets import beyond, highest_int, highest_rate, round_rate
+from kvplan.run.sim.brackets import beyond, bisect, highest_int, highest_rate, inside, round_rate, steered
 from kvplan.run.sim.cost import FixedStepCost, ModelClock, StepClock
+from kvplan.run.sim.edges import QUEUE_MARGIN, expected_edge, expected_knee, queue_cannot_bind, score, slo_ratio  # noqa: F401
 from kvplan.run.sim.trace_sample import probe_sample
 from kvplan.traffic.requests import SampledRequest
 from kvplan.workload.schema import Workload
@@ -69,7 +75,6 @@ STEADY_ROUNDS = 4  # a capacity probe measures at least 4 requests per user (see
 KNEE_ROUNDS = 2  # a knee probe runs at least 2 requests per user
 BOUND = "max_num_seqs"  # what bounds a max_concurrency that meets the SLO at the scheduler's limit
 MAX_USERS = 8  # the concurrency search stops at 8 x max_num_seqs users
-QUEUE_MARGIN = 1.5  # the limit is probed first where its predicted P95 x 1.5 is within the SLO
 MAX_USERS_BOUND = "max_users"  # what bounds a max_concurrency that meets the SLO even there
 SATURATION = "saturation"  # what bounds a max_request_rate that meets the SLO at what max_num_seqs serve
 _NO_SIZES = {"ideal_bytes": 0, "paged_bytes": 0, "contiguous_bytes": 0, "measured_bytes": 0}
@@ -109,17 +114,17 @@ class _Records(Recorder):
             self.slo, self.first = slo, plan.warmup_requests
             self.last, self.allowed = plan.warmup_requests + plan.num_requests, (1 - attainment) * plan.num_requests
             self.misses = 0
+        self.ratios: list[float] = []  # the measured requests' SLO ratios (kvplan.run.sim.edges)
 
     def write_request(self, record) -> None:
         self.requests.append(record)
-        if (
-            self.decide
-            and self.first <= request_index(record) < self.last
-            and not meets_slo(record, self.class_slos.get(record.request_class, self.slo))
-        ):
-            self.misses += 1
-            if self.misses > self.allowed:
-                raise _Decided
+        if self.decide and self.first <= request_index(record) < self.last:
+            slo = self.class_slos.get(record.request_class, self.slo)
+            self.ratios.append(slo_ratio(record, slo))
+            if not meets_slo(record, slo):
+                self.misses += 1
+                if self.misses > self.allowed:
+                    raise _Decided
 
     def write_step(self, record: StepRecord) -> None:
         raise NotImplementedError("record() keeps the steps as they are and writes none")
@@ -149,6 +154,7 @@ class Prober:
         # the knee as the load test's summary takes it, with nothing shared; the SLO with the
         # prefixes shared as the workload's tenants would share them
         self.knee_variant, self.slo_variant = (UNCACHED, CACHED) if shared else ("", "")
+        self.scores: dict[tuple[int, str, float], float] = {}  # a capacity probe's (kvplan.run.sim.edges)
 
     def level(
         self,
@@ -188,6 +194,8 @@ class Prober:
             return None
         except _Decided:  # summarised from the requests finished so far: its attainment is below target
             pass
+        if decide is not None:
+            self.scores[bucket_index, mode, value] = score(records.ratios, decide)
         planned = len(requests) if sessions else bucket.num_requests if plan is None else plan.num_requests
         return summarize_level(key, records.requests, records.steps, self.workload.slo, planned, plan, slos)
 
@@ -207,10 +215,10 @@ class Prober:
         low, high = self.facts.num_blocks // most, self.facts.max_num_seqs  # low never preempts
         if low >= high or not self.preempts(bucket_index, high):
             return None
-        while high - low > 1:  # low does not preempt, high does
-            mid = (low + high) // 2
-            low, high = (low, mid) if self.preempts(bucket_index, mid) else (mid, high)
-        return high
+        edge, known = expected_knee(requests, self.facts.num_blocks, block), {low: True, high: False}
+        fits = lambda c: not self.preempts(bucket_index, c)  # noqa: E731
+        # bisection between low (does not preempt) and high (does), steered by the pool's arithmetic
+        return steered(lambda ok: bisect(ok, low, high, 1.0), fits, known, lambda: inside(edge, known))[1]
 
     def steady(self, users: int, bucket_index: int, rate: float | None = None) -> LevelSchedule:
         """A capacity probe's plan: ``users`` requests of warm-up and of cool-down around
@@ -249,12 +257,26 @@ class Prober:
                 probes[mode, value] = summary
             return probes[mode, value]
 
+        known: dict[str, dict[float, bool]] = {"closed": {}, "open": {}}  # level -> meets the SLO
+
         def meets(mode: Mode, value: float) -> bool:
-            return (probe(mode, value).slo_attainment or 0.0) >= attainment
+            known[mode][value] = (probe(mode, value).slo_attainment or 0.0) >= attainment
+            return known[mode][value]
+
+        def steer(mode: Mode, search: Callable[[Callable], tuple]) -> tuple:
+            """``search``'s answer, steered by the edge the levels so far suggest (brackets.steered)."""
+            levels, scores = known[mode], self.scores
+
+            def guess() -> float | None:
+                ratio = {v: scores.get((bucket_index, mode, v), math.nan) for v in levels}
+                summaries = {v: probes[mode, v] for v in levels}
+                return expected_edge(levels, ratio, summaries, slo, top if mode == "closed" else None)
+
+            return steered(search, lambda v: meets(mode, v), levels, guess)
 
         e2e_s = 0.0
         slo = self.workload.slo
-        concurrency, above_c = highest_int(lambda c: meets("closed", c), top, precision)
+        concurrency, above_c = steer("closed", lambda ok: highest_int(ok, top, precision))
         queue_bound = slo.ttft_ms is not None or slo.e2e_ms is not None
         if concurrency == top and queue_bound:
             # users past max_num_seqs wait in the queue: search on, doubling, to where the wait
@@ -264,7 +286,7 @@ class Prober:
             if queue_cannot_bind(probe("closed", top), cap - top, slo) and meets("closed", cap):
                 concurrency, above_c = cap, None
             else:
-                concurrency, above_c = beyond(lambda c: meets("closed", c), top, cap, precision)
+                concurrency, above_c = steer("closed", lambda ok: beyond(ok, top, cap, precision))
         if concurrency is None:  # one at a time misses it: so does a rate low enough to never queue
             return BucketCapacity(name=name, knee=knee, above_concurrency=_point(probe("closed", 1)))
         best = probe("closed", concurrency)
@@ -279,6 +301,7 @@ class Prober:
             )
         # the rate the highest good concurrency sustains is near the highest good rate: start there
         start = best.requests_per_s or 1.0
+        # not steered: at 2 % apart, rates are not monotone enough (their warm-up and count differ)
         rate, above_r = highest_rate(lambda r: meets("open", r), start, top=saturation)
         return BucketCapacity(
             name=name,
@@ -290,23 +313,6 @@ class Prober:
             above_concurrency=_point(probe("closed", above_c)) if above_c is not None else None,
             above_request_rate=_point(probe("open", above_r)) if above_r is not None else None,
         )
-
-
-def queue_cannot_bind(at_top: LevelSummary, extra_users: int, slo: Slo) -> bool:
-    """Whether ``extra_users`` more users than max_num_seqs, all waiting in the queue, leave the
-    SLO's TTFT and E2E bounds ``QUEUE_MARGIN`` times their predicted P95: by Little's law (mean time in
-    the system = users / throughput) each waiting user adds ``1 / X`` s to a request's wait, X the
-    requests/s that ``at_top`` (max_num_seqs in flight) completes, so P95 at the limit is predicted
-    as ``at_top``'s P95 + ``extra_users / X``. It orders the search only (the limit's level is
-    simulated, and where it misses the SLO the search doubles as it would have)."""
-    rate = at_top.requests_per_s
-    if not rate:
-        return False
-    wait_ms = extra_users / rate * 1e3
-    for bound, stats in ((slo.ttft_ms, at_top.ttft_ms), (slo.e2e_ms, at_top.e2e_ms)):
-        if bound is not None and (stats is None or QUEUE_MARGIN * (stats.p95 + wait_ms) > bound):
-            return False
-    return True
 
 
 def _has_slo(slo: Slo) -> bool:

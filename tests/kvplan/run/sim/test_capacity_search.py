@@ -128,6 +128,43 @@ def test_a_queue_that_cannot_bind_is_searched_at_its_limit_first_with_the_same_a
     probed_first, closed[:] = list(closed), []
     monkeypatch.setattr(search, "queue_cannot_bind", lambda *args: False)
     (doubled,) = search.search_capacity(workload, setup.facts, sampled, setup.clock, 0.95, {})
+    probed_steered, closed[:] = list(closed), []
+    monkeypatch.setattr(search, "steered", lambda plain, ok, known, guess: plain(ok))  # the plain searches
+    (plain,) = search.search_capacity(workload, setup.facts, sampled, setup.clock, 0.95, {})
     top = setup.facts.max_num_seqs
-    assert first == doubled and first.max_concurrency.level == 8 * top and first.concurrency_bound == "max_users"
-    assert probed_first == [top, 8 * top] and closed == [top, 2 * top, 4 * top, 8 * top]
+    assert first == doubled == plain and first.max_concurrency.level == 8 * top
+    assert first.concurrency_bound == "max_users"
+    # the steered doubling goes to the limit too, where Little's law puts the edge (far past it)
+    assert probed_first == probed_steered == [top, 8 * top] and closed == [top, 2 * top, 4 * top, 8 * top]
+
+
+@pytest.mark.smollm2
+@pytest.mark.parametrize("gpu", [{}, {"model": "llama-3.1-8b", "gpu": "L4"}])
+def test_the_steered_searches_give_the_plain_searches_answers_on_chat_yaml_with_fewer_levels(monkeypatch, gpu):
+    """chat.yaml on its own engine (knees 9 and 2, max concurrency 15 and 2) and on an L4 (the
+    SLO past max_num_seqs): every answer, its edge and the levels' summaries equal the plain
+    searches', from fewer simulated levels (brackets.steered)."""
+    workload, setup, _ = _prober(CHAT, **gpu)
+    sampled = sample(workload, setup.facts).requests
+    counted: list[tuple] = []
+    level = Prober.level
+
+    def counting(self, bucket_index, mode, value, *args, **kwargs):
+        counted.append((mode, value))
+        return level(self, bucket_index, mode, value, *args, **kwargs)
+
+    def answers():
+        knees = search.simulated_knees(workload, setup.facts, sampled)
+        found = search.search_capacity(workload, setup.facts, sampled, setup.clock, 0.95, knees)
+        return knees, found, list(counted)
+
+    monkeypatch.setattr(Prober, "level", counting)
+    steered = answers()
+    counted[:] = []
+    monkeypatch.setattr(search, "steered", lambda plain, ok, known, guess: plain(ok))
+    plain = answers()
+    assert steered[:2] == plain[:2]
+    assert len(steered[2]) < len(plain[2])
+    if not gpu:
+        assert steered[0] == {"short": 9, "long": 2}
+        assert [b.max_concurrency.level for b in steered[1]] == [15, 2]

@@ -1,0 +1,106 @@
+"""Where the capacity search expects the SLO's edge, from the levels it has simulated: the guesses
+that steer its searches (kvplan.run.sim.brackets.steered). A guess only orders the simulations: a
+wrong one costs a level, never an answer.
+
+Each simulated capacity probe gets a score: its requests' SLO ratios (a request's largest of
+TTFT / TTFT bound, TPOT / TPOT bound and E2E / E2E bound; infinite for one that did not complete)
+at the attainment target's quantile, so that the probe meets the SLO at that attainment about
+where its score is 1 or less. Between a level that meets it and one that misses, the edge is where
+the line through their scores crosses 1 (the secant). Past ``max_num_seqs`` users with only levels
+that meet it, each user more waits ``1 / X`` s longer (Little's law, X the requests/s of the
+highest level that meets it), so the edge is where the TTFT or E2E P95 grows to its bound; else,
+with levels on one side only, the score is taken as growing in proportion to the level.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+
+from kvplan.results.metrics import LevelSummary, Slo
+from kvplan.results.records import RequestRecord
+from kvplan.results.stats.latency import completed, e2e_s, tpot_s, ttft_s
+
+QUEUE_MARGIN = 1.5  # the limit is probed first where its predicted P95 x 1.5 is within the SLO
+
+
+def slo_ratio(r: RequestRecord, slo: Slo) -> float:
+    """The largest of the request's latency / its SLO bound over the bounds ``slo`` sets (TTFT,
+    TPOT, E2E, all in ms); infinite for a request that did not complete. At most 1 exactly when
+    kvplan.results.stats.latency.meets_slo holds (bounds > 0)."""
+    if not completed(r):
+        return math.inf
+    ttft, tpot = ttft_s(r), tpot_s(r)
+    parts = [0.0]
+    for bound, value in ((slo.ttft_ms, ttft), (slo.tpot_ms, tpot), (slo.e2e_ms, e2e_s(r))):
+        if bound is not None and value is not None:
+            parts.append(value * 1e3 / bound if bound > 0 else (math.inf if value > 0 else 0.0))
+    return max(parts)
+
+
+def score(ratios: Sequence[float], attainment: float) -> float:
+    """The ratio at the ``attainment`` quantile of the measured requests that finished (a probe
+    stopped once it missed its target has finished fewer than planned: its score is still above
+    1, since more than ``1 - attainment`` of them missed); NaN without any."""
+    if not ratios:
+        return math.nan
+    ranked = sorted(ratios)
+    return ranked[min(max(math.ceil(attainment * len(ranked)) - 1, 0), len(ranked) - 1)]
+
+
+def expected_edge(
+    known: Mapping[float, bool],
+    scores: Mapping[float, float],
+    summaries: Mapping[float, LevelSummary],
+    slo: Slo,
+    top: int | None = None,
+) -> float | None:
+    """The level where the SLO is expected to stop holding (see the module docstring), from the
+    levels ``known`` (level -> meets it) with their ``scores`` and ``summaries``; ``top``: the
+    concurrency search's max_num_seqs (None: a rate search). None: no guess."""
+    held = max((v for v, k in known.items() if k), default=None)
+    failed = min((v for v, k in known.items() if not k), default=None)
+    if held is not None and failed is not None:
+        low, high = scores.get(held, math.nan), scores.get(failed, math.nan)
+        if not (math.isfinite(low) and math.isfinite(high) and high > low):
+            return None
+        return held + (1.0 - low) * (failed - held) / (high - low)
+    if held is not None and top is not None and held >= top and held in summaries:
+        at = summaries[held]  # Little's law: each user more waits 1 / X longer
+        if not at.requests_per_s:
+            return None
+        room = [
+            (bound - stats.p95) / 1e3 * at.requests_per_s
+            for bound, stats in ((slo.ttft_ms, at.ttft_ms), (slo.e2e_ms, at.e2e_ms))
+            if bound is not None and stats is not None
+        ]
+        return held + min(room) if room else None
+    one = held if held is not None else failed  # one side only: the score in proportion to the level
+    ratio = math.nan if one is None else scores.get(one, math.nan)
+    return one / ratio if one is not None and math.isfinite(ratio) and ratio > 0 else None
+
+
+def expected_knee(requests: Sequence, num_blocks: int, block_size: int) -> float:
+    """Where preemption is expected to start: the pool's ``num_blocks`` over the blocks a request
+    holds halfway through its output, on average over ``requests`` (kvplan.traffic.requests.
+    SampledRequest: prompt token ids and max_tokens): in a closed loop the requests in flight are
+    spread over their lives. A guess for the knee's bisection only."""
+    held = sum(len(r.prompt_token_ids) + r.max_tokens / 2 for r in requests) / max(len(requests), 1)
+    return num_blocks / max(held / block_size, 1e-9)
+
+
+def queue_cannot_bind(at_top: LevelSummary, extra_users: int, slo: Slo) -> bool:
+    """Whether ``extra_users`` more users than max_num_seqs, all waiting in the queue, leave the
+    SLO's TTFT and E2E bounds ``QUEUE_MARGIN`` times their predicted P95: by Little's law (mean time in
+    the system = users / throughput) each waiting user adds ``1 / X`` s to a request's wait, X the
+    requests/s that ``at_top`` (max_num_seqs in flight) completes, so P95 at the limit is predicted
+    as ``at_top``'s P95 + ``extra_users / X``. It orders the search only (the limit's level is
+    simulated, and where it misses the SLO the search doubles as it would have)."""
+    rate = at_top.requests_per_s
+    if not rate:
+        return False
+    wait_ms = extra_users / rate * 1e3
+    for bound, stats in ((slo.ttft_ms, at_top.ttft_ms), (slo.e2e_ms, at_top.e2e_ms)):
+        if bound is not None and (stats is None or QUEUE_MARGIN * (stats.p95 + wait_ms) > bound):
+            return False
+    return True
