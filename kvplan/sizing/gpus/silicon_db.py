@@ -103,10 +103,25 @@ def _read_listing(path: Path) -> dict[str, dict[str, list[str]]] | None:
 
 def _write_listing(path: Path, listing: dict[str, dict[str, list[str]]]) -> None:
     """Keep ``listing`` at ``path``, written whole or not at all (a cache: a failure is ignored)."""
+    _write_json(path.parent, path, listing)
+
+
+def _read_json(path: Path) -> dict:
+    """The JSON object kept at ``path``; {} where there is none or it cannot be read."""
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
+        stored = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return stored if isinstance(stored, dict) else {}
+
+
+def _write_json(folder: Path, path: Path, data: dict) -> None:
+    """Keep ``data`` at ``path`` in ``folder``, written whole or not at all (a cache: a failure is
+    ignored)."""
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
         partial = path.with_suffix(f".{os.getpid()}.tmp")
-        partial.write_text(json.dumps(listing, sort_keys=True))
+        partial.write_text(json.dumps(data, sort_keys=True))
         partial.replace(path)
     except OSError:
         pass
@@ -117,13 +132,22 @@ def default_version(system: str, backend: str) -> str | None:
     """The database version of ``system`` / ``backend`` aiconfigurator maintains as current (its
     ``get_latest_database_version``: the ``current`` version slot where one is set, else the
     newest with data; vLLM 0.24.0 on h100_sxm in 0.12.0), None where there is none (cached per
-    process)."""
+    process, and kept on disk beside the listing, ``current-<key>.json`` under the listing's key:
+    finding it reads some 30 YAML files, 0.5 s here)."""
     if not database_versions(system, backend):
         return None
-    from aiconfigurator_core.sdk.perf_database import get_latest_database_version
+    from aiconfigurator_core.sdk import perf_database
 
+    listing = _listing_file(perf_database.get_systems_paths())
+    stored = listing.with_name(listing.name.replace("databases-", "current-"))
+    kept = _read_json(stored)
+    if isinstance(kept.get(f"{system}/{backend}"), str):
+        return kept[f"{system}/{backend}"]
     with quiet():
-        return get_latest_database_version(system, backend)
+        version = perf_database.get_latest_database_version(system, backend)
+    if version is not None:  # kept beside the listing, under its key (0.5 s of YAML reads per process)
+        _write_json(stored.parent, stored, {**kept, f"{system}/{backend}": version})
+    return version
 
 
 @cache

@@ -51,3 +51,22 @@ def test_an_unreadable_kept_listing_is_read_afresh(fresh, tmp_path):
     with silicon_db.quiet():
         theirs = original()
     assert silicon_db._supported_databases() == theirs
+
+
+def test_a_later_process_reads_the_kept_current_version_equal_to_aiconfigurators(fresh, tmp_path, monkeypatch):
+    perf_database, _ = fresh
+    silicon_db.default_version.cache_clear()
+    with silicon_db.quiet():
+        theirs = perf_database.get_latest_database_version("h100_sxm", "vllm")
+    assert theirs is not None and silicon_db.default_version("h100_sxm", "vllm") == theirs
+    kept = list((tmp_path / "aiconfigurator").glob("current-*.json"))
+    assert len(kept) == 1
+
+    silicon_db.default_version.cache_clear()  # a new process: nothing read yet but the kept file
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("read the version slots again")
+
+    monkeypatch.setattr(perf_database, "get_latest_database_version", refuse)
+    assert silicon_db.default_version("h100_sxm", "vllm") == theirs
+    silicon_db.default_version.cache_clear()
