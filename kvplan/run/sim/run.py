@@ -16,7 +16,10 @@ here imports torch or transformers.
 
 from __future__ import annotations
 
+import multiprocessing
+import os
 from collections.abc import Callable
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 from kvplan.errors import KvplanError
@@ -170,37 +173,62 @@ def simulate(
         kept=records,
     )
     if search and status == "complete" and setup.timed:
-        targets = []
-        for target in (setup, *plan):
-            if target is setup:
-                own_knees = knees
-            else:  # a disaggregated target has no one pool to find a knee in
-                own_knees = {} if target.make_backend else simulated_knees(workload, target.facts, sampled.requests)
-            buckets = search_capacity(
-                workload,
-                target.facts,
-                sampled.requests,
-                target.clock,
-                attainment,
-                own_knees,
-                make_backend=target.make_backend,
-            )
-            targets.append(
-                TargetCapacity(
-                    target=target.target,
-                    model=target.facts.model,
-                    gpu=target.gpu,
-                    tp=target.tp,
-                    kv_cache_dtype=target.facts.kv_cache_dtype,
-                    attainment_target=attainment,
-                    buckets=buckets,
-                    step_times=target.cost_model.step_times,
-                    weight_dtype=target.weight_dtype,
-                    ep=target.ep,
-                    dp=target.dp,
-                    backend=target.backend,
-                    disagg=target.disagg,
+
+        def answers(target: SimSetup) -> Callable[[], list]:
+            def find() -> list:
+                # a disaggregated target has no one pool to find a knee in
+                own = knees if target is setup else {} if target.make_backend else None
+                if own is None:
+                    own = simulated_knees(workload, target.facts, sampled.requests)
+                clock, make = target.clock, target.make_backend
+                return search_capacity(
+                    workload, target.facts, sampled.requests, clock, attainment, own, make_backend=make
                 )
+
+            return find
+
+        found = search_all([answers(target) for target in (setup, *plan)])
+        targets = [
+            TargetCapacity(
+                target=target.target,
+                model=target.facts.model,
+                gpu=target.gpu,
+                tp=target.tp,
+                kv_cache_dtype=target.facts.kv_cache_dtype,
+                attainment_target=attainment,
+                buckets=buckets,
+                step_times=target.cost_model.step_times,
+                weight_dtype=target.weight_dtype,
+                ep=target.ep,
+                dp=target.dp,
+                backend=target.backend,
+                disagg=target.disagg,
             )
+            for target, buckets in zip((setup, *plan), found, strict=True)
+        ]
         result = result.model_copy(update={"capacity": targets})
     return finish_run(run_dir, result, status, charts, records)
+
+
+_SEARCHES: list[Callable[[], list]] = []  # what a forked worker of search_all runs, by index
+
+
+def _run_search(index: int) -> list:
+    return _SEARCHES[index]()
+
+
+def search_all(searches: list[Callable[[], list]]) -> list[list]:
+    """Each of ``searches`` run, their answers in order: on a pool of processes forked from this
+    one (so the searches, closures over the setups, need no pickling), one per core up to one per
+    search, where there are two or more of each; else here, one after the other. Each search is
+    deterministic (the same requests, seeds and clocks), so the answers are the same either way;
+    only the wall time differs (``KVPLAN_SEARCH_JOBS=1``: here)."""
+    workers = min(len(searches), int(os.environ.get("KVPLAN_SEARCH_JOBS") or os.cpu_count() or 1))
+    if workers < 2 or "fork" not in multiprocessing.get_all_start_methods():
+        return [find() for find in searches]
+    _SEARCHES[:] = searches
+    try:
+        with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("fork")) as pool:
+            return list(pool.map(_run_search, range(len(searches))))
+    finally:
+        _SEARCHES.clear()
