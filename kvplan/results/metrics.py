@@ -11,12 +11,14 @@ from __future__ import annotations
 
 from bisect import bisect_right
 from collections.abc import Mapping, Sequence
+from operator import sub
 from typing import Any
 
 import numpy as np
 from pydantic import Field, computed_field
 
 from kvplan.results.records import LevelKey, RequestRecord, StepRecord
+from kvplan.results.rows import by_level, column, pick
 from kvplan.results.stats.arrival_stats import ArrivalSettings, level_arrival
 from kvplan.results.stats.classes import ClassSummary, class_summaries
 from kvplan.results.stats.latency import (  # noqa: F401  (re-exported: kvplan.results.metrics is their old home)
@@ -240,20 +242,24 @@ def step_fields(steps: Sequence[StepRecord] | StepLog | StepColumns) -> dict[str
         steps = steps.columns()
     if isinstance(steps, StepColumns):
         return steps.fields()
-    used = np.array([s.num_used_blocks for s in steps], dtype=np.float64)
-    held = np.array([held_blocks(s) for s in steps], dtype=np.float64)  # during each step
-    waiting = np.array([s.num_waiting for s in steps], dtype=np.float64)
-    queried = sum(s.num_prefix_queried_tokens for s in steps)
+    # the steps' fields read column by column (kvplan.results.rows.column: a million steps of a long
+    # simulation); each value as held_blocks and kv_cache_usage give it per step
+    used_blocks, totals = column(steps, "num_used_blocks"), column(steps, "num_total_blocks")
+    held_blocks_ = [u if p is None else p for u, p in zip(used_blocks, column(steps, "num_peak_used_blocks", None))]
+    used = np.array(used_blocks, dtype=np.float64)
+    held = np.array(held_blocks_, dtype=np.float64)  # during each step
+    waiting = np.array(column(steps, "num_waiting"), dtype=np.float64)
+    queried = sum(column(steps, "num_prefix_queried_tokens"))
     # steps without KV sizes (a simulation's search probes keep the scheduler's stats) count them as 0
-    peak = lambda key: max((getattr(s, key, 0) for s in steps), default=0)  # noqa: E731
+    peak = lambda key: max(column(steps, key, 0), default=0)  # noqa: E731
     return {
         "num_steps": len(steps),
-        "num_preemptions": sum(s.num_preemptions for s in steps),
+        "num_preemptions": sum(column(steps, "num_preemptions")),
         "num_total_blocks": peak("num_total_blocks"),
         "peak_used_blocks": int(held.max()) if held.size else 0,
         "mean_used_blocks": float(used.mean()) if used.size else 0.0,
-        "peak_kv_usage": max((held_blocks(s) / s.num_total_blocks for s in steps if s.num_total_blocks), default=0.0),
-        "mean_kv_usage": float(np.mean([kv_cache_usage(s) for s in steps])) if steps else 0.0,
+        "peak_kv_usage": max((h / t for h, t in zip(held_blocks_, totals) if t), default=0.0),
+        "mean_kv_usage": float(np.mean([u / t if t else 0.0 for u, t in zip(used_blocks, totals)])) if steps else 0.0,
         "mean_queue_len": float(waiting.mean()) if waiting.size else 0.0,
         "max_queue_len": int(waiting.max()) if waiting.size else 0,
         "peak_ideal_bytes": peak("ideal_bytes"),
@@ -261,9 +267,9 @@ def step_fields(steps: Sequence[StepRecord] | StepLog | StepColumns) -> dict[str
         "peak_contiguous_bytes": peak("contiguous_bytes"),
         "peak_measured_bytes": peak("measured_bytes"),
         "max_paged_error_bytes": max(
-            (abs(getattr(s, "measured_bytes", 0) - getattr(s, "paged_bytes", 0)) for s in steps), default=0
+            map(abs, map(sub, column(steps, "measured_bytes", 0), column(steps, "paged_bytes", 0))), default=0
         ),
-        "prefix_hit_rate": (sum(s.num_prefix_hit_tokens for s in steps) / queried) if queried else None,
+        "prefix_hit_rate": (sum(column(steps, "num_prefix_hit_tokens")) / queried) if queried else None,
         "offload": offload_summary(steps),
     }
 
@@ -282,16 +288,13 @@ def summarize_levels(
     ``plans``: bucket name -> its steady-state LevelSchedule (plain buckets absent); ``class_slos``:
     bucket name -> mix class -> its own SLO; ``arrivals``: bucket name -> its open-loop arrival settings
     (absent: Poisson)."""
-    by_key: dict[LevelKey, tuple[list[RequestRecord], list[StepRecord]]] = {}
-    records: list[StepRecord | RequestRecord] = [*steps, *requests]
-    for rec in records:  # steps first: the order the levels ran in
-        by_key.setdefault(rec.key, ([], []))
-    for r in requests:
-        by_key[r.key][0].append(r)
-    for s in steps:
-        by_key[s.key][1].append(s)
+    # grouped by the level's fields as a tuple (equal exactly when the LevelKeys are), read in C
+    step_positions, request_positions = by_level(steps), by_level(requests)
     out = []
-    for k, (own_requests, own_steps) in by_key.items():
+    for level in dict.fromkeys([*step_positions, *request_positions]):  # steps first: the order the levels ran in
+        own_requests = pick(requests, request_positions.get(level, []))
+        own_steps = pick(steps, step_positions.get(level, []))
+        k = LevelKey(*level)
         planned = None if is_alone(k.variant) else (num_planned or {}).get(k.bucket)  # a class alone: its own
         plan = None if is_alone(k.variant) else (plans or {}).get(k.bucket)
         if plan is not None and plan.per_concurrency:  # a protocol's counts: the level's own

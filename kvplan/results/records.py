@@ -10,7 +10,9 @@ clock of a simulated one); only differences are meaningful.
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, fields
+from operator import attrgetter, itemgetter
 from typing import Any, Literal
 
 Mode = Literal["closed", "open"]
@@ -182,9 +184,31 @@ class StepRecord:
     def from_stats(cls, key: LevelKey, stats: Any, **sizes: int) -> StepRecord:
         """A record of one step: ``stats`` is anything with StepStats' field names (the engine's,
         or a simulated step's); ``sizes`` are the four KV sizes in bytes."""
-        own = {**level_fields(key), **sizes}
-        values = {name: own[name] if name in own else getattr(stats, name) for name in field_names(cls)}
-        return cls(**values)
+        return step_record(step_values(key, stats, sizes))
+
+
+def step_values(key: LevelKey, stats: Any, sizes: Mapping[str, int]) -> tuple:
+    """``StepRecord.from_stats(key, stats, **sizes)``'s field values, in field order (a tuple; what
+    a simulation's writer keeps, kvplan.results.rows.StepRows).
+
+    Raises:
+        AttributeError: ``stats`` lacks a StepRecord field that neither the key nor ``sizes`` gives.
+    """
+    own = (key.bucket, key.mode, key.value, key.variant, *sizes.values())
+    from_stats, layout = _stats_layout(StepRecord, ("bucket", "mode", "level", "variant", *sizes))
+    return layout((*from_stats(stats), *own))
+
+
+def step_record(values: Sequence[Any]) -> StepRecord:
+    """The StepRecord of ``values`` (every field, in field order), as ``StepRecord(*values)`` builds it.
+
+    A long simulation builds a million of them: the frozen dataclass's __init__ sets each of its
+    50 fields through object.__setattr__ (6 us a record); the record is the same with its
+    __dict__ filled at once (StepRecord has no __post_init__; copy.copy builds records so too).
+    """
+    record = object.__new__(StepRecord)
+    record.__dict__.update(zip(_field_names(StepRecord), values))
+    return record
 
 
 def field_names(record_type: type) -> tuple[str, ...]:
@@ -198,6 +222,18 @@ def field_names(record_type: type) -> tuple[str, ...]:
 @functools.cache
 def _field_names(record_type: type) -> tuple[str, ...]:
     return tuple(f.name for f in fields(record_type))
+
+
+@functools.cache
+def _stats_layout(record_type: type, own: tuple[str, ...]) -> tuple[Callable[[Any], Any], Callable[[tuple], Any]]:
+    """For ``StepRecord.from_stats`` with ``own`` names given: what reads the other fields from the
+    stats (one attrgetter, in field order; AttributeError naming one it lacks), and what puts
+    those values followed by ``own``'s into field order (itemgetter)."""
+    names = _field_names(record_type)
+    mine = [n for n in names if n not in own]
+    read = attrgetter(*mine) if len(mine) > 1 else (lambda stats: (getattr(stats, mine[0]),) if mine else ())
+    at = {name: i for i, name in enumerate([*mine, *own])}
+    return read, itemgetter(*(at[n] for n in names))
 
 
 def level_fields(key: LevelKey) -> dict[str, Any]:

@@ -21,6 +21,7 @@ versions (kvplan.results.migrate). ``kvplan schema results`` prints its JSON Sch
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final, Literal
@@ -300,7 +301,7 @@ class RunData:
     run_dir: Path
     result: RunResult
     requests: list[RequestRecord]
-    steps: list[StepRecord]
+    steps: Sequence[StepRecord]  # a simulation's kept rows (kvplan.results.rows.StepRows), else a list
     server_samples: list[ServerSample] = field(default_factory=list)
 
 

@@ -18,16 +18,21 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import math
 import os
 import secrets
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from json.encoder import encode_basestring_ascii
+from operator import attrgetter, itemgetter
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from pydantic import TypeAdapter, ValidationError
 
 from kvplan.errors import KvplanError, describe_error
-from kvplan.results.records import RequestRecord, StepRecord, field_names
+from kvplan.results.records import LevelKey, RequestRecord, StepRecord, field_names, step_values
+from kvplan.results.rows import StepRows
 
 REQUESTS_FILE, STEPS_FILE = "requests.jsonl", "steps.jsonl"
 REPORTS_ROOT = Path("reports")
@@ -65,13 +70,107 @@ class KeptRecords:
     round trip keeps every value: ints, floats by repr, tuples)."""
 
     requests: list[RequestRecord] = field(default_factory=list)
-    steps: list[StepRecord] = field(default_factory=list)
+    steps: StepRows = field(default_factory=StepRows)  # a million steps of a long simulation: as rows
+
+
+_ENCODE = json.JSONEncoder().encode  # json.dumps' own settings, without its per-call checks
+_FORMATS: dict[type, str] = {int: "%d", float: "%r", str: "%s", tuple: "%s", type(None): "null"}
+
+
+class RecordLines:
+    """JSON lines of one record dataclass, each equal byte for byte to
+    ``json.dumps({name: getattr(record, name) for name in field_names(type)}) + "\n"`` (the line
+    the run folder's JSONL files have always held; their keys are a contract, docs/reports.md).
+
+    A step record of a long simulation is 40-odd numbers and a few arrays, written 240,000 times
+    for a 20,000-request trace (docs/benchmarks.md#trace-20k): instead of a dict per record and
+    the encoder walking it, the values are read in one ``attrgetter`` call and put into a
+    %-template made once per combination of value types (the keys written into it once). Only
+    exact ``int``, ``float``, ``str``, ``tuple`` and ``None`` values take the template, where it
+    writes what ``json.dumps`` writes (``int`` and ``float`` reprs, ASCII-escaped strings, arrays
+    by the json encoder itself); a float that is not finite (json writes NaN / Infinity), or any
+    other type (bool, a numpy scalar, a subclass), makes that line ``json.dumps``' own. An
+    array that is the same object as the last one in its field (a decode run's request ids,
+    engine.decode_run) is encoded once.
+    """
+
+    def __init__(self, record_type: type):
+        self._names = field_names(record_type)
+        self._values = attrgetter(*self._names)
+        self._plans: dict[tuple[type, ...], _Plan | None] = {}
+        self._last: dict[int, tuple[tuple, str]] = {}  # array position -> (the last array there, its JSON)
+
+    def _plan(self, types: tuple[type, ...]) -> _Plan | None:
+        """The plan for values of these exact types (None: a type the template does not write)."""
+        if any(t not in _FORMATS for t in types):
+            return None
+        template = ", ".join(
+            f"{_ENCODE(name).replace('%', '%%')}: {_FORMATS[t]}" for name, t in zip(self._names, types)
+        )
+        kept = [i for i, t in enumerate(types) if t is not type(None)]  # None is written into the template
+        if len(kept) < 2:  # itemgetter of one would give the value, not a tuple
+            return None
+        kinds = [types[i] for i in kept]
+        return _Plan(
+            "{" + template + "}\n",
+            tuple(i for i, t in enumerate(types) if t is float),
+            itemgetter(*kept) if len(kept) < len(types) else None,
+            tuple(j for j, t in enumerate(kinds) if t is str),
+            tuple(j for j, t in enumerate(kinds) if t is tuple),
+        )
+
+    def values(self, record: Any) -> tuple:
+        """``record``'s field values, in field order."""
+        return self._values(record)
+
+    def line(self, record: Any) -> str:
+        """``record``'s JSON line, newline included."""
+        return self.line_of(self._values(record))
+
+    def line_of(self, values: tuple) -> str:
+        """The JSON line of a record whose field values (in field order) are ``values``."""
+        types = tuple(map(type, values))
+        plan = self._plans[types] if types in self._plans else self._plans.setdefault(types, self._plan(types))
+        if plan is None or (plan.floats and not all(math.isfinite(values[i]) for i in plan.floats)):
+            return json.dumps(dict(zip(self._names, values))) + "\n"
+        out = list(values if plan.kept is None else plan.kept(values))
+        for j in plan.strings:
+            out[j] = encode_basestring_ascii(out[j])
+        for j in plan.arrays:
+            out[j] = self._array(j, out[j])
+        return plan.template % tuple(out)
+
+    def _array(self, position: int, value: tuple) -> str:
+        if not value:
+            return "[]"
+        last = self._last.get(position)
+        if last is not None and last[0] is value:
+            return last[1]
+        text = _ENCODE(value)
+        self._last[position] = (value, text)
+        return text
+
+
+class _Plan(NamedTuple):
+    """RecordLines' plan for one combination of value types: the line's %-template (keys in it, %
+    doubled), the positions of the float values (checked finite), what picks the values the
+    template takes (None: all; a None value is written into it), and, among those, the
+    positions of the strings and of the arrays (encoded before the template takes them)."""
+
+    template: str
+    floats: tuple[int, ...]
+    kept: Callable[[tuple], tuple] | None
+    strings: tuple[int, ...]
+    arrays: tuple[int, ...]
 
 
 class RunWriter:
     """Appends records to the run folder's JSONL files, flushing each line as it is written
-    (``flush`` False: when the file closes, for a simulation that writes thousands a second);
-    ``kept``: where to keep them in memory too (None: nowhere)."""
+    (``flush`` False: lines are written in chunks of ``CHUNK_LINES`` and when the file closes, for a
+    simulation that writes thousands a second); ``kept``: where to keep them in memory too (None:
+    nowhere). Each line is ``RecordLines``' (json.dumps' bytes)."""
+
+    CHUNK_LINES = 2048
 
     def __init__(self, run_dir: Path, flush: bool = True, kept: KeptRecords | None = None):
         run_dir.mkdir(parents=True, exist_ok=True)
@@ -79,32 +178,62 @@ class RunWriter:
         self._steps = open(run_dir / STEPS_FILE, "a", encoding="utf-8")
         self._flush = flush
         self._kept = kept
+        self._request_lines, self._step_lines = RecordLines(RequestRecord), RecordLines(StepRecord)
+        self._pending: dict[Any, list[str]] = {self._requests: [], self._steps: []}
 
-    def _append(self, handle, record) -> None:
-        # a shallow dict: asdict would deep-copy every tuple of token times first
-        handle.write(json.dumps({name: getattr(record, name) for name in field_names(type(record))}) + "\n")
+    def _append(self, handle, line: str) -> None:
         if self._flush:
+            handle.write(line)
             handle.flush()
+            return
+        pending = self._pending[handle]
+        pending.append(line)
+        if len(pending) >= self.CHUNK_LINES:
+            handle.write("".join(pending))
+            pending.clear()
 
     def write_request(self, record: RequestRecord) -> None:
-        self._append(self._requests, record)
+        line = self._request_lines.line(record) if type(record) is RequestRecord else _json_line(record)
+        self._append(self._requests, line)
         if self._kept is not None:
             self._kept.requests.append(record)
 
     def write_step(self, record: StepRecord) -> None:
-        self._append(self._steps, record)
+        if type(record) is not StepRecord:  # a subclass: its own fields
+            self._append(self._steps, _json_line(record))
+            if self._kept is not None:
+                self._kept.steps.append_values(self._step_lines.values(record))
+            return
+        self._write_step_values(self._step_lines.values(record))
+
+    def write_step_stats(self, key: LevelKey, stats: Any, sizes: Mapping[str, int]) -> None:
+        """``write_step(StepRecord.from_stats(key, stats, **sizes))``, without building the record
+        (kvplan.results.records.step_values; a simulation writes a million)."""
+        self._write_step_values(step_values(key, stats, sizes))
+
+    def _write_step_values(self, values: tuple) -> None:
+        self._append(self._steps, self._step_lines.line_of(values))
         if self._kept is not None:
-            self._kept.steps.append(record)
+            self._kept.steps.append_values(values)
 
     def close(self) -> None:
-        self._requests.close()
-        self._steps.close()
+        for handle, pending in self._pending.items():
+            if pending:
+                handle.write("".join(pending))
+                pending.clear()
+            handle.close()
 
     def __enter__(self) -> RunWriter:
         return self
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def _json_line(record: Any) -> str:
+    """A record of another dataclass (a subclass): json.dumps of its fields, as RecordLines writes."""
+    # a shallow dict: asdict would deep-copy every tuple of token times first
+    return json.dumps({name: getattr(record, name) for name in field_names(type(record))}) + "\n"
 
 
 _ADAPTERS: dict[type, TypeAdapter[Any]] = {

@@ -12,6 +12,7 @@ from collections.abc import Sequence
 
 from kvplan.results import metrics
 from kvplan.results.records import LevelKey, RequestRecord, StepRecord
+from kvplan.results.rows import column
 from kvplan.results.run_result import BucketSummary, KvSummary, RunResult
 from kvplan.results.stats import prefix_metrics
 from kvplan.results.stats.arrival_stats import bucket_arrivals
@@ -129,11 +130,16 @@ def summarize(
                 levels_run=[s.level for s in own],
             )
         )
-    unshared = [s for s in steps if s.variant != prefix_metrics.CACHED]
+    # |measured - paged| of each step of an unshared variant, read column by column
+    unshared = [
+        abs(m - p)
+        for v, m, p in zip(column(steps, "variant"), column(steps, "measured_bytes"), column(steps, "paged_bytes"))
+        if v != prefix_metrics.CACHED
+    ]
     pricing = prefix_pricing(result)
     kv = KvSummary(
         num_steps=len(steps),
-        max_paged_error_bytes=max((abs(s.measured_bytes - s.paged_bytes) for s in unshared), default=0),
+        max_paged_error_bytes=max(unshared, default=0),
         num_requests=len(requests),
         num_shared_steps=len(steps) - len(unshared) if pricing is not None else None,
     )

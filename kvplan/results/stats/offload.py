@@ -13,6 +13,7 @@ from typing import Any
 
 from pydantic import Field
 
+from kvplan.results.rows import column
 from kvplan.results.stats.latency import _Summary
 
 SUMMED = (
@@ -46,13 +47,11 @@ class OffloadSummary(_Summary):
 def offload_summary(steps: Sequence[Any]) -> OffloadSummary | None:
     """The level's OffloadSummary from its step records; None when no step shows a lower tier
     holding or moving anything (offload off, or a run recorded before it existed)."""
-    sums = {name: sum(getattr(s, name, 0) for s in steps) for name in SUMMED}
-    peaks = {
-        f"peak_{t}_blocks": max((getattr(s, f"num_{t}_blocks", 0) for s in steps), default=0) for t in ("host", "disk")
-    }
+    sums = {name: sum(column(steps, name, 0)) for name in SUMMED}
+    peaks = {f"peak_{t}_blocks": max(column(steps, f"num_{t}_blocks", 0), default=0) for t in ("host", "disk")}
     if not any(sums.values()) and not any(peaks.values()):
         return None
-    hits = sum(s.num_prefix_hit_tokens for s in steps)
+    hits = sum(column(steps, "num_prefix_hit_tokens"))
     return OffloadSummary(
         device_hit_tokens=hits - sums["num_host_hit_tokens"] - sums["num_disk_hit_tokens"], **sums, **peaks
     )
