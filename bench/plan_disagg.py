@@ -43,8 +43,11 @@ slo: {{ttft_ms: 2000, tpot_ms: 30}}
 buckets:
   - {{name: long, input_tokens: 8000, output_tokens: 1000, concurrency: [4], num_requests: {requests}}}
 """
-DISAGG: tuple[str, ...] = ("--gpus", "H100-SXM,H200", "--tp", "1,2", "--max-gpus", "12", "--disagg", "--prefill-workers", "1,2")
-DISAGG += ("--decode-workers", "1,2,4", "--links", "rdma-400g,nvlink4")
+DISAGG: tuple[str, ...] = ("--gpus", "H100-SXM,H200", "--tp", "1,2", "--max-gpus", "12", "--disagg")
+DISAGG += ("--prefill-workers", "1,2", "--decode-workers", "1,2,4", "--links", "rdma-400g,nvlink4")
+# --heavy: the heaviest part of the grid: H100-SXM replicas tp 1, 2 and its 8 units of 4 decode workers over rdma-400g
+HEAVY: tuple[str, ...] = ("--gpus", "H100-SXM", "--tp", "1,2", "--max-gpus", "12", "--disagg")
+HEAVY += ("--prefill-workers", "1,2", "--decode-workers", "4", "--links", "rdma-400g")
 PEER = ("--gpus", "H100-SXM,H200,B200,A100-80GB,L40S", "--tp", "1,2,4,8", "--max-num-seqs", "64,128,256,512,1024")
 
 
@@ -103,7 +106,9 @@ def main() -> None:
     parser.add_argument("--rate", type=float, default=10.0, help="the load, requests/s")
     parser.add_argument("--baseline", type=Path, help="an earlier tree (git archive) to time beside this one")
     parser.add_argument("--no-peer", action="store_true", help="skip the aggregated-only peer")
+    parser.add_argument("--heavy", action="store_true", help="only the heaviest 10 configurations (HEAVY; no peer)")
     args = parser.parse_args()
+    grid = HEAVY if args.heavy else DISAGG
     print(
         f"kvplan plan --disagg, 8,000 in / 1,000 out ({dt.date.today()}, {machine()}, --jobs {args.jobs})", flush=True
     )
@@ -111,7 +116,7 @@ def main() -> None:
         folder = Path(tmp)
         workload = folder / "long.yaml"
         workload.write_text(WORKLOAD.format(requests=args.requests))
-        took, run = _plan(workload, folder / "d", args.jobs, args.rate, *DISAGG)
+        took, run = _plan(workload, folder / "d", args.jobs, args.rate, *grid)
         units = sum(1 for c in run["configs"] if c["disagg"])
         print(f"  --disagg: {run['num_configs']} configurations ({units} xPyD), {took:.1f} s (target 60 s)", flush=True)
         for c in run["configs"][:3]:
@@ -122,10 +127,10 @@ def main() -> None:
             )
         print(f"  {run['disagg_verdict']}", flush=True)
         if args.baseline:
-            then, base = _plan(workload, folder / "b", args.jobs, args.rate, *DISAGG, tree=args.baseline)
+            then, base = _plan(workload, folder / "b", args.jobs, args.rate, *grid, tree=args.baseline)
             print(f"  baseline {args.baseline}: {then:.1f} s; this / baseline = {took / then:.3f}", flush=True)
             _compare(run, base)
-        if args.no_peer:
+        if args.no_peer or args.heavy:
             return
         peer, other = _plan(workload, folder / "a", args.jobs, args.rate, *PEER)
     size = other["num_configs"]
