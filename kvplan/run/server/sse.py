@@ -15,6 +15,10 @@ Rules (the report's definitions say the same):
 - TTFO (time to first output) ends at the first chunk whose ``delta.content`` is non-empty, the
   first answer token (GuideLLM PR #760 and AIPerf's time_to_first_output): set only when the
   stream carried reasoning text, else None. TTFT keeps ending at the first text of any kind.
+- Cached prompt tokens: the server's ``usage.prompt_tokens_details.cached_tokens`` (OpenAI's
+  field; vLLM sends it when started with ``--enable-prompt-tokens-details``), else 0: the prefix
+  cache hits of the request, which a calibration on the run prices as computed nowhere
+  (kvplan.run.sim.calibration.client_steps).
 - ``kv_transfer_s``: a chunk's top-level field of that name (engine.serve.router puts it in its
   last chunk: the seconds the request's KV took to move between a prefill and a decode server).
 - A request *fails* (finish_reason ``error``, detail = the reason) on an HTTP error, a timeout,
@@ -129,6 +133,8 @@ def to_finished(
         total, source = len(texts), "chunks"
     times = [at for (at, _), k in zip(chunks, chunk_tokens(texts, total, count_tokens)) for _ in range(k)]
     prompt = usage.get("prompt_tokens") if isinstance(usage, dict) else None
+    details = usage.get("prompt_tokens_details") if isinstance(usage, dict) else None
+    cached = details.get("cached_tokens") if isinstance(details, dict) else None
     refused = rejection(result)  # HTTP 429: shed by the server (kvplan.run.server.client.rejection)
     return Finished(
         request_id=result.request_id,
@@ -138,6 +144,7 @@ def to_finished(
         token_times=tuple(times),
         num_prompt_tokens=prompt if isinstance(prompt, int) else num_prompt_tokens,
         num_output_tokens=len(times),
+        num_cached_tokens=cached if isinstance(cached, int) and cached >= 0 else 0,
         finish_reason=REJECTED if refused is not None else "error" if error else str(finish_reason),
         finish_detail=refused if refused is not None else error,
         sent_time=result.sent_time,

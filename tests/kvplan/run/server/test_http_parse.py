@@ -33,6 +33,24 @@ def test_ttft_skips_the_role_only_chunk_and_a_chunk_of_k_tokens_counts_k_times()
     assert (out.finish_reason, out.finish_time, out.sent_time) == ("length", 13.5, 9.0)
 
 
+def test_the_cached_prompt_tokens_are_the_usage_s_prompt_tokens_details():
+    """vLLM with --enable-prompt-tokens-details (and OpenAI) put the prefix-cache hits of a request
+    in ``usage.prompt_tokens_details.cached_tokens``; without it (or with a null) they count 0."""
+
+    def finished(usage):
+        events = sse(
+            (1, {"choices": [{"text": "ab", "finish_reason": "length"}]}), (2, {"choices": [], "usage": usage})
+        )
+        return to_finished(
+            HttpResult("r", 0.5, 3, 200, events), arrival_time=0.5, num_prompt_tokens=4, count_tokens=None
+        )
+
+    base = {"prompt_tokens": 416, "completion_tokens": 2}
+    assert finished({**base, "prompt_tokens_details": {"cached_tokens": 384}}).num_cached_tokens == 384
+    assert finished({**base, "prompt_tokens_details": None}).num_cached_tokens == 0
+    assert finished(base).num_cached_tokens == 0
+
+
 def test_without_usage_the_tokenizer_counts_and_without_one_each_chunk_is_a_token():
     events = sse((1, {"choices": [{"text": "ab"}]}), (2, {"choices": [{"text": "c", "finish_reason": "stop"}]}))
     by_tokenizer = to_finished(

@@ -138,7 +138,7 @@ def test_a_trace_replayed_against_vllm_hits_its_prefix_cache_as_the_hash_ids_say
     """8 trace lines of 80 tokens in 32-token hash blocks, two groups alternating: each line's
     first two blocks are its group's, its third its own. Prompts go as token ids (exact lengths),
     so vLLM finds the group's 64 tokens cached for all but each group's first line: 6 x 64 = 384
-    hit tokens of 8 x 80 = 640 queried."""
+    hit tokens of 8 x 80 = 640 queried, and each request's usage says its own 64 (or 0)."""
     url, _ = server
     lines = [
         {"timestamp": i * 150, "input_length": 80, "output_length": 8, "hash_ids": [100 + i % 2, 200 + i % 2, 300 + i]}
@@ -158,6 +158,9 @@ def test_a_trace_replayed_against_vllm_hits_its_prefix_cache_as_the_hash_ids_say
     (level,) = data.result.levels
     assert level.num_completed == 8 and level.num_failed == 0
     assert level.server_prefix_hit_rate == pytest.approx(384 / 640)
+    # and per request (usage.prompt_tokens_details, --enable-prompt-tokens-details): 64 each but
+    # for each group's first line
+    assert [r.num_cached_tokens for r in sorted(data.requests, key=lambda r: r.arrival_time)] == [0, 0] + [64] * 6
 
 
 def test_sessions_against_vllm_complete_every_turn(server, tmp_path):

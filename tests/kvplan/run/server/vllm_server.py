@@ -80,6 +80,7 @@ def serve(
         "--served-model-name", SERVED_NAME, "--dtype", "bfloat16", "--max-model-len", str(max_model_len),
         "--enforce-eager", "--block-size", str(block_size), "--num-gpu-blocks-override", str(num_blocks),
         "--max-num-seqs", str(max_num_seqs), "--host", "127.0.0.1", "--port", str(port),
+        "--enable-prompt-tokens-details",  # each request's prefix-cache hits in its usage
     ]  # fmt: skip
     with open(log, "w") as out:
         proc = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
