@@ -128,8 +128,9 @@ class LatencyStats(_Summary):
     p99: float
 
 
-def latency_stats(values_s: Sequence[float]) -> LatencyStats | None:
-    """Statistics of latencies given in seconds, reported in ms; None when there are none."""
+def latency_stats(values_s: Sequence[float] | np.ndarray) -> LatencyStats | None:
+    """Statistics of latencies given in seconds (a sequence or a 1-D array), reported in ms; None
+    when there are none."""
     if len(values_s) == 0:
         return None
     ms = np.asarray(values_s, dtype=np.float64) * 1e3
