@@ -65,7 +65,7 @@ from kvplan.run.driver import Level, Recorder, run_level
 from kvplan.run.sim.backend import SimBackend
 from kvplan.run.sim.brackets import beyond, bisect, highest_int, highest_rate, inside, round_rate, steered
 from kvplan.run.sim.cost import FixedStepCost, ModelClock, StepClock
-from kvplan.run.sim.edges import QUEUE_MARGIN, expected_edge, expected_knee, queue_cannot_bind, score, slo_ratio  # noqa: F401
+from kvplan.run.sim.edges import expected_edge, expected_knee, queue_cannot_bind, score, slo_ratio
 from kvplan.run.sim.trace_sample import probe_sample
 from kvplan.traffic.requests import SampledRequest
 from kvplan.workload.schema import Workload

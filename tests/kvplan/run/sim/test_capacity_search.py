@@ -101,8 +101,10 @@ def test_the_queue_bound_is_predicted_by_littles_law_with_twice_the_room():
 
     stats = lambda p95: SimpleNamespace(p95=p95)  # noqa: E731
     at_top = SimpleNamespace(requests_per_s=2.0, ttft_ms=stats(500.0), e2e_ms=stats(4000.0))
-    cannot = search.queue_cannot_bind
-    assert search.QUEUE_MARGIN == 1.5
+    from kvplan.run.sim import edges
+
+    cannot = edges.queue_cannot_bind
+    assert edges.QUEUE_MARGIN == 1.5
     assert cannot(at_top, 6, Slo(ttft_ms=5250, tpot_ms=1))
     assert not cannot(at_top, 6, Slo(ttft_ms=5249))
     assert cannot(at_top, 6, Slo(ttft_ms=5250, e2e_ms=10500)) and not cannot(at_top, 6, Slo(e2e_ms=10499))
