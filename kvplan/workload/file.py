@@ -20,6 +20,16 @@ from kvplan.workload.trace import check_trace, with_trace_counts
 from kvplan.workload.variants import check_target_variants, check_variants
 from kvplan.yaml_input import read_yaml
 
+# A bucket's requests are sampled up front, each with its prompt's tokens, and replayed at every
+# level: 10 million keeps that list in memory (a typo of extra zeros otherwise ends in a MemoryError).
+MAX_REQUESTS = 10_000_000
+_COUNT_KEY = {  # the key a protocol's count comes from (kvplan.workload.protocol)
+    "vllm_bench_serve": "protocol.num_prompts_per_concurrency",
+    "inferencex": "protocol.num_prompts_per_concurrency",
+    "aiperf": "protocol.request_count",
+    "guidellm": "protocol.max_requests",
+}
+
 
 def _deprecations(data: dict[str, Any]) -> tuple[str, ...]:
     plan = data.get("plan")
@@ -154,6 +164,15 @@ def _check_required(workload: Workload) -> None:
     for i, bucket in enumerate(workload.buckets):
         if "num_requests" not in bucket.model_fields_set:
             raise _error(workload, f"buckets[{i}].num_requests", "required field missing")
+        if bucket.num_requests > MAX_REQUESTS:
+            key = "num_requests" if bucket.protocol is None else _COUNT_KEY[bucket.protocol.kind]
+            raise _error(
+                workload,
+                f"buckets[{i}].{key}",
+                f"{bucket.num_requests:,} requests per level is over the {MAX_REQUESTS:,} kvplan samples",
+                f"lower {key.split('.')[-1]}"
+                + ("" if bucket.protocol else " (duration_s runs a level for a time, cycling its requests)"),
+            )
         if not bucket.concurrency and not bucket.request_rates:
             raise _error(workload, f"buckets[{i}]", "give concurrency levels and/or request_rates")
 

@@ -100,6 +100,8 @@ def assert_same_run(run, measured):
         ({"kind": "inferencex", "random_range_ratio": 0.0}, "buckets[0].protocol"),
         ({"num_prompts_per_concurrency": -1}, "buckets[0].protocol.num_prompts_per_concurrency"),
         ({"warmup_per_concurrency": -2}, "buckets[0].protocol.warmup_per_concurrency"),
+        # 4 x 10^11 requests at c=4: once a 2.9 TiB MemoryError traceback while sampling lengths
+        ({"num_prompts_per_concurrency": 10**11}, "buckets[0].protocol.num_prompts_per_concurrency: 400,000,000,000"),
     ],
 )
 def test_bad_protocol_values_are_one_line_naming_the_key(change, field, tmp_path):

@@ -19,6 +19,8 @@ BAD_CASES = {
     "missing_field.yaml": "buckets[0].num_requests: required field missing",
     "wrong_type.yaml": "buckets[0].concurrency: must be a list (got 'four')",
     "negative_concurrency.yaml": "buckets[1].concurrency[1]: must be >= 1 (got -1)",
+    "huge_num_requests.yaml": "buckets[0].num_requests: 400,000,000,000 requests per level is over the"
+    " 10,000,000 kvplan samples; lower num_requests",
     "concurrency_over_requests.yaml": "buckets[0].concurrency[1]: 100 in flight needs at least 100 requests, the"
     " bucket has num_requests 8 (its measured knee would claim a level never"
     " reached); raise num_requests to >= 100 or drop the level",
