@@ -76,6 +76,30 @@ def error_line(message: str) -> None:
     Console(stderr=True).print(f"error: {message}", style="red", markup=False, highlight=False, soft_wrap=True)
 
 
+def typed_options(ctx: typer.Context, names) -> list[str]:
+    """The options of ``names`` the user gave, in order, whatever the value: an option left at its
+    default is not given, one typed with its default value is. The context's parameter source tells
+    them apart (compared by name: typer 0.29 carries its own copy of click's ParameterSource)."""
+    return [
+        name
+        for name in names
+        if getattr(ctx.get_parameter_source(name), "name", "DEFAULT") not in ("DEFAULT", "DEFAULT_MAP")
+    ]
+
+
+def given_only_with(ctx: typer.Context, names, switch: str, on: bool) -> None:
+    """Refuse an option of ``names`` the user typed (:func:`typed_options`) while the option
+    ``switch`` it belongs to is off (``on`` False): it would be ignored without a word.
+
+    Raises:
+        KvplanError: on the first such option, naming it and ``switch``.
+    """
+    if not on and (given := typed_options(ctx, names)):
+        raise KvplanError(
+            given[0], f"applies with `{switch}` only, which is not given", f"add `{switch}` or leave it out"
+        )
+
+
 def make_console():
     """A rich Console for tables. Piped into a file or a CI log there is no terminal width to fit
     (rich would assume 80 columns and cut the tables): keep each row on one line instead."""

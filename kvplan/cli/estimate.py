@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from kvplan.cli.app import make_console
+from kvplan.cli.app import make_console, typed_options
 from kvplan.errors import KvplanError
 from kvplan.sizing.capacity import DEFAULT_BLOCK_SIZE, DEFAULT_GPU_MEMORY_UTILIZATION, DEFAULT_OVERHEAD_GIB
 
@@ -173,14 +173,14 @@ def estimate(
         "ubatch_size": ubatch_size,
     }
     if engine.lower() in ("llama.cpp", "llamacpp"):
-        given = _typed(ctx, _LLAMACPP_INSTEAD)
+        given = typed_options(ctx, _LLAMACPP_INSTEAD)
         if given:  # typed at its default value too: a silently ignored flag would mislead
             raise KvplanError(given[0], "does not apply to --engine llama.cpp", _LLAMACPP_INSTEAD[given[0]])
         _llamacpp_estimate(model, llamacpp_settings, json_output)
         return
     if engine.lower() != "vllm":
         raise KvplanError("engine", f"unknown engine {engine!r}", "use vllm or llama.cpp")
-    given = _typed(ctx, llamacpp_settings)
+    given = typed_options(ctx, llamacpp_settings)
     if given:
         raise KvplanError(given[0], "applies to --engine llama.cpp only", "add --engine llama.cpp")
     if plot is not None:
@@ -218,17 +218,6 @@ def estimate(
         render_estimate(result, spec, make_console())
     if plot is not None:  # on stderr with --json, so that stdout stays one JSON object
         typer.echo(f"plot: {plot}", err=json_output)
-
-
-def _typed(ctx: typer.Context, names) -> list[str]:
-    """The options of ``names`` the user gave, in order, whatever the value: an option left at its
-    default is not given, one typed with its default value is. The context's parameter source tells
-    them apart (compared by name: typer 0.29 carries its own copy of click's ParameterSource)."""
-    return [
-        name
-        for name in names
-        if getattr(ctx.get_parameter_source(name), "name", "DEFAULT") not in ("DEFAULT", "DEFAULT_MAP")
-    ]
 
 
 def _llamacpp_estimate(model: str, settings: dict, json_output: bool) -> None:

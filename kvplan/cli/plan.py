@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from kvplan.cli.app import make_console, warn
+from kvplan.cli.app import given_only_with, make_console, warn
 
 if TYPE_CHECKING:
     from kvplan.results.plan_result import ConfigResult
@@ -48,7 +48,13 @@ def _split(text: str) -> tuple[str, ...]:
     return tuple(v.strip() for v in text.split(",") if v.strip())
 
 
+# options read only with --disagg (or --window): typed without it, they are refused, not ignored
+_DISAGG_OPTIONS: tuple[str, ...] = ("prefill_workers", "decode_workers", "links", "prefill_tp", "decode_tp")
+_DISAGG_OPTIONS += ("prefill_max_num_seqs", "prefill_max_num_batched_tokens")
+
+
 def plan(
+    ctx: typer.Context,
     workload: Annotated[Path, typer.Argument(help="Workload YAML whose traffic and SLO to plan for.")],
     rate: Annotated[float | None, typer.Option(help="The load to serve, requests/s (Poisson arrivals).")] = None,
     users: Annotated[int | None, typer.Option(help="The load to serve, users in flight (closed loop).")] = None,
@@ -160,6 +166,8 @@ def plan(
     from kvplan.optimize import plan as planning
     from kvplan.optimize.plan_run import PlanRequest, plan_deployments
 
+    given_only_with(ctx, _DISAGG_OPTIONS, "disagg", disagg)
+    given_only_with(ctx, ("scale_up_s", "window_requests"), "window", window is not None)
     request = PlanRequest(
         workload=workload,
         rate=rate,

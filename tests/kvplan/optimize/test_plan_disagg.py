@@ -132,3 +132,26 @@ def test_bad_disagg_settings_are_one_line_and_exit_2(tmp_path, args, line):
     if args[0] == "--window":
         code, out, err = run_cli("plan", str(path), "--model", "llama-3.1-8b", "--disagg", *args)
     assert code == 2 and line in err and len(err.strip().splitlines()) == 1, err
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ("--prefill-workers", "2"),
+        ("--decode-workers", "1,2,4"),  # typed, even at the default
+        ("--links", "nvlink4"),
+        ("--prefill-tp", "1"),
+        ("--decode-tp", "2"),
+        ("--prefill-max-num-seqs", "8"),
+        ("--prefill-max-num-batched-tokens", "4096"),
+    ],
+)
+def test_a_disagg_setting_without_disagg_is_refused_not_ignored(tmp_path, args):
+    # once: exit 0, a plan of aggregated replicas only, the setting read by nothing
+    path = workload(TIGHT_TPOT)
+    run = tmp_path / "plan"
+    code, out, err = run_cli("plan", str(path), "--model", "llama-3.1-8b", "--rate", "1", *args, "--out", str(run))
+    assert code == 2 and out == "" and not run.exists(), err
+    assert (
+        err.strip() == f"error: {args[0]}: applies with --disagg only, which is not given; add --disagg or leave it out"
+    )

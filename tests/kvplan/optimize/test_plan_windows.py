@@ -161,6 +161,9 @@ def test_costs_hand_numbers():
         (["--window", "10", "--rate", "5"], "--window"),
         (["--window", "10", "--scale-up-s", "-1"], "--scale-up-s"),
         (["--window", "10", "--window-requests", "0"], "--window-requests"),
+        # once ignored without --window: exit 0, a plan of the --rate, the setting read by nothing
+        (["--rate", "5", "--scale-up-s", "60"], "--scale-up-s: applies with --window only"),
+        (["--rate", "5", "--window-requests", "100"], "--window-requests: applies with --window only"),
     ],
 )
 def test_bad_window_settings_are_one_line(tmp_path, extra, field):
