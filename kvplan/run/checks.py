@@ -42,6 +42,21 @@ def _longest_part(index: int, bucket: Bucket, request: SampledRequest) -> tuple[
     return max(parts, key=lambda part: part[0])[1], spelled
 
 
+def _pool_fields(workload: Workload) -> str:
+    """The setting(s) that size the KV pool the fit checks read: ``engine.num_blocks`` or
+    ``engine.kv_cache_memory``; with ``engine.disagg``, each pool's own size where it gives one
+    (the facts' pool is the smaller of the two pools)."""
+    engine = workload.engine
+    base = "engine." + ("num_blocks" if engine.num_blocks is not None else "kv_cache_memory")
+    if engine.disagg is None:
+        return base
+    fields = []
+    for role in ("prefill", "decode"):
+        own = [k for k in ("num_blocks", "kv_cache_memory") if getattr(getattr(engine.disagg, role), k) is not None]
+        fields.append(f"engine.disagg.{role}.{own[0]}" if own else base)
+    return " or ".join(dict.fromkeys(fields))
+
+
 def check_requests_fit(workload: Workload, engine: EngineFacts, sampled: dict[str, list[SampledRequest]]) -> None:
     """Refuse a bucket with a sampled request the engine could never run (see the module's
     formulas). ``engine``: its ``block_size``, ``num_blocks``, ``max_model_len``.
@@ -52,7 +67,7 @@ def check_requests_fit(workload: Workload, engine: EngineFacts, sampled: dict[st
             field being whichever of input_tokens, output_tokens or shared_prefix.num_tokens
             gives the request most tokens; or the same for max_model_len.
     """
-    pool_field = "num_blocks" if workload.engine.num_blocks is not None else "kv_cache_memory"
+    pool_field = _pool_fields(workload)
     for index, bucket in enumerate(workload.buckets):
         requests = sampled.get(bucket.name) or []
         if not requests:
@@ -66,7 +81,7 @@ def check_requests_fit(workload: Workload, engine: EngineFacts, sampled: dict[st
                 where,
                 f"the longest request ({spelled} tokens) needs {blocks} blocks of"
                 f" {engine.block_size} tokens, the KV pool has {engine.num_blocks}",
-                f"lower it or grow engine.{pool_field}",
+                f"lower it or grow {pool_field}",
                 source=workload.source,
             )
         if longest.num_tokens > engine.max_model_len:

@@ -134,10 +134,7 @@ def _engine_setup(workload: Workload, calibration: Calibration) -> SimSetup:
     from kvplan.run.sim.disagg import DisaggBackend
     from kvplan.sizing.gpus.links import lookup_link
 
-    pre, dec = (
-        calibrated_setup(workload.model_copy(update={"engine": workload.engine.pool(role)}), calibration)
-        for role in ("prefill", "decode")
-    )
+    pre, dec = (_pool_setup(workload, role, calibration) for role in ("prefill", "decode"))
     link, x, y = lookup_link(disagg.link, "engine.disagg.link"), disagg.prefill.workers, disagg.decode.workers
     block, per_block = dec.facts.block_size, dec.facts.bytes_per_block
 
@@ -153,6 +150,20 @@ def _engine_setup(workload: Workload, calibration: Calibration) -> SimSetup:
     }
     info = dec.cost_model.model_copy(update={"description": f"{shape}; {dec.cost_model.description}"})
     return replace(dec, facts=dec.facts.model_copy(update=limits), cost_model=info, make_backend=backend, disagg=shape)
+
+
+def _pool_setup(workload: Workload, role: str, calibration: Calibration) -> SimSetup:
+    """``calibrated_setup`` of one ``engine.disagg`` pool's workers. A setting the pool gives itself
+    that the setup refuses (a ``kv_cache_memory`` below one block) is named as the pool's
+    (``engine.disagg.decode.kv_cache_memory``), not as the engine section's it replaced."""
+    try:
+        return calibrated_setup(workload.model_copy(update={"engine": workload.engine.pool(role)}), calibration)
+    except KvplanError as err:
+        own = getattr(workload.engine.disagg, role).model_dump(exclude_none=True)
+        name = err.field.removeprefix("engine.")
+        if err.field.startswith("engine.") and name in own:
+            raise KvplanError(f"engine.disagg.{role}.{name}", err.problem, err.fix, source=err.source) from None
+        raise
 
 
 def replay_setup(workload: Workload, run_dir: Path) -> SimSetup:
