@@ -311,4 +311,18 @@ def build_profile(
     }
     sessions = tuple(tuple(int(i) for i in g) for g in groups)  # one-turn sessions too: each is a session
     think = _think_times(columns, groups)
-    return TrafficProfile(data, arrivals, inputs, outputs, prefix, sessions, think, notes)
+    return TrafficProfile(data, arrivals, inputs, outputs, prefix, sessions, think, notes + mixed_note(data["formats"]))
+
+
+def mixed_note(formats: dict[str, int]) -> tuple[str, ...]:
+    """A note when the JSONL lines are of more than one format (``formats``: requests per format):
+    each keeps its own clock (Mooncake's ms from the trace's start, a kvplan run's s from its
+    start, an OpenAI log's s or ISO dates since 1970), so their arrivals, duration_s and rates are
+    read on one axis that none of them shares."""
+    if len(formats) < 2:
+        return ()
+    counts = ", ".join(f"{name} {n:,}" for name, n in formats.items())
+    return (
+        f"lines of {len(formats)} formats ({counts}), each timed on its own clock: arrivals, duration_s"
+        " and rates mix them; profile one format's lines, or force one with --format",
+    )

@@ -388,3 +388,26 @@ def test_out_of_a_log_a_workload_cannot_hold_is_one_line_naming_the_log(tmp_path
     line = one_error_line(err)
     assert code == 2 and line.startswith(f"error: {log}: out: dataset.sessions.think_time_s: must be at most")
     assert line.endswith(fix) and not (tmp_path / "w.yaml").exists() and not (tmp_path / "w2.yaml").exists()
+
+
+def test_a_log_of_lines_in_several_formats_warns_that_their_clocks_differ(tmp_path):
+    # a Mooncake line at 0 ms, a kvplan record at 1 s, an OpenAI line at 2026-01-01T00:00:01Z: once a
+    # silent duration_s of 1,767,225,601 s (56 years) read off three clocks
+    rows = [
+        {"timestamp": 0, "input_length": 10, "output_length": 5, "hash_ids": [1]},
+        {"request_id": "a", "arrival_time": 1.0, "num_prompt_tokens": 5, "max_tokens": 3},
+        {"timestamp": "2026-01-01T00:00:01Z", "prompt": "hi", "usage": {"prompt_tokens": 5, "completion_tokens": 3}},
+    ]
+    log = tmp_path / "mixed.jsonl"
+    log.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    code, out, err, caught = profile(log, "--json")
+    assert code == 0 and caught == [], caught
+    assert json.loads(out)["duration_s"] == 1_767_225_601 - 0.0  # 2026-01-01T00:00:01Z in s since 1970
+    assert err.splitlines() == [
+        f"warning: {log}: lines of 3 formats (mooncake 1, kvplan 1, openai 1), each timed on its own clock:"
+        " arrivals, duration_s and rates mix them; profile one format's lines, or force one with --format"
+    ]
+    # one format's lines: no such warning
+    log.write_text(json.dumps(rows[0]) + "\n" + json.dumps({**rows[0], "timestamp": 500}) + "\n")
+    code, out, err, _ = profile(log, "--json")
+    assert code == 0 and json.loads(out)["duration_s"] == 0.5 and "formats" not in err, err
