@@ -42,7 +42,7 @@ from kvplan.errors import KvplanError
 from kvplan.profile import log
 from kvplan.profile.columns import EXAMPLE, ColumnMap, row_request
 from kvplan.profile.log import BadLine, LoggedRequest, ParsedLog, Tokenize, _Bad, _json_line, file_lines
-from kvplan.profile.parsed import read_log
+from kvplan.profile.parsed import check_level, read_log
 from kvplan.workload.trace import CSV_FORMATS, csv_fields, is_csv_header
 
 AZURE = ColumnMap(*CSV_FORMATS["azure"])  # one list of the formats' columns, trace replay's too
@@ -80,6 +80,7 @@ def read_trace(
         first = min(parsed.requests, key=lambda r: r.line).fmt
         return replace(parsed, log_format=fmt if fmt != "auto" else first)
     source = str(path)
+    check_level(level, (), source)  # a CSV trace or a mapped log holds no load levels
     lines = _lines(path)
     if kind == "jsonl" and columns is not None:
         return _parsed(source, "mapped", *_mapped_jsonl(lines, columns))

@@ -68,10 +68,9 @@ def read_log(
         first = bad[0]
         raise KvplanError(f"line {first.line}: {first.field}", first.problem, source=source)
     levels = tuple(dict.fromkeys(r.level for r in requests if r.level is not None))
+    check_level(level, levels, source)
     if levels and level != "all":
         kept = level if level is not None else levels[0]
-        if kept not in levels:
-            raise KvplanError("level", f"{kept!r} is not a level of the run ({', '.join(levels)})", source=source)
         requests = [r for r in requests if r.level in (None, kept)]
         level = kept
     order = sorted(range(len(requests)), key=lambda i: (requests[i].arrival_s, requests[i].line))
@@ -107,3 +106,23 @@ def tokenized(
             output_tokens=request.output_tokens if output is None else len(output_ids),
         )
     return out
+
+
+def check_level(level: str | None, levels: tuple[str, ...], source: str) -> None:
+    """That ``level`` (``--level``; None: the first, ``all``: every one) names one of the log's
+    ``levels`` (a kvplan run's load levels; () for any other log).
+
+    Raises:
+        KvplanError: ``level`` not among ``levels``, or given at all for a log of no levels (it
+            would be ignored: only a kvplan run's requests.jsonl holds load levels).
+    """
+    if level in (None, "all") or level in levels:
+        return
+    if not levels:
+        raise KvplanError(
+            "level",
+            f"{level!r}: this log holds no load levels (only a kvplan run's requests.jsonl does)",
+            "leave out `level`",
+            source=source,
+        )
+    raise KvplanError("level", f"{level!r} is not a level of the run ({', '.join(levels)})", source=source)

@@ -29,7 +29,7 @@ from kvplan.profile import csv_traces
 from kvplan.profile.blocks import MOONCAKE_UNIT, BlockIndex, id_array, mooncake_keys, token_keys
 from kvplan.profile.columns import EXAMPLE, ColumnMap
 from kvplan.profile.log import BadLine, LoggedRequest, Tokenize, _Bad, file_lines, read_line
-from kvplan.profile.parsed import left_out_note, tokenized
+from kvplan.profile.parsed import check_level, left_out_note, tokenized
 from kvplan.profile.stats import MAX_BAD_SHOWN, TrafficProfile, block_hashes, build_profile
 from kvplan.profile.table import RequestTable
 
@@ -275,8 +275,7 @@ def _profile(read: _Read, path: str | Path, tokenize: Tokenize | None, name: str
             raise KvplanError(f"line {first.line}: {first.field}", first.problem, source=source)
         raise csv_traces.no_good_row(source, first, read.first_failed, read.num_failed)
     levels = tuple(read.levels)
-    if levels and read.level not in (None, "all") and read.level not in levels:
-        raise KvplanError("level", f"{read.level!r} is not a level of the run ({', '.join(levels)})", source=source)
+    check_level(read.level, levels, source)
     read.chains.finish()
     if not read.chains.in_order:
         _read_again(read, path, tokenize)

@@ -411,3 +411,25 @@ def test_a_log_of_lines_in_several_formats_warns_that_their_clocks_differ(tmp_pa
     log.write_text(json.dumps(rows[0]) + "\n" + json.dumps({**rows[0], "timestamp": 500}) + "\n")
     code, out, err, _ = profile(log, "--json")
     assert code == 0 and json.loads(out)["duration_s"] == 0.5 and "formats" not in err, err
+
+
+@pytest.mark.parametrize("replay", [False, True])
+@pytest.mark.parametrize("kind", ["mooncake", "csv"])
+def test_a_level_for_a_log_of_no_levels_is_refused_not_ignored(tmp_path, kind, replay):
+    # once exit 0, every request profiled: --level picks a kvplan run's load level, and none was there
+    if kind == "mooncake":
+        log, extra = tmp_path / "trace.jsonl", ()
+        rows = [{"timestamp": t, "input_length": 10, "output_length": 5, "hash_ids": [1]} for t in (0, 500)]
+        log.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    else:
+        log, extra = tmp_path / "trace.csv", ("--columns", "timestamp=time,input_tokens=in,output_tokens=out")
+        log.write_text("time,in,out\n1,10,5\n2,12,6\n")
+    out = ("--replay", "--out", str(tmp_path / "w.yaml")) if replay else ()
+    code, _, err, _ = profile(log, *extra, "--level", "short/open/2", *out)
+    assert code == 2 and not (tmp_path / "w.yaml").exists(), err
+    assert err.splitlines() == [
+        f"error: {log}: level: 'short/open/2': this log holds no load levels (only a kvplan run's"
+        " requests.jsonl does); leave out --level"
+    ]
+    code, _, err, _ = profile(log, *extra, "--level", "all", *out)  # every level: all there is
+    assert code == 0, err
