@@ -36,6 +36,7 @@ from kvplan.workload.trace import Trace, TraceRequest
 
 DEFAULT_SCALE_UP_S = 300.0  # an assumption, stated and settable (--scale-up-s): a replica's start and model load
 DEFAULT_WINDOW_REQUESTS = 300  # requests per window the capacity search cycles at most
+MAX_WINDOWS = 10_000  # a year of hours is 8,760: more windows is a typo of the window's unit, not a plan
 
 
 @dataclass(frozen=True)
@@ -54,11 +55,28 @@ def split_windows(trace: Trace, window_s: float) -> list[TraceWindow]:
     the last arrival's (empty ones included), in time order.
 
     Raises:
-        KvplanError: ``window`` not a finite number > 0 s.
+        KvplanError: ``window`` not a finite number > 0 s; longer than the trace's span (first to
+            last arrival: no window is whole, and its rate, arrivals / S, would be diluted by the
+            time past the trace's end); or so short that the trace holds over ``MAX_WINDOWS``.
     """
     if not (window_s > 0 and math.isfinite(window_s)):
         raise KvplanError("window", f"must be a finite number of seconds > 0 (got {window_s:g})", "e.g. --window 3600")
     first = trace.requests[0].offset_s
+    span = trace.requests[-1].offset_s - first
+    if window_s > span:
+        raise KvplanError(
+            "window",
+            f"{window_s:g} s is longer than the trace's {span:g} s (its first to last arrival): no window is"
+            " whole, and a window's rate counts all its seconds",
+            (f"give a window <= {span:g} s, or" if span > 0 else "all arrive at once:")
+            + " leave out `window` and give `rate`",
+        )
+    if span / window_s >= MAX_WINDOWS:
+        raise KvplanError(
+            "window",
+            f"{window_s:g} s cuts the trace's {span:g} s into over {MAX_WINDOWS:,} windows, each judged by simulation",
+            f"give a window >= {span / (MAX_WINDOWS - 1):.3g} s",
+        )
     bins: list[list[int]] = []
     for i, r in enumerate(trace.requests):
         k = int((r.offset_s - first) // window_s)

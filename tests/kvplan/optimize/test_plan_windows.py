@@ -144,6 +144,30 @@ def test_split_and_judged_by_hand():
     assert [w.start_s for w in windows] == [0.0, 10.0, 20.0, 30.0]
     assert [w.rate for w in windows] == [0.3, 0.1, 0.0, 0.1]
     assert judged_lines(range(10), 4) == (0, 2, 5, 7) and judged_lines((3, 4), 4) == (3, 4)
+    assert [w.lines for w in split_windows(trace, 35.0)] == [(0, 1, 2, 3), (4,)]  # the span, 35 s: two windows
+
+
+@pytest.mark.parametrize(
+    ("window_s", "line"),
+    [
+        # once one window of 1e9 s at 5 / 1e9 req/s: a plan of 0 replicas, a static cost for 31 years
+        (1e9, "window: 1e+09 s is longer than the trace's 35 s (its first to last arrival)"),
+        (35.001, "window: 35.001 s is longer than the trace's 35 s"),
+        # once 35 million windows built and judged one by one (no end in sight)
+        (
+            1e-6,
+            "window: 1e-06 s cuts the trace's 35 s into over 10,000 windows, each judged by simulation;"
+            " give a window >= 0.0035 s",
+        ),
+    ],
+)
+def test_a_window_longer_than_the_trace_or_too_short_is_refused(window_s, line):
+    from kvplan.errors import KvplanError
+
+    trace = Trace(tuple(TraceRequest(i + 1, t, 10, 10, None) for i, t in enumerate([5.0, 5.5, 14.9, 15.0, 40.0])))
+    with pytest.raises(KvplanError) as caught:
+        split_windows(trace, window_s)
+    assert str(caught.value).startswith(line), caught.value
 
 
 def test_costs_hand_numbers():
