@@ -344,16 +344,21 @@ def load_run(run_dir: str | Path) -> RunData:
     return RunData(run_dir, result, requests, steps, samples)
 
 
-def check_records(data: RunData) -> None:
+RECORDS_FIX = "restore it from the run, or pass a run folder whose records are whole"
+
+
+def check_records(data: RunData, fix: str | None = None) -> None:
     """Refuse records that cannot be the run's: a JSONL file missing, fewer or more records than
     the result counts (``kv.num_steps``, ``kv.num_requests``), or finished requests with no
     step in a run that records steps (not a target's, nor a disaggregated engine's: two pools). A
     view rebuilt from them would replace the measured one with an empty one.
 
+    fix: what the error tells the user to do (default: kvplan report's).
+
     Raises:
         KvplanError: naming the file; nothing has been written.
     """
-    fix = "restore it from the run (kvplan report rebuilds every view from the records; nothing was written)"
+    fix = fix or "restore it from the run (kvplan report rebuilds every view from the records; nothing was written)"
     kv = data.result.kv
     for name, records, counted, what in (
         (data.result.records.steps, data.steps, kv and kv.num_steps, "steps"),

@@ -171,13 +171,15 @@ def replay_setup(workload: Workload, run_dir: Path) -> SimSetup:
     (kvplan.run.sim.replay): the simulator's exactness check.
 
     Raises:
-        KvplanError: a run folder that cannot be read, or one that is not a measured run.
+        KvplanError: a run folder that cannot be read, one that is not a measured run, or one
+            whose records are missing or fewer than results.json counts.
     """
-    from kvplan.results.run_result import load_run
+    from kvplan.results.run_result import RECORDS_FIX, check_records, load_run
 
     data = load_run(run_dir)
     if data.result.source != "measured" or data.result.engine is None:
         raise KvplanError("replay", f"{run_dir} is a {data.result.source} run", "replay a measured load test")
+    check_records(data, RECORDS_FIX)  # without its steps or requests every level was left out, and the run said nothing
     engine = data.result.engine
     facts = simulated_facts(workload, engine.device, engine.attention_backend)
     info = CostModelInfo(

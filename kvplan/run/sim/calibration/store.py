@@ -67,13 +67,15 @@ def from_run(run_dir: str | Path) -> Calibrated:
     its client saw them (``_from_server_run``).
 
     Raises:
-        KvplanError: ``calibrate``: not a run folder, a simulated run, a measured one whose steps
+        KvplanError: records missing or fewer than results.json counts (naming the file);
+            ``calibrate``: not a run folder, a simulated run, a measured one whose steps
             predate the recorded work (no prefill sequences, context or attended tokens), or a
             target run whose server pool is unknown or whose steps are too few to fit.
     """
-    from kvplan.results.run_result import load_run
+    from kvplan.results.run_result import RECORDS_FIX, check_records, load_run
 
     data = load_run(run_dir)
+    check_records(data, RECORDS_FIX)  # a steps.jsonl missing or cut short: fitted on what is left, silently
     result = data.result
     if result.source == "target":
         return _from_server_run(run_dir, data)

@@ -189,6 +189,33 @@ def test_a_calibration_of_another_engine_is_refused_by_the_field(tmp_path, smoke
     assert code == 2 and err.startswith(f"error: {tmp_path / 'nothing'}: no results.json here")
 
 
+@pytest.mark.parametrize("option", ["--calibrate", "--replay"])
+@pytest.mark.parametrize(
+    ("name", "cut", "problem"),
+    [
+        ("steps.jsonl", None, "missing"),
+        ("steps.jsonl", 1, "holds 1 steps, results.json counts"),
+        ("requests.jsonl", None, "missing"),
+    ],
+)
+def test_a_run_folder_with_records_missing_or_cut_is_refused(tmp_path, smoke_run, option, name, cut, problem):
+    # once: --replay of a run without steps.jsonl simulated no level and exited 0 (an empty report);
+    # --calibrate on 1 of its steps said "too few to fit", without steps.jsonl "older than the fields"
+    import shutil
+
+    broken = tmp_path / "broken"
+    shutil.copytree(smoke_run, broken)
+    records = broken / name
+    if cut is None:
+        records.unlink()
+    else:
+        records.write_text("".join(records.read_text().splitlines(keepends=True)[:cut]))
+    code, out, err = run_cli("simulate", str(SMOKE), option, str(broken), "--out", str(tmp_path / "sim"))
+    assert code == 2 and not (tmp_path / "sim").exists(), err
+    assert err.count("\n") == 1 and err.startswith(f"error: {records}: {problem}"), err
+    assert err.rstrip().endswith("; restore it from the run, or pass a run folder whose records are whole"), err
+
+
 def test_a_target_the_database_lacks_falls_back_to_the_roofline_with_one_line(tmp_path):
     """SmolLM2-135M is no model of aiconfigurator-core's: the roofline times it, and says why."""
     run_dir = tmp_path / "run"
