@@ -175,7 +175,7 @@ class EngineDisagg(StrictModel):
         " ``{gbps: N, setup_us: N}``); ``host-memcpy``: the in-process copy, measured on this project's CPU.",
     )
 
-    @field_validator("link")
+    @field_validator("link", mode="before")  # before: a bad gbps named by lookup_link, not as a union
     @classmethod
     def _link(cls, value: str | dict[str, float]) -> str | dict[str, float]:
         from kvplan.errors import KvplanError

@@ -71,7 +71,7 @@ class Disagg(StrictModel):
         " moved and one decode step).",
     )
 
-    @field_validator("link")
+    @field_validator("link", mode="before")  # before: a bad gbps named by lookup_link, not as a union
     @classmethod
     def _link(cls, value: Any) -> Any:
         from kvplan.sizing.gpus.links import lookup_link

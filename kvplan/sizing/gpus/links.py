@@ -69,9 +69,17 @@ def lookup_link(link: str | dict[str, Any], field_name: str = "link") -> Link:
 
     Raises:
         KvplanError: naming ``field_name``: an unknown name (with the closest known ones), or a
-            mapping without a positive ``gbps`` or with a negative ``setup_us``.
+            mapping with a key other than ``gbps`` and ``setup_us``, without a positive ``gbps``
+            or with a negative ``setup_us``.
     """
     if isinstance(link, dict):
+        extra = sorted(map(str, set(link) - {"gbps", "setup_us"}))
+        if extra:  # a misspelt setup_us would otherwise be 0 without a word
+            raise KvplanError(
+                field_name,
+                f"unknown key {extra[0]!r}; a link takes `gbps` and `setup_us`",
+                "e.g. {gbps: 50, setup_us: 5}",
+            )
         gbps, setup = link.get("gbps"), link.get("setup_us", 0)
         if not isinstance(gbps, int | float) or isinstance(gbps, bool) or gbps <= 0:
             raise KvplanError(field_name, f"needs a `gbps` above 0 (got {gbps!r})", "e.g. {gbps: 50, setup_us: 5}")

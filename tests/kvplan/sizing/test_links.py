@@ -1,5 +1,7 @@
 """The link table and the KV transfer price, checked by hand arithmetic."""
 
+from pathlib import Path
+
 import pytest
 
 from kvplan.errors import KvplanError
@@ -41,6 +43,8 @@ def test_lookup_by_name_and_alias_in_any_case():
         ("pcie7", "unknown link 'pcie7'"),
         ({"gbps": 0}, "needs a `gbps` above 0"),
         ({"gbps": 1, "setup_us": -1}, "`setup_us`"),
+        # once read as 0 us without a word (the misspelt key dropped)
+        ({"gbps": 10, "setup": 3}, "unknown key 'setup'; a link takes `gbps` and `setup_us`"),
     ],
 )
 def test_bad_links_are_one_line_naming_the_field(link, problem):
@@ -107,3 +111,31 @@ def test_setup_time_holds_no_bandwidth():
     assert shared.take_done(2.5e-3) == ["a"]
     assert shared.next_end() == pytest.approx(3e-3)
     assert shared.take_done(3e-3) == ["b"]
+
+
+@pytest.mark.parametrize("where", ["engine", "plan"])
+@pytest.mark.parametrize(
+    ("link", "line"),
+    [
+        ({"gbps": 10, "latency": 3}, "disagg.link: unknown key 'latency'; a link takes gbps and setup_us"),
+        # once "link.str: must be a string [+1 more]", pydantic's union of a name and a mapping
+        ({"gbps": "fast"}, "disagg.link: needs a gbps above 0 (got 'fast')"),
+    ],
+)
+def test_a_bad_link_mapping_in_a_workload_names_the_link(tmp_path, where, link, line):
+    import yaml
+
+    from kvplan.workload.file import load_workload
+
+    data = yaml.safe_load((Path(__file__).resolve().parents[3] / "workloads" / "smoke.yaml").read_text())
+    disagg = {"prefill": {"workers": 1}, "decode": {"workers": 1}, "link": link}
+    if where == "engine":
+        data["engine"]["disagg"], prefix = disagg, "engine."
+    else:
+        data["plan"] = [{"model": "llama-3.1-8b", "gpu": "H100-SXM", "disagg": disagg}]
+        prefix = "plan[0]."
+    path = tmp_path / "w.yaml"
+    path.write_text(yaml.safe_dump(data))
+    with pytest.raises(KvplanError) as err:
+        load_workload(path)
+    assert str(err.value).startswith(f"{path}: {prefix}{line}"), err.value
