@@ -175,6 +175,29 @@ def _check_required(workload: Workload) -> None:
             )
         if not bucket.concurrency and not bucket.request_rates:
             raise _error(workload, f"buckets[{i}]", "give concurrency levels and/or request_rates")
+        _check_sent(workload, i, bucket)
+
+
+def _check_sent(workload: Workload, i: int, bucket: Bucket) -> None:
+    """A level's warm-up + measured + cool-down requests (each simulated or sent) at most
+    ``MAX_REQUESTS``: a warm-up of 10^11 requests runs for days rather than fail."""
+    plan = bucket.level_plan
+    levels = [*(bucket.concurrency if bucket.concurrency != "auto" else [1]), *bucket.request_rates]
+    sent = max(plan.at(level).total_requests or 0 for level in levels)
+    if sent <= MAX_REQUESTS:
+        return
+    top = plan.at(max(levels))
+    if bucket.protocol is not None:
+        per_c = bucket.protocol.kind in ("vllm_bench_serve", "inferencex")
+        key = "protocol." + ("warmup_per_concurrency" if per_c else "warmup_request_count")
+    else:
+        key = "warmup" if top.warmup_requests >= top.cooldown_requests else "cooldown"
+    raise _error(
+        workload,
+        f"buckets[{i}].{key}",
+        f"a level sends {sent:,} requests (warm-up, measured and cool-down), over the {MAX_REQUESTS:,} kvplan runs",
+        f"lower {key.split('.')[-1]}",
+    )
 
 
 def _check_buckets(workload: Workload) -> None:

@@ -102,6 +102,8 @@ def assert_same_run(run, measured):
         ({"warmup_per_concurrency": -2}, "buckets[0].protocol.warmup_per_concurrency"),
         # 4 x 10^11 requests at c=4: once a 2.9 TiB MemoryError traceback while sampling lengths
         ({"num_prompts_per_concurrency": 10**11}, "buckets[0].protocol.num_prompts_per_concurrency: 400,000,000,000"),
+        # 4 x 10^11 warm-ups at c=4: once simulated one by one (no end in sight)
+        ({"warmup_per_concurrency": 10**11}, "protocol.warmup_per_concurrency: a level sends 400,000,000,016"),
     ],
 )
 def test_bad_protocol_values_are_one_line_naming_the_key(change, field, tmp_path):

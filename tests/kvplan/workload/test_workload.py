@@ -21,6 +21,8 @@ BAD_CASES = {
     "negative_concurrency.yaml": "buckets[1].concurrency[1]: must be >= 1 (got -1)",
     "huge_num_requests.yaml": "buckets[0].num_requests: 400,000,000,000 requests per level is over the"
     " 10,000,000 kvplan samples; lower num_requests",
+    "huge_warmup.yaml": "buckets[0].warmup: a level sends 100,000,000,008 requests (warm-up, measured and"
+    " cool-down), over the 10,000,000 kvplan runs; lower warmup",
     "concurrency_over_requests.yaml": "buckets[0].concurrency[1]: 100 in flight needs at least 100 requests, the"
     " bucket has num_requests 8 (its measured knee would claim a level never"
     " reached); raise num_requests to >= 100 or drop the level",
