@@ -57,6 +57,35 @@ def _pool_fields(workload: Workload) -> str:
     return " or ".join(dict.fromkeys(fields))
 
 
+def check_shortest_fits(workload: Workload, engine: EngineFacts) -> None:
+    """Before sampling: refuse a bucket whose shortest request (its classes' ``input_tokens`` +
+    ``output_tokens`` minimums; a shared prefix or a history only adds) needs more blocks than the
+    pool holds, so that 10^7-token prompts are never drawn only to be refused. Fixed lengths get
+    :func:`check_requests_fit`'s line word for word (their shortest request is the longest).
+
+    Raises:
+        KvplanError: ``buckets[i].<input_tokens or output_tokens, the larger>``, as
+            :func:`check_requests_fit`.
+    """
+    if workload.dataset.kind == "trace":
+        return  # lengths from the trace, checked once read
+    for index, bucket in enumerate(workload.buckets):
+        sides = [(c.input_tokens, c.output_tokens) for c in bucket.classes]
+        c = min(range(len(sides)), key=lambda k: sides[k][0].min + sides[k][1].min)
+        (inp, out), at = sides[c], f"buckets[{index}]."
+        blocks = -(-(inp.min + out.min - 1) // engine.block_size)
+        if blocks > engine.num_blocks:
+            side = "input_tokens" if inp.min >= out.min else "output_tokens"
+            which = "longest" if (inp.min, out.min) == (inp.max, out.max) and len(sides) == 1 else "shortest"
+            raise KvplanError(
+                at + bucket.class_field(c, side),
+                f"the {which} request ({inp.min} + {out.min} tokens) needs {blocks} blocks of"
+                f" {engine.block_size} tokens, the KV pool has {engine.num_blocks}",
+                f"lower it or grow {_pool_fields(workload)}",
+                source=workload.source,
+            )
+
+
 def check_requests_fit(workload: Workload, engine: EngineFacts, sampled: dict[str, list[SampledRequest]]) -> None:
     """Refuse a bucket with a sampled request the engine could never run (see the module's
     formulas). ``engine``: its ``block_size``, ``num_blocks``, ``max_model_len``.

@@ -21,12 +21,12 @@ SMOKE = Path(__file__).resolve().parents[4] / "workloads" / "smoke.yaml"
             {"prefill": {"workers": 1, "kv_cache_memory": "1KiB"}, "decode": {"workers": 1}},
             "engine.disagg.prefill.kv_cache_memory: 1,024 bytes hold not one block of 2,048 bytes",
         ),
-        # smoke's longest request: 19 + 12 tokens = ceil(30 / 4) = 8 blocks; the decode pool has 2
+        # smoke's shortest request: 12 + 12 tokens = ceil(23 / 4) = 6 blocks; the decode pool has 2
         # (once: "grow engine.num_blocks", whose 48 blocks were enough)
         (
             {"prefill": {"workers": 1}, "decode": {"workers": 1, "num_blocks": 2}},
-            "needs 8 blocks of 4 tokens, the KV pool has 2; lower it or grow engine.num_blocks"
-            " or engine.disagg.decode.num_blocks",
+            "buckets[0].input_tokens: the shortest request (12 + 12 tokens) needs 6 blocks of 4 tokens, the KV"
+            " pool has 2; lower it or grow engine.num_blocks or engine.disagg.decode.num_blocks",
         ),
     ],
 )

@@ -345,3 +345,24 @@ def test_a_prompt_over_the_models_own_limit_is_told_to_shrink(tmp_path):
         " engine's max_model_len 2048 (by default the smaller of the KV pool's tokens and the model's"
         " max_position_embeddings); lower it: the model takes at most 2048 tokens"
     )
+
+
+def test_a_bucket_no_request_of_which_fits_is_refused_before_its_prompts_are_drawn(tmp_path):
+    # input_tokens 16,000,000 on smoke's 48 blocks of 4: once 8 prompts of 16 M random token ids drawn
+    # (over 30 s) before the fit check refused them; now refused from the lengths alone
+    import time
+
+    import yaml
+
+    data = yaml.safe_load(SMOKE.read_text())
+    data["buckets"][0]["input_tokens"] = 16_000_000
+    path = tmp_path / "huge.yaml"
+    path.write_text(yaml.safe_dump(data))
+    start = time.perf_counter()
+    code, out, err = run_cli("simulate", str(path), "--out", str(tmp_path / "sim"))
+    assert time.perf_counter() - start < 10 and code == 2 and not (tmp_path / "sim").exists(), err
+    # ceil((16,000,000 + 12 - 1) / 4) = 4,000,003 blocks
+    assert err.splitlines()[-1] == (
+        f"error: {path}: buckets[0].input_tokens: the longest request (16000000 + 12 tokens) needs 4000003"
+        " blocks of 4 tokens, the KV pool has 48; lower it or grow engine.num_blocks"
+    )
