@@ -19,8 +19,8 @@ import time
 from pathlib import Path
 
 import kvplan
+from kvplan.results.csv_tables import write_tables
 from kvplan.results.records import RequestRecord, StepRecord
-from kvplan.results.report.tables import write_tables
 from kvplan.results.run_result import read_result
 from kvplan.results.store import KeptRecords, RunWriter, read_jsonl
 from kvplan.results.summarize import summarize

@@ -21,7 +21,7 @@ import json
 import math
 import os
 import secrets
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from json.encoder import encode_basestring_ascii
 from operator import attrgetter, itemgetter
@@ -39,8 +39,9 @@ REPORTS_ROOT = Path("reports")
 _NAME_MAX = 255  # bytes in one path component on Linux filesystems
 
 
-def write_atomic(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` through a temporary file and ``os.replace`` (atomic on POSIX).
+def write_atomic(path: Path, text: str | Iterable[str]) -> None:
+    """Write ``text`` (a str, or its pieces in order: a long table written a chunk at a time) to
+    ``path`` through a temporary file and ``os.replace`` (atomic on POSIX).
     The file gets the mode of any new file (0666 less the umask), as the JSONL and PNGs do;
     ``tempfile.mkstemp`` would leave it 0600.
 
@@ -52,7 +53,11 @@ def write_atomic(path: Path, text: str) -> None:
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
         try:
             with os.fdopen(fd, "w", encoding="utf-8") as handle:
-                handle.write(text)
+                if isinstance(text, str):
+                    handle.write(text)
+                else:
+                    for piece in text:
+                        handle.write(piece)
             os.replace(tmp, path)
         except BaseException:
             Path(tmp).unlink(missing_ok=True)

@@ -121,8 +121,8 @@ def render_report(run_dir: str | Path, charts: bool = True, data: RunData | None
             file is damaged or missing, or holds fewer records than results.json counts (nothing
             is written then).
     """
+    from kvplan.results.csv_tables import write_tables
     from kvplan.results.report.summary import summary_markdown
-    from kvplan.results.report.tables import write_tables
 
     data = load_run(run_dir) if data is None else data
     check_records(data)

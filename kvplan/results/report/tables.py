@@ -9,23 +9,16 @@ and counts its completed requests against the planned ones (the bucket's num_req
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
-from dataclasses import fields
-from pathlib import Path
 from typing import Any
 
 import pandas as pd
 
 from kvplan.results import metrics
 from kvplan.results.metrics import LatencyStats, LevelSummary
-from kvplan.results.records import RequestRecord, StepRecord
-from kvplan.results.rows import column as record_column
 from kvplan.results.run_result import RunResult
 from kvplan.results.simulated import SloPoint
 from kvplan.results.stats.prefix_metrics import VARIANTS as PREFIX_VARIANTS
-from kvplan.results.stats.shed import TENANT_COLUMNS, tenant_step_cells
 from kvplan.results.stats.variants import is_alone
-from kvplan.results.store import write_atomic
 
 MIB = 2**20
 
@@ -296,66 +289,6 @@ def console_table(result: RunResult) -> pd.DataFrame:
         for lv in result.levels
     ]
     return pd.DataFrame(rows)
-
-
-# ---- the records as CSV -----------------------------------------------------------------------
-def request_row(rec: RequestRecord) -> dict[str, Any]:
-    """The requests.csv row: scalars plus derived latencies in ms (empty when undefined)."""
-    row = {f.name: getattr(rec, f.name) for f in fields(rec) if f.name != "token_times"}
-    ms = lambda s: None if s is None else s * 1e3  # noqa: E731
-    e2e = None if rec.finish_reason == "rejected" else metrics.e2e_s(rec)  # refused at the entry: no latency
-    row.update(ttft_ms=ms(metrics.ttft_s(rec)), tpot_ms=ms(metrics.tpot_s(rec)), e2e_ms=ms(e2e))
-    row["ttfo_ms"] = ms(metrics.ttfo_s(rec))  # a target's reasoning stream only (else empty)
-    return row
-
-
-def step_row(rec: StepRecord) -> dict[str, Any]:
-    """The steps.csv row: resident tokens summed, KV usage added, per-tenant counts as columns of
-    their own (kvplan.results.stats.shed.tenant_step_cells)."""
-    row = {
-        f.name: getattr(rec, f.name)
-        for f in fields(rec)
-        if f.name not in ("kv_resident_tokens", "kv_resident_request_ids", *TENANT_COLUMNS)
-    }
-    row.update(tenant_step_cells(rec))
-    row["num_kv_requests"] = len(rec.kv_resident_tokens)
-    row["kv_resident_tokens"] = sum(rec.kv_resident_tokens)
-    row["kv_cache_usage"] = metrics.kv_cache_usage(rec)
-    return row
-
-
-def step_frame(steps: Sequence[StepRecord]) -> pd.DataFrame:
-    """steps.csv's rows (``step_row``) as a frame; built column by column where no step has tenants
-    (a step_row's keys in its order, the same frame without a dict per step: 242,804 steps of a
-    20,000-request trace took 9 s row by row), row by row otherwise."""
-    if any(record_column(steps, "tenant_ids")):
-        return pd.DataFrame([step_row(s) for s in steps])
-    skipped = ("kv_resident_tokens", "kv_resident_request_ids", *TENANT_COLUMNS)
-    columns: dict[str, list] = {
-        f.name: record_column(steps, f.name) for f in fields(StepRecord) if f.name not in skipped
-    }
-    resident = record_column(steps, "kv_resident_tokens")
-    columns["num_kv_requests"] = list(map(len, resident))
-    columns["kv_resident_tokens"] = list(map(sum, resident))
-    # metrics.kv_cache_usage of each step
-    used, total = columns["num_used_blocks"], columns["num_total_blocks"]
-    columns["kv_cache_usage"] = [u / t if t else 0.0 for u, t in zip(used, total)]
-    return pd.DataFrame(columns)
-
-
-def write_tables(run_dir: Path, requests: Sequence[RequestRecord], steps: Sequence[StepRecord]) -> None:
-    """Atomically write requests.csv and steps.csv (empty tables keep their header)."""
-    tables: list[tuple[str, Sequence[Any], Callable[[], pd.DataFrame], type]] = [
-        ("requests.csv", requests, lambda: pd.DataFrame([request_row(r) for r in requests]), RequestRecord),
-        ("steps.csv", steps, lambda: step_frame(steps), StepRecord),
-    ]
-    for name, rows, build, kind in tables:
-        frame = build() if rows else pd.DataFrame(columns=[f.name for f in fields(kind)])
-        if rows:  # concurrency N stays an integer next to open-loop rates (one column would be float)
-            frame["level"] = pd.Series(record_column(rows, "level"), dtype=object)
-        per_tenant = [c for c in frame.columns if c.startswith(("running[", "waiting["))]
-        frame[per_tenant] = frame[per_tenant].fillna(0).astype(int)  # a tenant absent from a step had none
-        write_atomic(run_dir / name, frame.to_csv(index=False))
 
 
 def _cell(value: Any) -> str:

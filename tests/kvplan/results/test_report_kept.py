@@ -1,12 +1,12 @@
 """A simulation's report from the records it kept in memory (kvplan.results.store.KeptRecords) is
 the report from its JSONL files read back, and steps.csv built column by column is the frame
-built row by row (kvplan.results.report.tables.step_frame against step_row)."""
+built row by row (kvplan.results.csv_tables.step_frame against step_row)."""
 
 from pathlib import Path
 
 import pandas as pd
 
-from kvplan.results.report.tables import step_frame, step_row
+from kvplan.results.csv_tables import step_frame, step_row
 from kvplan.results.run_result import load_run, read_result
 from kvplan.results.store import KeptRecords, RunWriter
 from kvplan.results.summarize import summarize

@@ -6,9 +6,9 @@ import pandas as pd
 import pytest
 
 from kvplan.errors import KvplanError
+from kvplan.results.csv_tables import write_tables
 from kvplan.results.metrics import Slo
 from kvplan.results.records import RequestRecord, StepRecord
-from kvplan.results.report.tables import write_tables
 from kvplan.results.run_result import (
     SCHEMA_VERSION,
     BucketEstimate,

@@ -1,0 +1,172 @@
+"""The records as CSV: requests.csv and steps.csv (views of requests.jsonl and steps.jsonl), and
+a table held as columns written as CSV text byte for byte as pandas writes it, without pandas.
+
+steps.csv of a long simulation is a million rows of some 45 columns (a 20,000-request trace:
+1,341,207 steps; docs/benchmarks.md#trace-20k). pandas builds a DataFrame from the columns, works
+out each column's dtype and formats every cell before its csv writer joins them; ``csv_chunks``
+hands the same cells to the same writer (Python's ``csv`` module, which pandas' ``to_csv`` uses)
+a chunk of rows at a time, each column made to hold what pandas would pass it:
+
+- a column of ``int`` only (pandas: int64): the ints, written as ``str`` writes them;
+- ints and floats or None, floats and None (pandas: float64): floats (an int as ``float(int)``),
+  None and NaN as an empty cell (float64's ``astype(str)``, what pandas writes, is
+  ``repr(float)``: the shortest round-trip digits, an exponent below 1e-4 and from 1e16);
+- anything with a str or bool, only None, or a column named in ``as_object`` (pandas: object):
+  each value by ``str``, None and NaN empty.
+
+Values of any other type (a tuple, a numpy scalar, an int beyond int64) make ``csv_chunks``
+answer None: the table is built through pandas then.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import math
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import fields
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from kvplan.results import metrics
+from kvplan.results.records import RequestRecord, StepRecord
+from kvplan.results.rows import column as record_column
+from kvplan.results.stats.shed import TENANT_COLUMNS, tenant_step_cells
+from kvplan.results.store import write_atomic
+
+_PLAIN = frozenset({int, float, str, bool, type(None)})
+_NUMERIC = frozenset({int, float, type(None)})
+_INT64 = (-(2**63), 2**63 - 1)
+CHUNK_ROWS = 65_536
+
+
+def csv_chunks(
+    columns: Mapping[str, Sequence[Any]], as_object: Sequence[str] = (), chunk_rows: int = CHUNK_ROWS
+) -> Iterator[str] | None:
+    """``pd.DataFrame(columns).to_csv(index=False)`` (each column in ``as_object`` given
+    ``dtype=object``) as successive pieces of its text: the header, then ``chunk_rows`` rows at a
+    time. Every column holds the same number of rows (at least one) and there are two or more
+    columns. None when a column holds a value of a type this does not format as pandas does (see
+    the module's docstring): build the table with pandas then.
+
+    Raises:
+        ValueError: columns of different lengths, fewer than two columns, or no rows.
+    """
+    names = list(columns)
+    lengths = {len(c) for c in columns.values()}
+    if len(names) < 2 or len(lengths) != 1 or not lengths.pop():
+        raise ValueError("csv_chunks: two or more columns of the same, non-zero length")
+    cells = []
+    for name in names:
+        column = _as_pandas(columns[name], name in as_object)
+        if column is None:
+            return None
+        cells.append(column)
+    return _chunks(names, cells, chunk_rows)
+
+
+def _chunks(names: list[str], cells: list[Sequence[Any]], chunk_rows: int) -> Iterator[str]:
+    out = io.StringIO()
+    writer = csv.writer(out, lineterminator="\n")  # pandas' to_csv: QUOTE_MINIMAL, '"', os.linesep
+    writer.writerow(names)
+    rows = len(cells[0])
+    for start in range(0, rows, chunk_rows):
+        writer.writerows(zip(*(c[start : start + chunk_rows] for c in cells)))
+        yield out.getvalue()
+        out.seek(0)
+        out.truncate()
+    if out.tell():
+        yield out.getvalue()
+
+
+def _as_pandas(values: Sequence[Any], as_object: bool) -> Sequence[Any] | None:
+    """The column as pandas hands its cells to the csv writer (None and '' both write an empty
+    cell); None for a type it does not take."""
+    types = set(map(type, values))
+    if not types <= _PLAIN:
+        return None
+    if as_object or not types <= _NUMERIC or types == {type(None)}:  # an object column
+        if float in types:
+            return [None if type(v) is float and math.isnan(v) else v for v in values]
+        return values
+    if types == {int}:
+        # beyond int64 pandas would hold it as uint64 or object
+        return values if _INT64[0] <= min(values) and max(values) <= _INT64[1] else None
+    if int in types and not all(_INT64[0] <= v <= _INT64[1] for v in values if type(v) is int):
+        return None
+    # float64: ints as floats, None and NaN empty
+    return [None if v is None or v != v else float(v) for v in values]
+
+
+# ---- the records as CSV -----------------------------------------------------------------------
+def request_row(rec: RequestRecord) -> dict[str, Any]:
+    """The requests.csv row: scalars plus derived latencies in ms (empty when undefined)."""
+    row = {f.name: getattr(rec, f.name) for f in fields(rec) if f.name != "token_times"}
+    ms = lambda s: None if s is None else s * 1e3  # noqa: E731
+    e2e = None if rec.finish_reason == "rejected" else metrics.e2e_s(rec)  # refused at the entry: no latency
+    row.update(ttft_ms=ms(metrics.ttft_s(rec)), tpot_ms=ms(metrics.tpot_s(rec)), e2e_ms=ms(e2e))
+    row["ttfo_ms"] = ms(metrics.ttfo_s(rec))  # a target's reasoning stream only (else empty)
+    return row
+
+
+_STEP_SKIPPED = ("kv_resident_tokens", "kv_resident_request_ids", *TENANT_COLUMNS)
+
+
+def step_row(rec: StepRecord) -> dict[str, Any]:
+    """The steps.csv row: resident tokens summed, KV usage added, per-tenant counts as columns of
+    their own (kvplan.results.stats.shed.tenant_step_cells)."""
+    row = {f.name: getattr(rec, f.name) for f in fields(rec) if f.name not in _STEP_SKIPPED}
+    row.update(tenant_step_cells(rec))
+    row["num_kv_requests"] = len(rec.kv_resident_tokens)
+    row["kv_resident_tokens"] = sum(rec.kv_resident_tokens)
+    row["kv_cache_usage"] = metrics.kv_cache_usage(rec)
+    return row
+
+
+def step_columns(steps: Sequence[StepRecord]) -> dict[str, list]:
+    """steps.csv's columns for steps without tenants: ``step_row``'s keys in its order, each
+    column read in one pass (no dict per step)."""
+    columns: dict[str, list] = {
+        f.name: record_column(steps, f.name) for f in fields(StepRecord) if f.name not in _STEP_SKIPPED
+    }
+    resident = record_column(steps, "kv_resident_tokens")
+    columns["num_kv_requests"] = list(map(len, resident))
+    columns["kv_resident_tokens"] = list(map(sum, resident))
+    # metrics.kv_cache_usage of each step
+    used, total = columns["num_used_blocks"], columns["num_total_blocks"]
+    columns["kv_cache_usage"] = [u / t if t else 0.0 for u, t in zip(used, total)]
+    return columns
+
+
+def step_frame(steps: Sequence[StepRecord]) -> pd.DataFrame:
+    """steps.csv's rows (``step_row``) as a frame; built column by column where no step has tenants
+    (``step_columns``), row by row otherwise."""
+    if any(record_column(steps, "tenant_ids")):
+        return pd.DataFrame([step_row(s) for s in steps])
+    return pd.DataFrame(step_columns(steps))
+
+
+def write_tables(run_dir: Path, requests: Sequence[RequestRecord], steps: Sequence[StepRecord]) -> None:
+    """Atomically write requests.csv and steps.csv (empty tables keep their header). steps.csv of
+    steps without tenants is written a chunk of rows at a time by ``csv_chunks`` (the bytes
+    pandas writes), the rest through pandas."""
+    tables: list[tuple[str, Sequence[Any], Callable[[], pd.DataFrame], type]] = [
+        ("requests.csv", requests, lambda: pd.DataFrame([request_row(r) for r in requests]), RequestRecord)
+    ]
+    # concurrency N stays an integer next to open-loop rates: the level column as pandas' object
+    chunks = None
+    if steps and not any(record_column(steps, "tenant_ids")):
+        chunks = csv_chunks(step_columns(steps), as_object=("level",))
+    if chunks is not None:
+        write_atomic(run_dir / "steps.csv", chunks)
+    else:
+        tables.append(("steps.csv", steps, lambda: step_frame(steps), StepRecord))
+    for name, rows, build, kind in tables:
+        frame = build() if rows else pd.DataFrame(columns=[f.name for f in fields(kind)])
+        if rows:  # concurrency N stays an integer next to open-loop rates (one column would be float)
+            frame["level"] = pd.Series(record_column(rows, "level"), dtype=object)
+        per_tenant = [c for c in frame.columns if c.startswith(("running[", "waiting["))]
+        frame[per_tenant] = frame[per_tenant].fillna(0).astype(int)  # a tenant absent from a step had none
+        write_atomic(run_dir / name, frame.to_csv(index=False))

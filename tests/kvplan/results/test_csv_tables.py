@@ -1,0 +1,110 @@
+"""steps.csv without pandas (kvplan.results.csv_tables.csv_chunks): the same bytes as pandas'
+``DataFrame(columns).to_csv(index=False)`` for columns of any mix of ints, floats (NaN, inf,
+subnormal, huge), None, bools and strings needing quotes; pandas itself is the reference."""
+
+import math
+
+import pandas as pd
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from kvplan.results.csv_tables import csv_chunks, step_frame, write_tables
+from kvplan.results.records import LevelKey, StepRecord, step_values
+from kvplan.results.rows import StepRows
+
+VALUES = st.one_of(
+    st.integers(min_value=-(2**63), max_value=2**63 - 1),
+    st.floats(allow_nan=True, allow_infinity=True),
+    st.none(),
+    st.booleans(),
+    st.text(alphabet=st.sampled_from('ab,"\n\r x'), max_size=4),
+)
+KINDS = st.sampled_from(["int", "float", "int|none", "float|none", "any"])
+
+
+@st.composite
+def columns(draw):
+    rows = draw(st.integers(min_value=1, max_value=9))
+    cols = {}
+    for i in range(draw(st.integers(min_value=2, max_value=5))):
+        kind = draw(KINDS)
+        elem = {
+            "int": st.integers(min_value=-(2**63), max_value=2**63 - 1),
+            "float": st.floats(),
+            "int|none": st.one_of(st.integers(-(10**6), 10**6), st.none()),
+            "float|none": st.one_of(st.floats(), st.integers(-5, 5), st.none()),
+            "any": VALUES,
+        }[kind]
+        cols[f"c{i}"] = draw(st.lists(elem, min_size=rows, max_size=rows))
+    return cols
+
+
+def pandas_text(cols, as_object=()):
+    frame = pd.DataFrame(cols)
+    for name in as_object:
+        frame[name] = pd.Series(cols[name], dtype=object)
+    return frame.to_csv(index=False)
+
+
+@settings(max_examples=400, deadline=None)
+@given(columns(), st.integers(min_value=1, max_value=4), st.booleans())
+def test_same_bytes_as_pandas(cols, chunk_rows, first_as_object):
+    as_object = ("c0",) if first_as_object else ()
+    chunks = csv_chunks(cols, as_object=as_object, chunk_rows=chunk_rows)
+    assert chunks is not None
+    assert "".join(chunks) == pandas_text(cols, as_object)
+
+
+def test_by_hand_and_refusals():
+    text = "".join(csv_chunks({"a": [1, None], "b": [0.5, math.nan], "c": ["x,y", None], "d": [1, 2.5]}))
+    assert text == 'a,b,c,d\n1.0,0.5,"x,y",1.0\n,,,2.5\n'
+    assert csv_chunks({"a": [(1,)], "b": [1]}) is None  # a tuple: pandas builds it
+    assert csv_chunks({"a": [2**63], "b": [1]}) is None  # beyond int64
+    with pytest.raises(ValueError):
+        csv_chunks({"a": [1]})
+
+
+def step(i, level, peak):
+    stats = StepRecord(
+        i,
+        "b",
+        "open",
+        level,
+        i * 0.1,
+        i * 0.1 + 0.03,
+        3,
+        2,
+        2,
+        0,
+        7,
+        9,
+        16,
+        0,
+        1,
+        0,
+        5,
+        2,
+        (12, 40),
+        0,
+        0,
+        0,
+        0,
+        num_peak_used_blocks=peak,
+    )
+    return step_values(
+        LevelKey("b", "open" if isinstance(level, float) else "closed", level),
+        stats,
+        {"ideal_bytes": 10 * i, "paged_bytes": 3, "contiguous_bytes": 0, "measured_bytes": 7},
+    )
+
+
+def test_steps_csv_as_pandas_wrote_it(tmp_path):
+    """A run's steps.csv written by csv_chunks equals the frame pandas wrote (levels 4 and 2.5 in one
+    column stay 4 and 2.5; a None peak makes that column float)."""
+    steps = StepRows([step(0, 4, 9), step(1, 2.5, None), step(2, 4, 11)])
+    write_tables(tmp_path, [], steps)
+    frame = step_frame(steps)
+    frame["level"] = pd.Series([4, 2.5, 4], dtype=object)
+    assert (tmp_path / "steps.csv").read_text() == frame.to_csv(index=False)
+    assert (tmp_path / "steps.csv").read_text().splitlines()[2].split(",")[3] == "2.5"
