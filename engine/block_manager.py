@@ -39,26 +39,30 @@ from engine.offload.tiers import Offload
 from engine.request import Request
 
 
-class _Blocks(dict):
-    """The pool's blocks by id, read as a sequence of ``num_blocks`` KVBlocks; each is made on
-    first use, so a pool of a million blocks costs nothing until it is used. (A dict underneath:
-    a block already made is found at dict speed; only a missing one calls ``__missing__``.)"""
+class _Blocks:
+    """The pool's blocks by id, read as a sequence of ``num_blocks`` KVBlocks: each a snapshot of
+    the manager's ref count and hash of that id (the manager keeps them as two lists by id, grown
+    as never-used ids are first taken, so a pool of a million blocks costs nothing until used).
+    ``values()``: the blocks used so far (ids below the first never-used one)."""
 
-    def __init__(self, num_blocks: int):
-        super().__init__()
-        self._num_blocks = num_blocks
+    def __init__(self, num_blocks: int, refs: list[int], hashes: list[bytes | None]):
+        self._num_blocks, self._refs, self._hashes = num_blocks, refs, hashes
 
-    def __missing__(self, block_id: int) -> KVBlock:
+    def __getitem__(self, block_id: int) -> KVBlock:
         if not 0 <= block_id < self._num_blocks:
             raise IndexError(f"block id {block_id} is outside the pool of {self._num_blocks}")
-        block = self[block_id] = KVBlock(block_id)
-        return block
+        if block_id >= len(self._refs):
+            return KVBlock(block_id)
+        return KVBlock(block_id, self._refs[block_id], self._hashes[block_id])
 
     def __len__(self) -> int:
         return self._num_blocks
 
     def __iter__(self):
         return (self[i] for i in range(self._num_blocks))
+
+    def values(self) -> list[KVBlock]:
+        return [self[i] for i in range(len(self._refs))]
 
 
 _NO_PARENT = b"\0" * 16  # the first block's parent hash
@@ -111,7 +115,10 @@ class BlockManager:
         self.num_blocks = num_blocks
         self.block_size = block_size
         self.enable_prefix_caching = enable_prefix_caching
-        self.blocks = _Blocks(num_blocks)
+        # ref count and prefix-cache hash (None: not cached) of each block id used so far
+        self._refs: list[int] = []
+        self._block_hash: list[bytes | None] = []
+        self.blocks = _Blocks(num_blocks, self._refs, self._block_hash)  # read-only snapshots
         # The free queue is the never-used ids [_next_unused, num_blocks) in order, then the freed
         # ones in the order they were freed: built in O(1) however large the pool.
         self._next_unused = 0
@@ -221,11 +228,10 @@ class BlockManager:
         table = self._tables[request.request_id]
         hashes = self._block_hashes(request, request.num_computed_tokens)
         self._num_checked[request.request_id] = len(hashes)
-        blocks, cached = self.blocks, self._cached
+        block_hash_of, cached = self._block_hash, self._cached
         for block_hash, block_id in zip(hashes[start:], table[start:]):  # the table holds a block per hash
-            block = blocks[block_id]
-            if block.block_hash is None and block_hash not in cached:
-                block.block_hash = block_hash
+            if block_hash_of[block_id] is None and block_hash not in cached:
+                block_hash_of[block_id] = block_hash
                 cached[block_hash] = block_id
 
     def uncached_hashes(self, request: Request) -> list[bytes]:
@@ -240,14 +246,15 @@ class BlockManager:
         num_old = num - (self.num_blocks - self._next_unused)
         if num_old <= 0 or not self._cached:
             return set()
-        blocks = self.blocks
-        return {h for block_id in islice(self._free, num_old) if (h := blocks[block_id].block_hash) is not None}
+        block_hash_of = self._block_hash
+        return {h for block_id in islice(self._free, num_old) if (h := block_hash_of[block_id]) is not None}
 
     def num_takeable_without_eviction(self) -> int:
         """Blocks the free queue gives before the first cached one (whose take evicts it)."""
         num = self.num_blocks - self._next_unused
+        block_hash_of = self._block_hash
         for block_id in self._free:
-            if self.blocks[block_id].block_hash is not None:
+            if block_hash_of[block_id] is not None:
                 break
             num += 1
         return num
@@ -280,14 +287,14 @@ class BlockManager:
         loads = getattr(cached_block_ids, "loads", None)
         if loads:
             return self._allocate_loading(request_id, max(num_new, 0), cached_block_ids, loads)
-        num_revived = sum(1 for b in cached_block_ids if self.blocks[b].ref_count == 0)
+        refs = self._refs
+        num_revived = sum(1 for b in cached_block_ids if refs[b] == 0)
         if max(num_new, 0) + num_revived > self.num_free_blocks:
             return False
         for block_id in cached_block_ids:
-            block = self.blocks[block_id]
-            if block.ref_count == 0:
+            if refs[block_id] == 0:
                 del self._free[block_id]
-            block.ref_count += 1
+            refs[block_id] += 1
         self._tables[request_id] = (*cached_block_ids, *self._take_free(num_new))
         return True
 
@@ -298,21 +305,21 @@ class BlockManager:
         read the sources, take fresh blocks for the loads (chain order) then the new ones in one
         take, write the loads in and enter them in the prefix cache (OFFLOAD.md rule 5)."""
         device = [b for b in hits if b >= 0]
-        num_revived = sum(1 for b in device if self.blocks[b].ref_count == 0)
+        refs = self._refs
+        num_revived = sum(1 for b in device if refs[b] == 0)
         if num_new + num_revived + len(loads) > self.num_free_blocks:
             return False
         for block_id in device:
-            block = self.blocks[block_id]
-            if block.ref_count == 0:
+            if refs[block_id] == 0:
                 del self._free[block_id]
-            block.ref_count += 1
+            refs[block_id] += 1
         assert self.offload is not None
         payloads = self.offload.read_sources(loads)
         taken = self._take_free(len(loads) + num_new)
         loaded = taken[: len(loads)]
         self.offload.write_loaded(loaded, loads, payloads)
         for block_id, (block_hash, _) in zip(loaded, loads):
-            self.blocks[block_id].block_hash = block_hash
+            self._block_hash[block_id] = block_hash
             self._cached[block_hash] = block_id
         fresh = iter(loaded)
         self._tables[request_id] = (*(b if b >= 0 else next(fresh) for b in hits), *taken[len(loads) :])
@@ -338,22 +345,22 @@ class BlockManager:
         queue, each with ref count 1: never-used ids first (made here, holding nothing), then the
         least recently freed (a cached one is evicted: its content is about to be overwritten)."""
         num_fresh = min(max(num, 0), self.num_blocks - self._next_unused)
-        first, blocks = self._next_unused, self.blocks
+        first, refs, block_hash_of = self._next_unused, self._refs, self._block_hash
         self._next_unused += num_fresh
-        fresh = range(first, first + num_fresh)
-        blocks.update(zip(fresh, map(KVBlock, fresh, repeat(1, num_fresh))))
-        taken = [*fresh]
+        refs.extend(repeat(1, num_fresh))  # the lists by id grow with the never-used ids taken
+        block_hash_of.extend(repeat(None, num_fresh))
+        taken = [*range(first, first + num_fresh)]
         popitem, cached, offload = self._free.popitem, self._cached, self.offload
         for _ in range(num - num_fresh):
             block_id = popitem(last=False)[0]
-            block = blocks[block_id]
-            if block.block_hash is not None:
+            block_hash = block_hash_of[block_id]
+            if block_hash is not None:
                 if offload is not None:  # stored before the block is reused (OFFLOAD.md rule 2)
-                    offload.evicted(block_id, block.block_hash)
-                del cached[block.block_hash]
-                block.block_hash = None
+                    offload.evicted(block_id, block_hash)
+                del cached[block_hash]
+                block_hash_of[block_id] = None
                 self.num_evictions += 1
-            block.ref_count = 1
+            refs[block_id] = 1
             taken.append(block_id)
         return tuple(taken)
 
@@ -361,11 +368,11 @@ class BlockManager:
         """Release the request's blocks (finish, abort, preemption). ``forget=False`` keeps its
         block hashes for a later lookup (preemption: the tokens will be the same)."""
         self._num_checked.pop(request_id, None)
-        blocks, queue = self.blocks, self._free
+        refs, queue = self._refs, self._free
         for block_id in reversed(self._tables.pop(request_id, ())):
-            block = blocks[block_id]
-            block.ref_count -= 1
-            if block.ref_count == 0:
+            left = refs[block_id] - 1
+            refs[block_id] = left
+            if not left:
                 queue[block_id] = None  # tail of the request joins first
         if forget:
             self._hashes.pop(request_id, None)

@@ -222,7 +222,7 @@ def _settle(
     steps' order."""
     which = [i for i, f in enumerate(fills) if f < k]
     evicted = bm.hashes_evicted_by(len(taken[1])) if which else set()
-    if evicted and any(h in evicted for i in which for h in bm.uncached_hashes(running[i])):
+    if evicted and not all(evicted.isdisjoint(bm.uncached_hashes(running[i])) for i in which):
         grows: dict[int, list[str]] = {}
         for j, rid in zip(*taken):
             grows.setdefault(j, []).append(rid)
