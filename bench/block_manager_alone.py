@@ -32,11 +32,11 @@ def main() -> None:
     rng = random.Random(0)
     bm = BlockManager(args.blocks, BLOCK, True)
     made = 0
+    prompts = [tuple(rng.randrange(32000) for _ in range(PROMPT)) for _ in range(args.requests + 2 * USERS)]
 
-    def admit() -> Request:
+    def admit() -> Request:  # the prompts are drawn before the clock starts
         nonlocal made
-        prompt = tuple(rng.randrange(32000) for _ in range(PROMPT))
-        request = Request(f"r{made}", prompt, SamplingParams(max_tokens=OUTPUT), 0.0)
+        request = Request(f"r{made}", prompts[made], SamplingParams(max_tokens=OUTPUT), 0.0)
         made += 1
         assert bm.allocate(request.request_id, PROMPT + 1, bm.find_cached_prefix(request))
         request.num_computed_tokens = PROMPT  # the prefill sampled one token
