@@ -14,6 +14,8 @@ The run folder is created only after these checks, so bad input leaves nothing b
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from kvplan.errors import KvplanError
 from kvplan.results.run_result import EngineFacts
 from kvplan.traffic.requests import SampledRequest
@@ -40,6 +42,23 @@ def _longest_part(index: int, bucket: Bucket, request: SampledRequest) -> tuple[
         parts.append((prefix, "shared_prefix.num_tokens"))
     spelled = (f"prefix {prefix} + " if prefix else "") + f"{own} + {request.max_tokens}"
     return max(parts, key=lambda part: part[0])[1], spelled
+
+
+def _stddev_field(index: int, bucket: Bucket, field: str, engine: EngineFacts) -> str:
+    """``buckets[i].protocol.<side>_stddev`` for a request too long for ``engine`` whose longest
+    part is a length an AIPerf/GuideLLM protocol drew with that stddev while its nominal lengths
+    (``input_len`` + ``output_len``, the protocol's L) fit: the stddev, not L, is what to lower.
+    Otherwise ``field`` as it was."""
+    protocol, at = bucket.protocol, f"buckets[{index}]."
+    if protocol is None or protocol.input_len is None or protocol.output_len is None:
+        return field
+    nominal = protocol.input_len + protocol.output_len
+    if -(-(nominal - 1) // engine.block_size) > engine.num_blocks or nominal > engine.max_model_len:
+        return field
+    for side in ("input", "output"):
+        if field == f"{at}{side}_tokens" and getattr(protocol, f"{side}_stddev", None):
+            return f"{at}protocol.{side}_stddev"
+    return field
 
 
 def _pool_fields(workload: Workload) -> str:
@@ -86,6 +105,15 @@ def check_shortest_fits(workload: Workload, engine: EngineFacts) -> None:
             )
 
 
+def fit_check(workload: Workload, engine: EngineFacts) -> Callable[[str, SampledRequest], None]:
+    """:func:`check_requests_fit` of one request of the named bucket: what sampling calls with a
+    bucket's longest drawn length before it draws the prompts' ids
+    (kvplan.traffic.prompts.LengthCheck), so that an AIPerf stddev of 10^8 tokens is refused in
+    milliseconds, not after drawing prompts of 16 M ids. Its line is check_requests_fit's.
+    """
+    return lambda name, request: check_requests_fit(workload, engine, {name: [request]})
+
+
 def check_requests_fit(workload: Workload, engine: EngineFacts, sampled: dict[str, list[SampledRequest]]) -> None:
     """Refuse a bucket with a sampled request the engine could never run (see the module's
     formulas). ``engine``: its ``block_size``, ``num_blocks``, ``max_model_len``.
@@ -103,7 +131,7 @@ def check_requests_fit(workload: Workload, engine: EngineFacts, sampled: dict[st
             continue
         longest = max(requests, key=lambda r: r.num_tokens)  # most tokens is most blocks
         field, spelled = _longest_part(index, bucket, longest)
-        where = field
+        where = _stddev_field(index, bucket, field, engine)
         blocks = -(-(longest.num_tokens - 1) // engine.block_size)
         if blocks > engine.num_blocks:
             raise KvplanError(

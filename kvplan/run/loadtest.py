@@ -34,7 +34,7 @@ from kvplan.run.bundled.backend import (
     tokenizer_function,
     warm_up,
 )
-from kvplan.run.checks import check_requests_fit, check_shortest_fits
+from kvplan.run.checks import check_requests_fit, check_shortest_fits, fit_check
 from kvplan.run.driver import schedule_levels
 from kvplan.run.estimate import compute_estimate, plan_target
 from kvplan.run.lifecycle import finish_run, now_iso, run_levels, start_run
@@ -72,7 +72,7 @@ def run_loadtest(workload: Workload, run_dir: Path | None = None, *, engine=None
     vocab_size = facts.vocab_size
     assert vocab_size is not None  # engine_facts reads it from the model's config
     check_shortest_fits(workload, facts)  # before drawing prompts no request of the bucket could use
-    sampled = sample_buckets(workload, tokenizer_function(engine), vocab_size)
+    sampled = sample_buckets(workload, tokenizer_function(engine), vocab_size, fit_check(workload, facts))
     check_requests_fit(workload, facts, sampled.requests)
     workload = resolve_auto(workload, facts, sampled.requests)  # concurrency: auto -> levels around the knee
     if "num_conversations" in sampled.dataset_info:

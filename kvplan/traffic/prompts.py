@@ -19,7 +19,7 @@ from __future__ import annotations
 import json
 import logging
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -33,6 +33,10 @@ from kvplan.workload.schema import Workload
 
 log = logging.getLogger(__name__)
 _TOKENIZE_BATCH = 256
+# (a bucket's name, a stand-in for its longest drawn random request: prompt ids a range of its length)
+# -> raises KvplanError when the engine could never run it (kvplan.run.checks.check_requests_fit);
+# called after a bucket's (or a mix class's) lengths are drawn, before any prompt's ids are
+LengthCheck = Callable[[str, SampledRequest], None]
 
 
 def read_sharegpt(path: Path | None = None) -> list[dict]:
@@ -109,19 +113,39 @@ def draw_lengths(lengths: Lengths, count: int, rng: np.random.Generator) -> np.n
     return np.clip(np.rint(draws), lo, hi).astype(np.int64)
 
 
-def _random_bucket(bucket: Bucket, index: int, seed: int, vocab_size: int) -> list[SampledRequest]:
+def _random_bucket(
+    bucket: Bucket, index: int, seed: int, vocab_size: int, check: LengthCheck | None = None
+) -> list[SampledRequest]:
     """A bucket's random requests; a mix's drawn class by class (kvplan.traffic.mix), from the same generator."""
     rng = np.random.default_rng([seed, index])
+    own = None if check is None else lambda r: check(bucket.name, r)
     if bucket.mix is None:
-        return _random_requests(bucket, vocab_size, rng)
+        return _random_requests(bucket, vocab_size, rng, own)
     draws = mix.class_draws(bucket, seed, index)
-    return mix.stitch(bucket, draws, [_random_requests(b, vocab_size, rng) for b in mix.class_buckets(bucket, draws)])
+    classes = mix.class_buckets(bucket, draws)
+    return mix.stitch(
+        bucket,
+        draws,
+        [_random_requests(b, vocab_size, rng, own, c.name) for b, c in zip(classes, bucket.classes)],
+    )
 
 
-def _random_requests(bucket: Bucket, vocab_size: int, rng: np.random.Generator) -> list[SampledRequest]:
+def _random_requests(
+    bucket: Bucket,
+    vocab_size: int,
+    rng: np.random.Generator,
+    check: Callable[[SampledRequest], None] | None = None,
+    request_class: str | None = None,
+) -> list[SampledRequest]:
+    """``num_requests`` lengths from the bucket's ranges, then each prompt's ids uniform in
+    [0, vocab_size). ``check`` sees the longest (prompt + output) request first, its prompt a
+    ``range`` of its length, so a length no pool holds is refused before 10^7 ids are drawn."""
     assert bucket.input_tokens is not None and bucket.output_tokens is not None  # a mix is sampled per class
     inputs = draw_lengths(bucket.input_tokens, bucket.num_requests, rng)
     outputs = draw_lengths(bucket.output_tokens, bucket.num_requests, rng)
+    if check is not None and len(inputs):
+        k = int(np.argmax(inputs + outputs))  # the first longest, as check_requests_fit's max()
+        check(SampledRequest(range(int(inputs[k])), int(outputs[k]), "random", request_class=request_class))
     return [
         SampledRequest(tuple(int(t) for t in rng.integers(0, vocab_size, size=n)), int(m), "random")
         for n, m in zip(inputs, outputs)
@@ -224,12 +248,16 @@ def _jsonl_candidates(path: Path, vocab_size: int) -> list[_Candidate]:
     return candidates
 
 
-def sample_buckets(workload: Workload, tokenize: Tokenize | None, vocab_size: int) -> SampledBuckets:
+def sample_buckets(
+    workload: Workload, tokenize: Tokenize | None, vocab_size: int, check: LengthCheck | None = None
+) -> SampledBuckets:
     """Draw every bucket's requests for ``workload``, deterministic for ``workload.seed``.
 
     tokenize: the engine's tokenizer as a batched function (None for a model without one).
     vocab_size: random prompts draw token ids uniformly from [0, vocab_size); JSONL token ids
         must lie there.
+    check: for ``random`` prompts, sees each bucket's (a mix's: each class's) longest request
+        before its prompts' ids are drawn (:data:`LengthCheck`); what it raises passes through.
 
     Raises:
         KvplanError: too few prompts fit a bucket's ranges, a bad JSONL line (one with a token id
@@ -244,7 +272,9 @@ def sample_buckets(workload: Workload, tokenize: Tokenize | None, vocab_size: in
         return sample_trace(workload, vocab_size)
     records: list[dict] = []
     if kind == "random":
-        requests = {b.name: _random_bucket(b, i, workload.seed, vocab_size) for i, b in enumerate(workload.buckets)}
+        requests = {
+            b.name: _random_bucket(b, i, workload.seed, vocab_size, check) for i, b in enumerate(workload.buckets)
+        }
         return _prefixed(
             workload, SampledBuckets(requests, {"kind": kind, "vocab_size": vocab_size}), tokenize, vocab_size, records
         )

@@ -86,17 +86,22 @@ def _request(row: list) -> SampledRequest:
 
 
 def cached_sample(
-    workload: Workload, tokenizer: Callable[[], Tokenize | None], vocab_size: int, tokenizer_id: list
+    workload: Workload,
+    tokenizer: Callable[[], Tokenize | None],
+    vocab_size: int,
+    tokenizer_id: list,
+    check: prompts.LengthCheck | None = None,
 ) -> SampledBuckets:
-    """``sample_buckets(workload, tokenizer(), vocab_size)``, from the cache when it holds it (the
-    tokenizer is built only when it does not). Random prompts (drawn in milliseconds) and a
-    trace's (built as each request is sent: kvplan.traffic.trace.TracePrompt) are never cached.
+    """``sample_buckets(workload, tokenizer(), vocab_size, check)``, from the cache when it holds it
+    (the tokenizer is built only when it does not). Random prompts (drawn in milliseconds) and a
+    trace's (built as each request is sent: kvplan.traffic.trace.TracePrompt) are never cached;
+    ``check`` sees random buckets' longest lengths before their prompts are drawn.
 
     Raises:
         KvplanError: what sample_buckets raises.
     """
     if workload.dataset.kind in ("random", "trace"):
-        return prompts.sample_buckets(workload, tokenizer(), vocab_size)
+        return prompts.sample_buckets(workload, tokenizer(), vocab_size, check)
     path = cache_root() / "samples" / f"{sample_key(workload, vocab_size, tokenizer_id)}.json"
     try:
         data = json.loads(path.read_text())

@@ -26,7 +26,7 @@ from kvplan.errors import KvplanError
 from kvplan.results.run_result import EngineFacts, RunResult, WorkloadRef
 from kvplan.results.simulated import DEFAULT_ATTAINMENT, TargetCapacity
 from kvplan.results.store import KeptRecords, check_out
-from kvplan.run.checks import check_requests_fit, check_shortest_fits
+from kvplan.run.checks import check_requests_fit, check_shortest_fits, fit_check
 from kvplan.run.driver import schedule_levels
 from kvplan.run.estimate import compute_estimate
 from kvplan.run.lifecycle import finish_run, now_iso, run_levels, start_run
@@ -68,7 +68,11 @@ def sample(workload: Workload, facts: EngineFacts) -> SampledBuckets:
     check_replay(workload)  # a trace replayed whole: at most a level's 24 h
     check_shortest_fits(workload, facts)  # before drawing prompts no request of the bucket could use
     sampled = cached_sample(
-        workload, lambda: tokenize_function(model), facts.vocab_size or 1, tokenizer_identity(model)
+        workload,
+        lambda: tokenize_function(model),
+        facts.vocab_size or 1,
+        tokenizer_identity(model),
+        fit_check(workload, facts),  # random lengths checked before their prompts are drawn
     )
     check_requests_fit(workload, facts, sampled.requests)
     return sampled

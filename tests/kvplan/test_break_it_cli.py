@@ -1,0 +1,89 @@
+"""Bad input through the CLI, each case once found to misbehave (a traceback, a wrong exit code, a
+loose line, or seconds of work before the refusal): fed to ``kvplan`` in process
+(tests/kvplan/cli_runner.py), each must exit 2 with one line naming the field and the fix."""
+
+from __future__ import annotations
+
+import re
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.kvplan.cli_runner import run_cli
+
+SMOKE = Path(__file__).parents[2] / "workloads" / "smoke.yaml"  # 48 blocks of 4 tokens
+
+
+def _smoke(tmp_path: Path, name: str, drop: tuple[str, ...] = (), **bucket) -> Path:
+    """workloads/smoke.yaml without its plan, its bucket's keys ``drop`` left out and ``bucket`` set."""
+    data = yaml.safe_load(SMOKE.read_text())
+    data.pop("plan")
+    data["buckets"][0].update(bucket)
+    for key in drop:
+        del data["buckets"][0][key]
+    path = tmp_path / name
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+def _one_line(err: str) -> str:
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in err, err
+    return lines[0]
+
+
+@pytest.mark.parametrize("command", ["simulate", "loadtest"])
+def test_an_aiperf_stddev_no_pool_holds_is_refused_before_its_prompts_are_drawn(tmp_path, command):
+    # --isl-stddev 10^8 around 12 tokens: the normal is clipped at MAX_TOKENS = 2^24 = 16,777,216,
+    # which 1,000 requests reach; once 1,000 prompts of up to 16 M random ids were drawn first
+    # (4 of them took 6.6 s), now the lengths alone are checked
+    path = _smoke(
+        tmp_path,
+        "aiperf.yaml",
+        ("request_rates", "num_requests"),
+        input_tokens=12,
+        concurrency=[1],
+        protocol={"kind": "aiperf", "input_stddev": 10**8, "request_count": 1000},
+    )
+    start = time.perf_counter()
+    code, out, err = run_cli(command, str(path), "--out", str(tmp_path / "sim"), "--quiet")
+    assert time.perf_counter() - start < 10 and code == 2 and not (tmp_path / "sim").exists(), err
+    # ceil((16,777,216 + 12 - 1) / 4) = 4,194,307 blocks; 12 + 12 tokens alone would fit, so the stddev is named
+    assert _one_line(err) == (
+        f"error: {path}: buckets[0].protocol.input_stddev: the longest request (16777216 + 12 tokens) needs"
+        " 4194307 blocks of 4 tokens, the KV pool has 48; lower it or grow engine.num_blocks"
+    )
+
+
+def test_a_mix_class_drawn_too_long_is_named_before_its_prompts_are_drawn(tmp_path):
+    # class 'doc' of a mix: normal lengths of mean 5,000 and stddev 10^6 in [1, 10^7]; its longest
+    # drawn prompt is named by the class before 10^7-token prompts are drawn
+    path = _smoke(
+        tmp_path,
+        "mix.yaml",
+        ("input_tokens", "output_tokens"),
+        mix=[
+            {"name": "chat", "weight": 1, "input_tokens": 12, "output_tokens": 4},
+            {
+                "name": "doc",
+                "weight": 1,
+                "input_tokens": {"min": 1, "max": 10**7, "dist": "normal", "mean": 5000, "std": 10**6},
+                "output_tokens": 4,
+            },
+        ],
+        num_requests=2000,
+    )
+    start = time.perf_counter()
+    code, out, err = run_cli("simulate", str(path), "--out", str(tmp_path / "sim"), "--quiet")
+    line = _one_line(err)
+    assert time.perf_counter() - start < 10 and code == 2 and not (tmp_path / "sim").exists(), err
+    found = re.fullmatch(
+        rf"error: {re.escape(str(path))}: buckets\[0\]\.mix\[1\]\.input_tokens: the longest request \((\d+) \+ 4"
+        r" tokens\) needs (\d+) blocks of 4 tokens, the KV pool has 48; lower it or grow engine\.num_blocks",
+        line,
+    )
+    assert found, line
+    prompt, blocks = map(int, found.groups())
+    assert 10**6 < prompt <= 10**7 and blocks == -(-(prompt + 4 - 1) // 4)  # 2,000 draws: some over 1 stddev
