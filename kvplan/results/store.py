@@ -21,7 +21,7 @@ import json
 import math
 import os
 import secrets
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from json.encoder import encode_basestring_ascii
 from operator import attrgetter, itemgetter
@@ -33,6 +33,7 @@ from pydantic import TypeAdapter, ValidationError
 from kvplan.errors import KvplanError, describe_error
 from kvplan.results.records import LevelKey, RequestRecord, StepRecord, field_names, step_values
 from kvplan.results.rows import StepRows
+from kvplan.results.run_lines import decode_run_records
 
 REQUESTS_FILE, STEPS_FILE = "requests.jsonl", "steps.jsonl"
 REPORTS_ROOT = Path("reports")
@@ -215,6 +216,28 @@ class RunWriter:
         """``write_step(StepRecord.from_stats(key, stats, **sizes))``, without building the record
         (kvplan.results.records.step_values; a simulation writes a million)."""
         self._write_step_values(step_values(key, stats, sizes))
+
+    def write_decode_run(self, key: LevelKey, run: Any, sizes: Mapping[str, Sequence[int]]) -> None:
+        """``write_step_stats`` of each step of a decode run (engine.outputs.DecodeRunSteps), with
+        ``sizes`` each KV size's column over its steps: the same lines and kept rows, made for the
+        run at once (kvplan.results.run_lines) where it can, else step by step."""
+        made = decode_run_records(key, run, sizes) if len(run) else None
+        if made is None:
+            for j, stats in enumerate(run):
+                self.write_step_stats(key, stats, {name: column[j] for name, column in sizes.items()})
+            return
+        rows, lines = made
+        if self._flush:
+            self._steps.write("".join(lines))
+            self._steps.flush()
+        else:
+            pending = self._pending[self._steps]
+            pending += lines
+            if len(pending) >= self.CHUNK_LINES:
+                self._steps.write("".join(pending))
+                pending.clear()
+        if self._kept is not None:
+            self._kept.steps.rows += rows
 
     def _write_step_values(self, values: tuple) -> None:
         self._append(self._steps, self._step_lines.line_of(values))

@@ -232,6 +232,11 @@ class Recorder:
         advance: Callable[..., None] = lambda *args: None,
     ):
         self.writer, self.level, self.kv_sizes, self.advance = writer, level, kv_sizes, advance
+        # a decode run's sizes as columns (kvplan.run.estimate.KVPricing.run_bytes, where kv_sizes is
+        # its step_bytes) for a writer that takes a run at once (kvplan.results.store.RunWriter)
+        run_bytes = getattr(getattr(kv_sizes, "__self__", None), "run_bytes", None)
+        write_run = getattr(writer, "write_decode_run", None)
+        self._write_run = (lambda key, run: write_run(key, run, run_bytes(run))) if run_bytes and write_run else None
         # request id -> (request, cache salt, when the driver submitted it on the backend's clock)
         self.submitted: dict[str, tuple[SampledRequest, str, float]] = {}
 
@@ -239,6 +244,11 @@ class Recorder:
         key = self.level.key
         # a RunWriter takes the stats as they are, without a StepRecord built for each (a million)
         write_stats = getattr(self.writer, "write_step_stats", None)
+        if self._write_run is not None and hasattr(
+            steps, "taken_steps"
+        ):  # a decode run (engine.outputs.DecodeRunSteps)
+            self._write_run(key, steps)
+            steps = ()
         for stats in steps:
             if write_stats is not None:
                 write_stats(key, stats, self.kv_sizes(stats))

@@ -14,6 +14,7 @@ from typing import Any
 from engine.config import DEFAULT_KV_CACHE_MEMORY_BYTES
 from kvplan.errors import KvplanError
 from kvplan.results.metrics import p95_request_tokens
+from kvplan.results.run_lines import grown_blocks
 from kvplan.results.run_result import (
     BucketEstimate,
     DeploymentBucket,
@@ -56,6 +57,28 @@ class KVPricing:
             "paged_bytes": blocks * self.block_size * self.bytes_per_token,
             "contiguous_bytes": len(resident) * self.max_model_len * self.bytes_per_token,
             "measured_bytes": stats.num_used_blocks * self.engine_bytes_per_block,
+        }
+
+    def run_bytes(self, run: Any) -> dict[str, list[int]]:
+        """``step_bytes`` of every step of a decode run (engine.outputs.DecodeRunSteps), as columns
+        (name -> one value per step), without the steps: step j's resident tokens are c_i + j + 1
+        (their sum ``run.context0 + n x j``), and a request's whole blocks ceil((c_i + j + 1) /
+        block_size) grow by one at the steps j where (c_i + j) is a multiple of block_size."""
+        k, n, bpt, size = len(run), len(run.computed), self.bytes_per_token, self.block_size
+        at_residue = [0] * size  # requests by (c_i mod block_size): a block grows at steps j = -c_i mod size
+        for c in run.computed:
+            at_residue[c % size] += 1
+        blocks = sum(-(-(c + 1) // size) for c in run.computed)
+        paged = [blocks]
+        for j in range(1, k):
+            blocks += at_residue[-j % size]
+            paged.append(blocks)
+        grown = grown_blocks(run)
+        return {
+            "ideal_bytes": [(run.context0 + n * j) * bpt for j in range(k)],
+            "paged_bytes": [b * size * bpt for b in paged],
+            "contiguous_bytes": [n * self.max_model_len * bpt] * k,
+            "measured_bytes": [(run.used + g) * self.engine_bytes_per_block for g in grown],
         }
 
 

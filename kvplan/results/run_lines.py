@@ -1,0 +1,118 @@
+"""A decode run's step records made at once: their rows and JSON lines, equal to the step-by-step ones.
+
+A simulation's decode run (engine.decode_run) is k steps in which only a few fields move, by
+rules known in advance (engine.outputs.DecodeRunSteps)::
+
+    step j:  step_index first + j, start/end_time starts[j] / ends[j], used/peak blocks used + grown_j,
+             free blocks free - grown_j, kv_resident_tokens (c_i + j + 1 for each request),
+             context / attended / decode context tokens context0 + n x j, the four KV sizes
+    every other field: as in step 0
+
+A 20,000-request trace replays 1.3 million such steps (docs/benchmarks.md#trace-20k); built
+one by one, each step costs a StepStats, a dict of KV sizes, a tuple of 50 values and a line
+through RecordLines' per-type plan. Here step 0's values are read once through the ordinary path
+(``step_values``), every constant field of the line is encoded once into a %-template by
+``json.dumps`` itself, and each step fills only the moving fields. The rows are exactly
+``step_values(key, run[j], sizes_j)`` and the lines exactly ``json.dumps`` of the record's
+fields (RecordLines' bytes), or nothing is made (``decode_run_records`` gives None) and the
+caller takes the ordinary path: a time that is not a finite float, a count that is not an int.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping, Sequence
+from itertools import accumulate, repeat
+from operator import itemgetter
+from typing import Any
+
+from kvplan.results.records import LevelKey, StepRecord, field_names, step_values
+
+# the fields a decode run's steps differ in, in the order each step's moving values are given
+MOVING = (
+    *("step_index", "start_time", "end_time", "num_used_blocks", "num_free_blocks", "kv_resident_tokens"),
+    *("ideal_bytes", "paged_bytes", "contiguous_bytes", "measured_bytes", "num_peak_used_blocks"),
+    *("num_context_tokens", "num_attended_tokens", "num_decode_context_tokens"),
+)
+assert [n for n in field_names(StepRecord) if n in MOVING] == list(MOVING), "MOVING: in field order"
+_SIZES = ("ideal_bytes", "paged_bytes", "contiguous_bytes", "measured_bytes")
+_FLOATS = frozenset(("start_time", "end_time"))
+_TEXT = "kv_resident_tokens"  # given to the template as its JSON text
+
+
+def grown_blocks(run: Any) -> list[int]:
+    """Blocks the run has taken by the end of each of its steps (``run.used_blocks(j) - run.used``),
+    from ``run.taken_steps`` (the step of each block taken, ascending) in one pass."""
+    counts = [0] * len(run)
+    for step in run.taken_steps:
+        counts[step] += 1
+    return list(accumulate(counts))
+
+
+def decode_run_records(
+    key: LevelKey, run: Any, sizes: Mapping[str, Sequence[int]]
+) -> tuple[list[tuple], list[str]] | None:
+    """The StepRecord rows (field values in field order) and JSON lines (newline included) of
+    each step of ``run`` (an engine.outputs.DecodeRunSteps of at least one step), with ``sizes``:
+    each KV size's column over the run's steps (kvplan.run.estimate.KVPricing.run_bytes). Row j
+    equals ``step_values(key, run[j], {name: sizes[name][j]})``; line j equals RecordLines'
+    line of it (``json.dumps`` of the fields, kvplan.results.store). None where a moving value is
+    not of the type the template writes as json does (times: finite floats; counts and sizes: ints).
+    """
+    k, n, computed = len(run), len(run.computed), run.computed
+    starts, ends = run.starts, run.ends
+    if not (_all_type(computed, int) and _all_type(starts, float) and _all_type(ends, float)):
+        return None
+    if not all(map(math.isfinite, starts)) or not all(map(math.isfinite, ends)):
+        return None
+    columns = [sizes[name] for name in _SIZES]
+    if any(len(column) != k or not _all_type(column, int) for column in columns):
+        return None
+    scalars = (run.first_index, run.used, run.free, run.context0)
+    if not _all_type(scalars, int):
+        return None
+    names = field_names(StepRecord)
+    base = step_values(key, run[0], {name: sizes[name][0] for name in _SIZES})
+    at = {name: i for i, name in enumerate(names)}
+    moving = {at[name] for name in MOVING}
+    fixed = [i for i in range(len(names)) if i not in moving]
+    try:
+        parts = [
+            f"{json.dumps(name).replace('%', '%%')}: "
+            + (_placeholder(name) if i in moving else json.dumps(base[i]).replace("%", "%%"))
+            for i, name in enumerate(names)
+        ]
+    except (TypeError, ValueError):  # a value json cannot write: the ordinary path says so
+        return None
+    template = "{" + ", ".join(parts) + "}\n"
+    # a row is (the fixed values..., the moving ones...) put into field order
+    slot = {i: p for p, i in enumerate(fixed)} | {at[name]: len(fixed) + p for p, name in enumerate(MOVING)}
+    order = itemgetter(*(slot[i] for i in range(len(names))))
+    constant = tuple(base[i] for i in fixed)
+    grown = grown_blocks(run)
+    used = [run.used + g for g in grown]
+    free = [run.free - g for g in grown]
+    context = range(run.context0, run.context0 + n * k, n) if n else repeat(run.context0, k)
+    first = run.first_index
+    rows, lines = [], []
+    for j, start, end, u, f, ideal, paged, whole, measured, ctx in zip(
+        range(k), starts, ends, used, free, *columns, context
+    ):
+        tokens = tuple(map((j + 1).__add__, computed))
+        rows.append(
+            order((*constant, first + j, start, end, u, f, tokens, ideal, paged, whole, measured, u, ctx, ctx, ctx))
+        )
+        lines.append(
+            template % (first + j, start, end, u, f, str(list(tokens)), ideal, paged, whole, measured, u, ctx, ctx, ctx)
+        )
+    return rows, lines
+
+
+def _placeholder(name: str) -> str:
+    return "%r" if name in _FLOATS else "%s" if name == _TEXT else "%d"
+
+
+def _all_type(values: Sequence[Any], kind: type) -> bool:
+    """Every value is exactly of type ``kind`` (a subclass, such as bool for int, is not)."""
+    return all(type(v) is kind for v in values)
