@@ -87,3 +87,21 @@ def test_a_mix_class_drawn_too_long_is_named_before_its_prompts_are_drawn(tmp_pa
     assert found, line
     prompt, blocks = map(int, found.groups())
     assert 10**6 < prompt <= 10**7 and blocks == -(-(prompt + 4 - 1) // 4)  # 2,000 draws: some over 1 stddev
+
+
+def test_an_unknown_link_lists_the_known_links_on_one_line(tmp_path):
+    # once 'use one of: pcie5, pcie4, pcie5-x8' (difflib's matches at cutoff 0.4, as if those were
+    # all there is; 'fast' got every name, 'rdma' three): now the closest, then every link
+    names = ", ".join(
+        yaml.safe_load((Path(__file__).parents[2] / "kvplan/sizing/data/links.yaml").read_text())["links"]
+    )
+    data = yaml.safe_load(SMOKE.read_text())
+    data["engine"]["disagg"] = {"link": "pcie9"}
+    path = tmp_path / "link.yaml"
+    path.write_text(yaml.safe_dump(data))
+    code, out, err = run_cli("simulate", str(path), "--out", str(tmp_path / "sim"), "--quiet")
+    assert code == 2 and not (tmp_path / "sim").exists()
+    assert _one_line(err) == (
+        f"error: {path}: engine.disagg.link: unknown link 'pcie9' (closest: pcie5, pcie4, pcie5-x8);"
+        f" use one of {names}; or give {{gbps: N, setup_us: N}}"
+    )

@@ -68,9 +68,9 @@ def lookup_link(link: str | dict[str, Any], field_name: str = "link") -> Link:
     stands for.
 
     Raises:
-        KvplanError: naming ``field_name``: an unknown name (with the closest known ones), or a
-            mapping with a key other than ``gbps`` and ``setup_us``, without a positive ``gbps``
-            or with a negative ``setup_us``.
+        KvplanError: naming ``field_name``: an unknown name (the closest known ones, then every
+            name of the table, on one line), or a mapping with a key other than ``gbps`` and
+            ``setup_us``, without a positive ``gbps`` or with a negative ``setup_us``.
     """
     if isinstance(link, dict):
         extra = sorted(map(str, set(link) - {"gbps", "setup_us"}))
@@ -88,9 +88,13 @@ def lookup_link(link: str | dict[str, Any], field_name: str = "link") -> Link:
         return Link("custom", float(gbps) * 1e9, float(setup) / 1e6, "given in the workload")
     canonical = _names().get(_key(str(link)))
     if canonical is None:
-        close = difflib.get_close_matches(_key(str(link)), list(_names()), n=3, cutoff=0.4)
-        hint = ", ".join(dict.fromkeys(_names()[c] for c in close)) or ", ".join(link_table())
-        raise KvplanError(field_name, f"unknown link {link!r}", f"use one of: {hint}; or give {{gbps, setup_us}}")
+        close = difflib.get_close_matches(_key(str(link)), list(_names()), n=3, cutoff=0.6)
+        near = ", ".join(dict.fromkeys(_names()[c] for c in close))
+        raise KvplanError(
+            field_name,
+            f"unknown link {link!r}" + (f" (closest: {near})" if near else ""),
+            f"use one of {', '.join(link_table())}; or give {{gbps: N, setup_us: N}}",
+        )
     entry = link_table()[canonical]
     return Link(canonical, float(entry["gbps"]) * 1e9, float(entry["setup_us"]) / 1e6, str(entry["source"]))
 

@@ -3,9 +3,10 @@
 from pathlib import Path
 
 import pytest
+import yaml
 
 from kvplan.errors import KvplanError
-from kvplan.sizing.gpus.links import Link, SharedLink, link_table, lookup_link, prompt_transfer_bytes
+from kvplan.sizing.gpus.links import LINKS_FILE, Link, SharedLink, link_table, lookup_link, prompt_transfer_bytes
 from kvplan.sizing.models.model_spec import ModelSpec
 
 TINY = {  # 2 layers x 2 KV heads x head dim 16, bf16: 2 x 2 x (2 x 16) x 2 = 256 bytes a token
@@ -57,7 +58,18 @@ def test_bad_links_are_one_line_naming_the_field(link, problem):
 def test_unknown_link_names_the_closest():
     with pytest.raises(KvplanError) as err:
         lookup_link("pcie")
-    assert "pcie4" in err.value.fix or "pcie5" in err.value.fix
+    # difflib ratios: pcie4 and pcie5 8/9, pcie4-x8 and pcie5-x8 8/12; ties in reverse name order
+    assert err.value.problem == "unknown link 'pcie' (closest: pcie5, pcie4, pcie5-x8)"
+
+
+def test_unknown_link_lists_every_link_on_one_line():
+    # 'fast' is near no name: once the hint fell back to a loose list; now the closest (when any
+    # is close) and then every canonical name of links.yaml, read here apart from the module
+    names = list(yaml.safe_load(LINKS_FILE.read_text())["links"])
+    with pytest.raises(KvplanError) as err:
+        lookup_link("fast")
+    assert err.value.problem == "unknown link 'fast'" and len(names) > 20
+    assert err.value.fix == f"use one of {', '.join(names)}; or give {{gbps: N, setup_us: N}}"
 
 
 def test_prompt_bytes_are_whole_blocks_per_rank():

@@ -28,7 +28,10 @@ plan: [{ENTRY}, {DISAGG}]
     [
         ("prefill: {workers: 0}", "plan[1].disagg.prefill.workers: must be >= 1 (got 0)"),
         ("decode: {tp: 3}", "plan[1].disagg.decode.tp: 3 does not divide the 32 attention heads"),
-        ("link: pcie9", "plan[1].disagg.link: unknown link 'pcie9'; use one of: pcie5, pcie4"),
+        (
+            "link: pcie9",
+            "plan[1].disagg.link: unknown link 'pcie9' (closest: pcie5, pcie4, pcie5-x8); use one of nvlink3,",
+        ),
         # the value as written: the link is read before pydantic's types (a bad gbps named plainly)
         ("link: {gbps: 0}", "plan[1].disagg.link: needs a gbps above 0 (got 0)"),
         ("prefill: {max_num_seqs: 0}", "plan[1].disagg.prefill.max_num_seqs: must be >= 1"),
