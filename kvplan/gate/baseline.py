@@ -9,6 +9,7 @@ metric, or a metric under the wrong kind of scope. The file format has its own v
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -73,7 +74,8 @@ def load_baseline(path: Path) -> Baseline:
 
     Raises:
         KvplanError: a missing or unreadable file, a file that is not a baseline, an unknown
-            metric, or a metric under the wrong kind of scope (one line naming the field).
+            metric, a metric under the wrong kind of scope, or a value of NaN (one line naming the
+            field).
     """
     path = Path(path)
     where = str(path)
@@ -103,6 +105,14 @@ def load_baseline(path: Path) -> Baseline:
             if metric.scope != kind:
                 raise KvplanError(
                     f"values.{scope}.{name}", f"is a {metric.scope} metric, not a {kind} one", source=where
+                )
+            if value is not None and math.isnan(value):  # compares false with anything: a silent regression
+                raise KvplanError(
+                    f"values.{scope}.{name}",
+                    "is NaN, which no run can be compared with",
+                    "give a number (null where the baseline run had none), or re-record the baseline with"
+                    " kvplan gate RUN_DIR --baseline FILE --update-baseline",
+                    source=where,
                 )
             values[CheckKey(name, bucket, level)] = value
     return Baseline(path, raw.workload.name, raw.workload.config, raw.recorded, raw.tolerances, values)

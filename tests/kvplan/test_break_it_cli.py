@@ -105,3 +105,21 @@ def test_an_unknown_link_lists_the_known_links_on_one_line(tmp_path):
         f"error: {path}: engine.disagg.link: unknown link 'pcie9' (closest: pcie5, pcie4, pcie5-x8);"
         f" use one of {names}; or give {{gbps: N, setup_us: N}}"
     )
+
+
+def test_a_nan_in_a_gate_baseline_is_bad_input_not_a_regression(tmp_path):
+    # once 'REGRESSION ttft_p99_ms [short c=1]: baseline nan, current 1.89 ms, limit nan', exit 1
+    # (NaN compares false with every run); now the value is named, exit 2
+    run, baseline = tmp_path / "run", tmp_path / "baseline.yaml"
+    assert run_cli("simulate", str(SMOKE), "--out", str(run), "--quiet")[0] == 0
+    assert run_cli("gate", str(run), "--baseline", str(baseline), "--update-baseline")[0] == 0
+    assert run_cli("gate", str(run), "--baseline", str(baseline))[0] == 0  # the run against itself passes
+    data = yaml.safe_load(baseline.read_text())
+    data["values"]["short c=1"]["ttft_p99_ms"] = float("nan")
+    baseline.write_text(yaml.safe_dump(data))
+    code, out, err = run_cli("gate", str(run), "--baseline", str(baseline))
+    assert code == 2 and _one_line(err) == (
+        f"error: {baseline}: values.short c=1.ttft_p99_ms: is NaN, which no run can be compared with; give a"
+        " number (null where the baseline run had none), or re-record the baseline with kvplan gate RUN_DIR"
+        " --baseline FILE --update-baseline"
+    )
