@@ -38,7 +38,8 @@ def _one_line(err: str) -> str:
 def test_an_aiperf_stddev_no_pool_holds_is_refused_before_its_prompts_are_drawn(tmp_path, command):
     # --isl-stddev 10^8 around 12 tokens: the normal is clipped at MAX_TOKENS = 2^24 = 16,777,216,
     # which 1,000 requests reach; once 1,000 prompts of up to 16 M random ids were drawn first
-    # (4 of them took 6.6 s), now the lengths alone are checked
+    # (4 of them took 6.6 s: 1,000 would take minutes and tens of GiB), now the lengths alone are
+    # checked (60 s: loadtest builds the engine first, on a shared machine)
     path = _smoke(
         tmp_path,
         "aiperf.yaml",
@@ -49,7 +50,7 @@ def test_an_aiperf_stddev_no_pool_holds_is_refused_before_its_prompts_are_drawn(
     )
     start = time.perf_counter()
     code, out, err = run_cli(command, str(path), "--out", str(tmp_path / "sim"), "--quiet")
-    assert time.perf_counter() - start < 10 and code == 2 and not (tmp_path / "sim").exists(), err
+    assert time.perf_counter() - start < 60 and code == 2 and not (tmp_path / "sim").exists(), err
     # ceil((16,777,216 + 12 - 1) / 4) = 4,194,307 blocks; 12 + 12 tokens alone would fit, so the stddev is named
     assert _one_line(err) == (
         f"error: {path}: buckets[0].protocol.input_stddev: the longest request (16777216 + 12 tokens) needs"
@@ -78,7 +79,7 @@ def test_a_mix_class_drawn_too_long_is_named_before_its_prompts_are_drawn(tmp_pa
     start = time.perf_counter()
     code, out, err = run_cli("simulate", str(path), "--out", str(tmp_path / "sim"), "--quiet")
     line = _one_line(err)
-    assert time.perf_counter() - start < 10 and code == 2 and not (tmp_path / "sim").exists(), err
+    assert time.perf_counter() - start < 60 and code == 2 and not (tmp_path / "sim").exists(), err
     found = re.fullmatch(
         rf"error: {re.escape(str(path))}: buckets\[0\]\.mix\[1\]\.input_tokens: the longest request \((\d+) \+ 4"
         r" tokens\) needs (\d+) blocks of 4 tokens, the KV pool has 48; lower it or grow engine\.num_blocks",
