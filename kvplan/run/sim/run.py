@@ -164,35 +164,30 @@ def simulate(
         left_out = ", ".join(lv.key.id for lv in levels if lv.key.id not in kept)
         note(f"--replay: not simulated, as the measured run did not run them: {left_out}")
     records = KeptRecords()  # the records in memory too: the report reads no file back
-    status = run_levels(
-        setup.make_backend()
-        if setup.make_backend
-        else SimBackend(setup.facts, setup.clock(), admission=workload.engine.admission.model_dump()),
-        own,
-        run_dir,
-        pricing.step_bytes,
-        workload.seed,
-        console,
-        flush=False,
-        variant_backend=variant_backend,
-        kept=records,
+    # the searches need none of the levels' records: on other cores while the levels run
+    collect = (
+        search_beside([answers(workload, target, setup, knees, sampled, attainment) for target in (setup, *plan)])
+        if search and setup.timed
+        else None
     )
-    if search and status == "complete" and setup.timed:
-
-        def answers(target: SimSetup) -> Callable[[], list]:
-            def find() -> list:
-                # a disaggregated target has no one pool to find a knee in
-                own = knees if target is setup else {} if target.make_backend else None
-                if own is None:
-                    own = simulated_knees(workload, target.facts, sampled.requests)
-                clock, make = target.clock, target.make_backend
-                return search_capacity(
-                    workload, target.facts, sampled.requests, clock, attainment, own, make_backend=make
-                )
-
-            return find
-
-        found = search_all([answers(target) for target in (setup, *plan)])
+    status = "interrupted"  # until run_levels says otherwise (an error in it stops the searches too)
+    try:
+        status = run_levels(
+            setup.make_backend()
+            if setup.make_backend
+            else SimBackend(setup.facts, setup.clock(), admission=workload.engine.admission.model_dump()),
+            own,
+            run_dir,
+            pricing.step_bytes,
+            workload.seed,
+            console,
+            flush=False,
+            variant_backend=variant_backend,
+            kept=records,
+        )
+    finally:
+        found = collect(status == "complete") if collect is not None else None  # unfinished: none
+    if found is not None:
         targets = [
             TargetCapacity(
                 target=target.target,
@@ -213,6 +208,27 @@ def simulate(
         ]
         result = result.model_copy(update={"capacity": targets})
     return finish_run(run_dir, result, status, charts, records)
+
+
+def answers(
+    workload: Workload,
+    target: SimSetup,
+    setup: SimSetup,
+    knees: dict,
+    sampled: SampledBuckets,
+    attainment: float,
+) -> Callable[[], list]:
+    """The capacity search of ``target`` (``setup``'s own knees for ``setup``; a disaggregated
+    target has no one pool to find a knee in), as a call."""
+
+    def find() -> list:
+        own = knees if target is setup else {} if target.make_backend else None
+        if own is None:
+            own = simulated_knees(workload, target.facts, sampled.requests)
+        clock, make = target.clock, target.make_backend
+        return search_capacity(workload, target.facts, sampled.requests, clock, attainment, own, make_backend=make)
+
+    return find
 
 
 _SEARCHES: list[Callable[[], list]] = []  # what a forked worker of search_all runs, by index
@@ -237,3 +253,32 @@ def search_all(searches: list[Callable[[], list]]) -> list[list]:
             return list(pool.map(_run_search, range(len(searches))))
     finally:
         _SEARCHES.clear()
+
+
+def search_beside(searches: list[Callable[[], list]]) -> Callable[[bool], list[list] | None]:
+    """``search_all(searches)`` started now, on forked processes (one per search, up to one per
+    core), while this one goes on (the run's levels); returns what collects the answers:
+    ``collect(True)`` waits for them (in order), ``collect(False)`` stops the searches and gives
+    None (a run that did not complete answers nothing). Run here at ``collect(True)`` instead,
+    as search_all does, where there is one core (or ``KVPLAN_SEARCH_JOBS=1``) or no fork (or this
+    is a daemonic process, which may start none). Each
+    search is deterministic, so the answers are the same either way; only the wall time differs."""
+    jobs = int(os.environ.get("KVPLAN_SEARCH_JOBS") or os.cpu_count() or 1)
+    if jobs < 2 or "fork" not in multiprocessing.get_all_start_methods() or multiprocessing.current_process().daemon:
+        return lambda complete: search_all(searches) if complete else None
+    _SEARCHES[:] = searches
+    try:  # the pool forks its workers here, each with the searches as they are now
+        pool = multiprocessing.get_context("fork").Pool(min(len(searches), jobs))
+    finally:
+        _SEARCHES.clear()
+    pending = pool.map_async(_run_search, range(len(searches)), chunksize=1)
+    pool.close()
+
+    def collect(complete: bool) -> list[list] | None:
+        try:
+            return pending.get() if complete else None
+        finally:
+            pool.terminate()
+            pool.join()
+
+    return collect
