@@ -142,11 +142,19 @@ def _disagg_configs(request: PlanRequest, base: list[planning.Config], model_dir
 
     Raises:
         KvplanError: ``links``: an unknown link (with the closest) or none; ``prefill_tp`` /
-            ``decode_tp``: a tp that does not divide the model's attention heads.
+            ``decode_tp``: a tp that does not divide the model's attention heads;
+            ``prefill_workers`` / ``decode_workers``: over MAX_POOL_WORKERS (kvplan.workload.lengths).
     """
     from kvplan.optimize.plan_disagg import check_pool_tps, disagg_grid
     from kvplan.sizing.gpus.links import lookup_link
+    from kvplan.workload.lengths import check_pool_workers
 
+    for field in ("prefill_workers", "decode_workers"):  # each unit a DisaggPool: its bound, named as the option
+        for value in getattr(request, field):
+            try:
+                check_pool_workers(value)
+            except ValueError as err:
+                raise KvplanError(field, *str(err).split("; ", 1)) from None
     links = list(dict.fromkeys(lookup_link(name, "links").name for name in request.links))
     if not links:
         raise KvplanError("links", "names no link", "e.g. --links nvlink,rdma-400g")

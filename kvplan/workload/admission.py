@@ -22,7 +22,7 @@ from typing import Annotated
 
 from pydantic import ByteSize, Field, field_validator, model_validator
 
-from kvplan.workload.lengths import Count, StrictModel
+from kvplan.workload.lengths import MAX_BUNDLED_WORKERS, Count, StrictModel, check_pool_workers
 
 Reserve = Annotated[float, Field(ge=0, lt=1, allow_inf_nan=False)]
 
@@ -122,7 +122,11 @@ class EnginePool(StrictModel):
     section's settings and these put over them (null: the engine section's). Names as a ``plan:``
     entry's ``disagg`` pool (kvplan.workload.deployment.DisaggPool) and EngineConfig's fields."""
 
-    workers: Count = Field(1, description="Engines in the pool, each with its own KV pool and scheduler.")
+    workers: Count = Field(
+        1,
+        description=f"Engines in the pool, each with its own KV pool and scheduler; at most {MAX_BUNDLED_WORKERS}.",
+        json_schema_extra={"maximum": MAX_BUNDLED_WORKERS},
+    )
     max_num_seqs: Count | None = Field(None, description="Each worker's max_num_seqs; null = the engine section's.")
     max_num_batched_tokens: Count | None = Field(
         None, description="Each worker's token budget per step, tokens; null = the engine section's."
@@ -153,6 +157,11 @@ class EnginePool(StrictModel):
         if own.keys() & {"kv_cache_memory", "num_blocks"}:
             engine = {**engine, "kv_cache_memory": None, "num_blocks": None}  # one pool size replaces the other
         return {**engine, **own}
+
+    @field_validator("workers")
+    @classmethod
+    def _workers(cls, value: int) -> int:
+        return check_pool_workers(value, bundled=True)
 
 
 class EngineDisagg(StrictModel):

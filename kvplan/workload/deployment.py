@@ -14,6 +14,7 @@ from pydantic import ConfigDict, Field, field_validator, model_validator
 from kvplan.errors import KvplanError
 from kvplan.sizing import dtypes
 from kvplan.workload.buckets import Count, StrictModel
+from kvplan.workload.lengths import MAX_POOL_WORKERS, check_pool_workers
 
 
 def kv_cache_dtype_value(value: Any, allowed: tuple[str, ...]) -> Any:
@@ -32,7 +33,11 @@ class DisaggPool(StrictModel):
     (experts split ``ep`` ways, attention data parallel ``dp``) with its own KV pool and scheduler
     limits (null: the plan entry's tp, ep and dp, the engine section's limits)."""
 
-    workers: Count = Field(1, description="Engines in the pool, each with its own KV pool and scheduler.")
+    workers: Count = Field(
+        1,
+        description=f"Engines in the pool, each with its own KV pool and scheduler; at most {MAX_POOL_WORKERS}.",
+        json_schema_extra={"maximum": MAX_POOL_WORKERS},
+    )
     tp: Count | None = Field(
         None, description="Tensor parallelism of each worker of the pool; null = the plan entry's ``tp``."
     )
@@ -48,6 +53,11 @@ class DisaggPool(StrictModel):
     max_num_batched_tokens: Count | None = Field(
         None, description="Each worker's token budget per step; null = the engine section's."
     )
+
+    @field_validator("workers")
+    @classmethod
+    def _workers(cls, value: int) -> int:
+        return check_pool_workers(value)
 
 
 class Disagg(StrictModel):

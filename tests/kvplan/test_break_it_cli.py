@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from kvplan.workload.file import load_workload
 from tests.kvplan.cli_runner import run_cli
 
 SMOKE = Path(__file__).parents[2] / "workloads" / "smoke.yaml"  # 48 blocks of 4 tokens
@@ -123,4 +124,62 @@ def test_a_nan_in_a_gate_baseline_is_bad_input_not_a_regression(tmp_path):
         f"error: {baseline}: values.short c=1.ttft_p99_ms: is NaN, which no run can be compared with; give a"
         " number (null where the baseline run had none), or re-record the baseline with kvplan gate RUN_DIR"
         " --baseline FILE --update-baseline"
+    )
+
+
+def _with_disagg(tmp_path: Path, name: str, engine_workers: int | None, plan_workers: int | None) -> Path:
+    data = yaml.safe_load(SMOKE.read_text())
+    if engine_workers is not None:
+        data["engine"]["disagg"] = {"prefill": {"workers": engine_workers}, "decode": {"workers": 1}}
+    if plan_workers is not None:
+        data["plan"][0]["disagg"] = {"prefill": {"workers": 1}, "decode": {"workers": plan_workers}}
+    else:
+        data.pop("plan")
+    path = tmp_path / name
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+@pytest.mark.parametrize(
+    ("engine_workers", "plan_workers", "line"),
+    [
+        # kvplan simulate of smoke.yaml: 1.3 s at 1 + 1 workers, 16 s at 64 + 64, none ended at 100,000
+        (
+            17,
+            None,
+            "engine.disagg.prefill.workers: 17 workers is over the 16 a pool of the bundled engine may hold (each"
+            " loads its own weights and KV pool in this process); use at most 16",
+        ),
+        (
+            None,
+            100_000,
+            "plan[0].disagg.decode.workers: 100000 workers is over the 64 a pool may hold (the simulator steps each"
+            " one); use at most 64 and serve more load with replicas of the unit",
+        ),
+    ],
+)
+def test_a_pool_of_too_many_workers_is_refused(tmp_path, engine_workers, plan_workers, line):
+    path = _with_disagg(tmp_path, "workers.yaml", engine_workers, plan_workers)
+    start = time.perf_counter()
+    code, out, err = run_cli("simulate", str(path), "--out", str(tmp_path / "sim"), "--quiet")
+    assert time.perf_counter() - start < 60 and code == 2 and not (tmp_path / "sim").exists()
+    assert _one_line(err) == f"error: {path}: {line}"
+
+
+def test_the_largest_pools_still_load(tmp_path):
+    # 16 bundled workers a pool, 64 a plan entry's (the measured rows reach 40 prefill workers)
+    assert load_workload(_with_disagg(tmp_path, "edge.yaml", 16, 64)).plan[0].disagg.decode.workers == 64
+
+
+def test_plan_refuses_a_pool_of_too_many_workers(tmp_path):
+    # once a pydantic ValidationError traceback from DisaggPool (exit 1) after the grid was built
+    path = _smoke(tmp_path, "plan.yaml")
+    code, out, err = run_cli(
+        "plan", str(path), "--model", "llama-3.1-8b", "--gpus", "H100-SXM", "--tp", "1", "--rate", "1",
+        "--disagg", "--prefill-workers", "1,65", "--max-gpus", "200", "--out", str(tmp_path / "plan"),
+    )  # fmt: skip
+    assert code == 2 and not (tmp_path / "plan").exists()
+    assert _one_line(err) == (
+        "error: --prefill-workers: 65 workers is over the 64 a pool may hold (the simulator steps each one);"
+        " use at most 64 and serve more load with replicas of the unit"
     )
