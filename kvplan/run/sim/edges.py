@@ -10,6 +10,14 @@ the line through their scores crosses 1 (the secant). Past ``max_num_seqs`` user
 that meet it, each user more waits ``1 / X`` s longer (Little's law, X the requests/s of the
 highest level that meets it), so the edge is where the TTFT or E2E P95 grows to its bound; else,
 with levels on one side only, the score is taken as growing in proportion to the level.
+
+Requests all of one length (prompt and output) run in waves past ``max_num_seqs``: they start and
+finish together, so the queue's wait grows in steps of one E2E per ``max_num_seqs`` users, a
+staircase that a line through two scores misses (Llama-3.1-70B at 1,024 / 8,192 tokens, 64 slots:
+the secant through 64 and 388 users put the edge at 336, the answer is 384). There X is Little's
+law's own (``littles_rate``: the level's users over its mean E2E; the measured window's
+requests/s runs above it as waves finish in it), and it is kept past a level that misses while
+the edge it gives lies below that level.
 """
 
 from __future__ import annotations
@@ -54,30 +62,60 @@ def expected_edge(
     summaries: Mapping[float, LevelSummary],
     slo: Slo,
     top: int | None = None,
+    waves: bool = False,
 ) -> float | None:
     """The level where the SLO is expected to stop holding (see the module docstring), from the
     levels ``known`` (level -> meets it) with their ``scores`` and ``summaries``; ``top``: the
-    concurrency search's max_num_seqs (None: a rate search). None: no guess."""
+    concurrency search's max_num_seqs (None: a rate search); ``waves``: the bucket's requests are
+    all of one length (prompt and output), so past ``top`` they run in waves. None: no guess."""
     held = max((v for v, k in known.items() if k), default=None)
     failed = min((v for v, k in known.items() if not k), default=None)
+    if held is not None and top is not None and held >= top and held in summaries and (failed is None or waves):
+        # past max_num_seqs: the queue's wait by Little's law (in waves: while below every failing level)
+        edge = _queue_edge(held, summaries[held], slo, waves)
+        if failed is None or (edge is not None and edge < failed):
+            return edge
     if held is not None and failed is not None:
         low, high = scores.get(held, math.nan), scores.get(failed, math.nan)
         if not (math.isfinite(low) and math.isfinite(high) and high > low):
             return None
         return held + (1.0 - low) * (failed - held) / (high - low)
-    if held is not None and top is not None and held >= top and held in summaries:
-        at = summaries[held]  # Little's law: each user more waits 1 / X longer
-        if not at.requests_per_s:
-            return None
-        room = [
-            (bound - stats.p95) / 1e3 * at.requests_per_s
-            for bound, stats in ((slo.ttft_ms, at.ttft_ms), (slo.e2e_ms, at.e2e_ms))
-            if bound is not None and stats is not None
-        ]
-        return held + min(room) if room else None
     one = held if held is not None else failed  # one side only: the score in proportion to the level
     ratio = math.nan if one is None else scores.get(one, math.nan)
     return one / ratio if one is not None and math.isfinite(ratio) and ratio > 0 else None
+
+
+def _queue_edge(held: float, at: LevelSummary, slo: Slo, waves: bool) -> float | None:
+    """``held`` users (at least max_num_seqs, meeting the SLO at ``at``) plus those whose wait in
+    the queue, ``1 / X`` s each, brings the TTFT or E2E P95 to its bound; X ``at``'s requests/s
+    (in ``waves``: ``littles_rate``); None without a rate or a TTFT or E2E bound."""
+    rate = littles_rate(held, at) if waves else at.requests_per_s
+    if not rate:
+        return None
+    room = [
+        (bound - stats.p95) / 1e3 * rate
+        for bound, stats in ((slo.ttft_ms, at.ttft_ms), (slo.e2e_ms, at.e2e_ms))
+        if bound is not None and stats is not None
+    ]
+    return held + min(room) if room else None
+
+
+def littles_rate(users: float, at: LevelSummary) -> float | None:
+    """The requests/s that ``users`` in a closed loop complete by Little's law (users in the
+    system = throughput x mean time in it): ``users`` over ``at``'s mean E2E, s; ``at``'s measured
+    requests/s where it has no E2E. The measured window's rate can run above it where requests
+    finish in waves (equal lengths: max_num_seqs of them start and finish together), so a queue's
+    wait, which grows by one mean E2E per max_num_seqs users more, is predicted from this one."""
+    e2e = at.e2e_ms
+    if e2e is not None and e2e.mean > 0:
+        return users / (e2e.mean / 1e3)
+    return at.requests_per_s
+
+
+def in_waves(requests: Sequence) -> bool:
+    """Whether ``requests`` (kvplan.traffic.requests.SampledRequest) are all of one length, prompt
+    and output: past max_num_seqs they run in waves (see the module docstring)."""
+    return len({(r.num_prompt_tokens, r.max_tokens) for r in requests}) == 1
 
 
 def expected_knee(requests: Sequence, num_blocks: int, block_size: int) -> float:

@@ -65,7 +65,7 @@ from kvplan.run.driver import Level, Recorder, run_level
 from kvplan.run.sim.backend import SimBackend
 from kvplan.run.sim.brackets import beyond, bisect, highest_int, highest_rate, inside, round_rate, steered
 from kvplan.run.sim.cost import FixedStepCost, ModelClock, StepClock
-from kvplan.run.sim.edges import expected_edge, expected_knee, queue_cannot_bind, score, slo_ratio
+from kvplan.run.sim.edges import expected_edge, expected_knee, in_waves, queue_cannot_bind, score, slo_ratio
 from kvplan.run.sim.trace_sample import probe_sample
 from kvplan.traffic.requests import SampledRequest
 from kvplan.workload.schema import Workload
@@ -270,7 +270,8 @@ class Prober:
             def guess() -> float | None:
                 ratio = {v: scores.get((bucket_index, mode, v), math.nan) for v in levels}
                 summaries = {v: probes[mode, v] for v in levels}
-                return expected_edge(levels, ratio, summaries, slo, top if mode == "closed" else None)
+                waves = in_waves(self.sampled[name])  # requests of one length (kvplan.run.sim.edges)
+                return expected_edge(levels, ratio, summaries, slo, top if mode == "closed" else None, waves)
 
             return steered(search, lambda v: meets(mode, v), levels, guess)
 

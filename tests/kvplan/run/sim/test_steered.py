@@ -152,6 +152,42 @@ def test_past_max_num_seqs_the_edge_is_where_littles_law_puts_the_queue_at_the_b
     assert edges.expected_edge({64: True}, {64: 0.25}, {64: at}, Slo(ttft_ms=2000), 64) == pytest.approx(124)
 
 
+def test_in_waves_past_max_num_seqs_the_edge_is_littles_law_at_the_mean_e2e_also_past_a_failing_level():
+    # Llama-3.1-70B on B200 x8 at 1,024 / 8,192 tokens, 64 slots: the 64-user level's figures
+    ttft = LatencyStats(count=256, mean=125.0, p50=125.0, p90=133.0, p95=134.0, p99=135.0)
+    e2e = LatencyStats(count=256, mean=119_658.0, p50=119_650.0, p90=119_660.0, p95=119_670.0, p99=119_700.0)
+    at = SimpleNamespace(requests_per_s=0.6615, ttft_ms=ttft, e2e_ms=e2e)
+    slo, summaries = Slo(ttft_ms=600_000, tpot_ms=10_000), {64: at}
+    # waves: 64 users / 119.658 s = 0.53486 requests/s; (600 - 0.134) s of room x that = 320.84 users
+    assert edges.expected_edge({64: True}, {64: 0.0015}, summaries, slo, 64, waves=True) == pytest.approx(384.843)
+    # of one length or not, with no failing level; not in waves: the window's 0.6615 requests/s
+    assert edges.expected_edge({64: True}, {64: 0.0015}, summaries, slo, 64) == pytest.approx(460.811)
+    # past a failing 388 (score 1.1932): in waves still 384.84, below it; else the secant, 335.47
+    known, scores = {64: True, 388: False}, {64: 0.0015, 388: 1.1932}
+    assert edges.expected_edge(known, scores, summaries, slo, 64, waves=True) == pytest.approx(384.843)
+    assert edges.expected_edge(known, scores, summaries, slo, 64) == pytest.approx(335.473)
+    # a failing level at or below Little's edge: the secant, waves or not (64 + 0.9985 x 316 / 1.1917)
+    known, scores = {64: True, 380: False}, {64: 0.0015, 380: 1.1932}
+    assert edges.expected_edge(known, scores, summaries, slo, 64, waves=True) == pytest.approx(328.7697)
+
+
+def test_requests_run_in_waves_only_when_all_are_of_one_prompt_and_output_length():
+    one = SimpleNamespace(num_prompt_tokens=1024, max_tokens=8192)
+    assert edges.in_waves([one, one, SimpleNamespace(num_prompt_tokens=1024, max_tokens=8192)])
+    assert not edges.in_waves([one, SimpleNamespace(num_prompt_tokens=1024, max_tokens=8191)])
+    assert not edges.in_waves([one, SimpleNamespace(num_prompt_tokens=1023, max_tokens=8192)])
+
+
+def test_a_right_wave_guess_simulates_the_answers_two_levels_past_max_num_seqs():
+    # the plain search past 64 for an edge at 386 (384 holds, 388 fails): 128, 256, 512, 384, 448,
+    # 416, 400, 392, 388 (9 levels); steered by the waves' edge 384.84: the failing end 388, then 384
+    search = lambda ok: beyond(ok, 64, 512, 1.02)  # noqa: E731
+    ok, plain_asked = _counted(386)
+    assert search(ok) == (384, 388) and plain_asked == [128, 256, 512, 384, 448, 416, 400, 392, 388]
+    answer, asked = _steer(search, 386, [384.843, 384.843])
+    assert answer == (384, 388) and asked == [388, 384]
+
+
 def test_the_expected_knee_is_the_pool_over_a_requests_blocks_halfway_through_its_output():
     requests = [SimpleNamespace(prompt_token_ids=[0] * 40, max_tokens=48)] * 3  # 64 tokens: 4 blocks
     assert edges.expected_knee(requests, 45, 16) == pytest.approx(45 / 4)
