@@ -111,9 +111,11 @@ def build_role_app(engine, role: str, served_model_name: str | None = None, api_
         prefill_loop = loop
 
         @app.post("/kv/prefill/{kind}")
-        async def prefill(kind: str, request_id: str, request: Request):
+        async def prefill(kind: str, request: Request, request_id: str = ""):
             if kind not in ("completion", "chat"):
                 return fail(f"kind: must be completion or chat (got {kind!r})", 404)
+            if not request_id:  # the router names each request; FastAPI's own 422 has no error body
+                return fail("request_id: a query parameter the router sets; give one (?request_id=...)", 400)
             try:
                 job = parse_body(await request.body(), kind, limits, engine.tokenizer)  # type: ignore[arg-type]
                 decode_limits = _decode_limits(request.query_params, limits)
@@ -163,6 +165,8 @@ def build_role_app(engine, role: str, served_model_name: str | None = None, api_
                 )
             except (ValueError, TypeError, KeyError) as err:
                 return fail(f"handoff: malformed ({type(err).__name__}: {err})", 400)
+            except RecursionError:  # json's decoder recurses once per nesting level, as parse_body says
+                return fail("handoff: malformed JSON body (nested too deeply)", 400)
             if handoff.block_size != engine.block_size:
                 return fail(
                     f"handoff: block_size {handoff.block_size} differs from this server's {engine.block_size}", 400
