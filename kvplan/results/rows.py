@@ -1,12 +1,13 @@
-"""Records read field by field, and a simulation's step records held as rows.
+"""Records read field by field, and a simulation's step records held as columns.
 
 A long simulation writes a million step records (a 20,000-request trace replayed over 3 h:
 1,341,207 steps; docs/benchmarks.md#trace-20k), and its report reads a dozen of their fields for
 every level summary and every one for steps.csv. ``column`` reads one field of every record in C;
-``StepRows`` holds the steps a simulation's writer kept (kvplan.results.store.KeptRecords) as
-tuples of their field values (one tuple instead of an object and its 50-key __dict__ per step),
-reads a column as one ``itemgetter`` over the tuples, and is a ``Sequence[StepRecord]`` for every
-other reader (each record built as it is read, equal to the one written).
+``StepRows`` holds the steps a simulation's writer kept (kvplan.results.store.KeptRecords) as one
+list per field (no object per step; a decode run's steps are added as columns at once,
+kvplan.results.run_lines), so a column is read with no pass over the steps, and is a
+``Sequence[StepRecord]`` for every other reader (each record built as it is read, equal to the
+one written).
 """
 
 from __future__ import annotations
@@ -23,18 +24,34 @@ _AT = {name: i for i, name in enumerate(field_names(StepRecord))}
 
 
 class StepRows(Sequence[StepRecord]):
-    """Step records as rows: ``rows[i]`` holds step i's StepRecord field values in field order
-    (kvplan.results.records.step_values). Indexing and iterating give StepRecords
-    (kvplan.results.records.step_record; a slice gives StepRows); two are equal when their rows
-    are, and equal to any sequence of the same records."""
+    """Step records held as columns: one list per StepRecord field, in field order, entry i of
+    each being step i's value (kvplan.results.records.step_values gives a step's values in field
+    order). Indexing and iterating give StepRecords (kvplan.results.records.step_record; a slice
+    gives StepRows); ``rows`` gives the steps as tuples of values; two are equal when their
+    columns are, and equal to any sequence of the same records. ``column(name)`` is the list held
+    (no pass over the steps): read it, never change it."""
 
-    __slots__ = ("rows",)
+    __slots__ = ("_columns",)
 
-    def __init__(self, rows: list[tuple] | None = None):
-        self.rows: list[tuple] = [] if rows is None else rows
+    def __init__(self, rows: Sequence[tuple] | None = None):
+        self._columns: list[list[Any]] = [[] for _ in _AT]
+        for values in rows or ():
+            self.append_values(values)
+
+    @classmethod
+    def of_columns(cls, columns: Sequence[Sequence[Any]]) -> StepRows:
+        """StepRows holding these columns (one per field, in field order, all as long)."""
+        rows = cls()
+        rows.extend_columns(columns)
+        return rows
+
+    @property
+    def rows(self) -> list[tuple]:
+        """Each step's field values in field order, as tuples (made on each read)."""
+        return list(zip(*self._columns))
 
     def __len__(self) -> int:
-        return len(self.rows)
+        return len(self._columns[0])
 
     @overload
     def __getitem__(self, index: int) -> StepRecord: ...
@@ -44,32 +61,61 @@ class StepRows(Sequence[StepRecord]):
 
     def __getitem__(self, index: int | slice) -> StepRecord | StepRows:
         if isinstance(index, slice):
-            return StepRows(self.rows[index])
-        return step_record(self.rows[index])
+            return StepRows.of_columns([c[index] for c in self._columns])
+        return step_record([c[index] for c in self._columns])
 
     def __iter__(self) -> Iterator[StepRecord]:
-        return map(step_record, self.rows)
+        return map(step_record, zip(*self._columns))
 
     def __eq__(self, other: object) -> bool:
         if isinstance(other, StepRows):
-            return self.rows == other.rows
+            return self._columns == other._columns
         return isinstance(other, Sequence) and len(other) == len(self) and list(self) == list(other)
 
     __hash__ = None  # type: ignore[assignment]  # mutable, as a list
 
-    def append_values(self, values: tuple) -> None:
-        """Add one step: its field values in field order."""
-        self.rows.append(values)
+    def append_values(self, values: Sequence[Any]) -> None:
+        """Add one step: its field values in field order.
+
+        Raises:
+            ValueError: not one value per field.
+        """
+        if len(values) != len(self._columns):
+            raise ValueError(f"a step has {len(self._columns)} field values (got {len(values)})")
+        for column, value in zip(self._columns, values):
+            column.append(value)
+
+    def extend_columns(self, columns: Sequence[Sequence[Any]]) -> None:
+        """Add steps given as columns: one per field, in field order, all as long.
+
+        Raises:
+            ValueError: not one column per field, or columns of different lengths.
+        """
+        if len(columns) != len(self._columns) or len({len(c) for c in columns}) > 1:
+            raise ValueError(f"steps as columns: {len(self._columns)} columns of one length")
+        for column, more in zip(self._columns, columns):
+            column.extend(more)
 
     def column(self, name: str) -> list[Any]:
-        """Field ``name`` of every step, in order.
+        """Field ``name`` of every step, in order: the list held (read it, never change it).
 
         Raises:
             AttributeError: ``name`` is no StepRecord field.
         """
         if name not in _AT:
             raise AttributeError(f"'StepRecord' object has no attribute '{name}'")
-        return list(map(itemgetter(_AT[name]), self.rows))
+        return self._columns[_AT[name]]
+
+    def pick(self, positions: Sequence[int]) -> StepRows:
+        """The steps at ``positions``, as StepRows: this one where they are all of them, in order."""
+        if len(positions) == len(self) and positions == list(range(len(self))):
+            return self
+        take = itemgetter(*positions) if len(positions) > 1 else (lambda c: (c[positions[0]],) if positions else ())
+        return StepRows.of_columns([list(take(c)) for c in self._columns])
+
+    def levels(self) -> Iterator[tuple]:
+        """Each step's ``LEVEL_FIELDS`` values, as a tuple."""
+        return zip(*(self._columns[_AT[f]] for f in LEVEL_FIELDS))
 
 
 def column(records: Sequence[Any], name: str, default: Any = _NO_DEFAULT) -> list[Any]:
@@ -91,7 +137,7 @@ def by_level(records: Sequence[Any]) -> dict[tuple, list[int]]:
     """The positions of each level's records, by the level as a ``LEVEL_FIELDS`` tuple (two equal
     exactly when their LevelKeys are), levels in the order they first appear."""
     if isinstance(records, StepRows):
-        levels = map(itemgetter(*(_AT[f] for f in LEVEL_FIELDS)), records.rows)
+        levels = records.levels()
     else:
         levels = map(attrgetter(*LEVEL_FIELDS), records)
     positions: dict[tuple, list[int]] = {}
@@ -103,6 +149,5 @@ def by_level(records: Sequence[Any]) -> dict[tuple, list[int]]:
 def pick(records: Sequence[Any], positions: list[int]) -> Sequence[Any]:
     """The records at ``positions``: StepRows of StepRows, else a list."""
     if isinstance(records, StepRows):
-        rows = records.rows
-        return StepRows([rows[i] for i in positions])
+        return records.pick(positions)
     return [records[i] for i in positions]

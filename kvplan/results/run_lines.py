@@ -23,8 +23,8 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Mapping, Sequence
-from itertools import accumulate, repeat
-from operator import itemgetter
+from itertools import accumulate
+from json.encoder import encode_basestring_ascii
 from typing import Any
 
 from kvplan.results.records import LevelKey, StepRecord, field_names, step_values
@@ -52,12 +52,13 @@ def grown_blocks(run: Any) -> list[int]:
 
 def decode_run_records(
     key: LevelKey, run: Any, sizes: Mapping[str, Sequence[int]]
-) -> tuple[list[tuple], list[str]] | None:
-    """The StepRecord rows (field values in field order) and JSON lines (newline included) of
-    each step of ``run`` (an engine.outputs.DecodeRunSteps of at least one step), with ``sizes``:
-    each KV size's column over the run's steps (kvplan.run.estimate.KVPricing.run_bytes). Row j
-    equals ``step_values(key, run[j], {name: sizes[name][j]})``; line j equals RecordLines'
-    line of it (``json.dumps`` of the fields, kvplan.results.store). None where a moving value is
+) -> tuple[list[Sequence[Any]], list[str]] | None:
+    """The StepRecord columns (one per field, in field order, each holding the run's steps in
+    order) and JSON lines (newline included) of each step of ``run`` (an
+    engine.outputs.DecodeRunSteps of at least one step), with ``sizes``: each KV size's column
+    over the run's steps (kvplan.run.estimate.KVPricing.run_bytes). Step j's values (the j-th of
+    each column) equal ``step_values(key, run[j], {name: sizes[name][j]})``; line j equals RecordLines'
+    line of them (``json.dumps`` of the fields, kvplan.results.store). None where a moving value is
     not of the type the template writes as json does (times: finite floats; counts and sizes: ints).
     """
     k, n, computed = len(run), len(run.computed), run.computed
@@ -74,45 +75,54 @@ def decode_run_records(
         return None
     names = field_names(StepRecord)
     base = step_values(key, run[0], {name: sizes[name][0] for name in _SIZES})
-    at = {name: i for i, name in enumerate(names)}
-    moving = {at[name] for name in MOVING}
-    fixed = [i for i in range(len(names)) if i not in moving]
+    moving = {_AT[name] for name in MOVING}
     try:
-        parts = [
-            f"{json.dumps(name).replace('%', '%%')}: "
-            + (_placeholder(name) if i in moving else json.dumps(base[i]).replace("%", "%%"))
-            for i, name in enumerate(names)
-        ]
+        parts = [_PLACEHOLDERS[name] if i in moving else _KEYS[i] + _encoded(base[i]) for i, name in enumerate(names)]
     except (TypeError, ValueError):  # a value json cannot write: the ordinary path says so
         return None
     template = "{" + ", ".join(parts) + "}\n"
-    # a row is (the fixed values..., the moving ones...) put into field order
-    slot = {i: p for p, i in enumerate(fixed)} | {at[name]: len(fixed) + p for p, name in enumerate(MOVING)}
-    order = itemgetter(*(slot[i] for i in range(len(names))))
-    constant = tuple(base[i] for i in fixed)
     grown = grown_blocks(run)
     used = [run.used + g for g in grown]
     free = [run.free - g for g in grown]
-    context = range(run.context0, run.context0 + n * k, n) if n else repeat(run.context0, k)
+    context = list(range(run.context0, run.context0 + n * k, n)) if n else [run.context0] * k
     first = run.first_index
-    rows, lines = [], []
-    for j, start, end, u, f, ideal, paged, whole, measured, ctx in zip(
-        range(k), starts, ends, used, free, *columns, context
-    ):
-        tokens = tuple(map((j + 1).__add__, computed))
-        rows.append(
-            order((*constant, first + j, start, end, u, f, tokens, ideal, paged, whole, measured, u, ctx, ctx, ctx))
+    tokens = [tuple(map(j.__add__, computed)) for j in range(1, k + 1)]  # step j - 1: c_i + j
+    lines = [
+        template % (first + j, start, end, u, f, str(list(toks)), ideal, paged, whole, measured, u, ctx, ctx, ctx)
+        for j, start, end, u, f, toks, ideal, paged, whole, measured, ctx in zip(
+            range(k), starts, ends, used, free, tokens, *columns, context
         )
-        lines.append(
-            template % (first + j, start, end, u, f, str(list(tokens)), ideal, paged, whole, measured, u, ctx, ctx, ctx)
-        )
-    return rows, lines
+    ]
+    moved = dict(zip(MOVING, (list(range(first, first + k)), starts, ends, used, free, tokens, *columns, used)))
+    moved.update(num_context_tokens=context, num_attended_tokens=context, num_decode_context_tokens=context)
+    return [moved[name] if name in moved else [base[i]] * k for i, name in enumerate(names)], lines
 
 
 def _placeholder(name: str) -> str:
     return "%r" if name in _FLOATS else "%s" if name == _TEXT else "%d"
 
 
+_AT = {name: i for i, name in enumerate(field_names(StepRecord))}
+_KEYS = [json.dumps(name).replace("%", "%%") + ": " for name in field_names(StepRecord)]  # each key, once
+_PLACEHOLDERS = {name: _KEYS[field_names(StepRecord).index(name)] + _placeholder(name) for name in MOVING}
+_ENCODE = json.JSONEncoder().encode  # json.dumps' own settings, without its per-call checks
+
+
+def _encoded(value: Any) -> str:
+    """``json.dumps(value)`` with every % doubled (a fixed field in the template): the common
+    types without json.dumps' per-call work (an exact int or str, None, an empty tuple)."""
+    kind = type(value)
+    if kind is int:
+        return int.__repr__(value)
+    if kind is str:
+        return encode_basestring_ascii(value).replace("%", "%%")
+    if value is None:
+        return "null"
+    if kind is tuple and not value:
+        return "[]"
+    return _ENCODE(value).replace("%", "%%")
+
+
 def _all_type(values: Sequence[Any], kind: type) -> bool:
     """Every value is exactly of type ``kind`` (a subclass, such as bool for int, is not)."""
-    return all(type(v) is kind for v in values)
+    return set(map(type, values)) <= {kind}

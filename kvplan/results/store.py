@@ -226,7 +226,7 @@ class RunWriter:
             for j, stats in enumerate(run):
                 self.write_step_stats(key, stats, {name: column[j] for name, column in sizes.items()})
             return
-        rows, lines = made
+        columns, lines = made
         if self._flush:
             self._steps.write("".join(lines))
             self._steps.flush()
@@ -237,7 +237,7 @@ class RunWriter:
                 self._steps.write("".join(pending))
                 pending.clear()
         if self._kept is not None:
-            self._kept.steps.rows += rows
+            self._kept.steps.extend_columns(columns)
 
     def _write_step_values(self, values: tuple) -> None:
         self._append(self._steps, self._step_lines.line_of(values))

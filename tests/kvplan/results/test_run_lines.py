@@ -1,6 +1,7 @@
 """A decode run's step records made at once (kvplan.results.run_lines, RunWriter.write_decode_run,
-KVPricing.run_bytes) are the records made step by step: the same rows, the same JSON lines as
-json.dumps writes them, the same KV sizes as ``step_bytes`` of each step."""
+KVPricing.run_bytes) are the records made step by step: the same values (as columns), the same
+JSON lines as json.dumps writes them, the same KV sizes as ``step_bytes`` of each step; and step
+records held as columns (kvplan.results.rows.StepRows) read as the records they hold."""
 
 import json
 import math
@@ -64,7 +65,8 @@ def test_a_run_at_once_is_its_steps_one_by_one(run, key, pricing):
     assert grown_blocks(run) == [run.used_blocks(j) - run.used for j in range(len(run))]
     made = decode_run_records(key, run, sizes)
     assert made is not None
-    rows, lines = made
+    columns, lines = made
+    rows = list(zip(*columns))
     expected = [step_values(key, s, pricing.step_bytes(s)) for s in run]
     assert rows == expected
     assert [tuple(map(type, r)) for r in rows] == [tuple(map(type, r)) for r in expected]
@@ -110,3 +112,26 @@ def test_the_writer_writes_a_run_as_its_steps(tmp_path):
         assert (tmp_path / f"one{flush}" / "steps.jsonl").read_bytes() == (
             tmp_path / f"two{flush}" / "steps.jsonl"
         ).read_bytes()
+
+
+def test_steps_held_as_columns_read_as_their_records():
+    """StepRows: built from rows, from columns or both, indexing, slicing, iterating, equality,
+    columns, levels and picks give what a list of the same StepRecords gives."""
+    from kvplan.results.rows import StepRows, by_level, column, pick
+
+    pricing = KVPricing(2, 4, 64, 8)
+    run = DecodeRunSteps(3, [0.0, 1.0, 2.0], [0.5, 1.5, 2.5], [5, 8], ("a", "b"), (0, 4, 6, 10), [1], {})
+    keys = (LevelKey("a", "open", 1.0), LevelKey("b", "closed", 2))
+    records = [StepRecord(*step_values(k, s, pricing.step_bytes(s))) for k in keys for s in run]
+    held = StepRows([step_values(keys[0], s, pricing.step_bytes(s)) for s in run])
+    columns, _ = decode_run_records(keys[1], run, pricing.run_bytes(run))
+    held.extend_columns(columns)
+    assert len(held) == 6 and list(held) == records and held == records
+    assert held[4] == records[4] and held[-1] == records[-1] and list(held[1:5]) == records[1:5]
+    assert held == StepRows(held.rows) and held != StepRows.of_columns(columns)
+    assert held.rows == [tuple(getattr(r, n) for n in field_names(StepRecord)) for r in records]
+    assert column(held, "end_time") == [r.end_time for r in records]
+    positions = by_level(held)
+    assert positions == {("a", "open", 1.0, ""): [0, 1, 2], ("b", "closed", 2, ""): [3, 4, 5]}
+    assert list(pick(held, positions[("b", "closed", 2, "")])) == records[3:]
+    assert pick(held, [0, 1, 2, 3, 4, 5]) is held and list(pick(held, [5, 0])) == [records[5], records[0]]
