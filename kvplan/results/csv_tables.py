@@ -73,12 +73,42 @@ def _chunks(names: list[str], cells: list[Sequence[Any]], chunk_rows: int) -> It
     writer.writerow(names)
     rows = len(cells[0])
     for start in range(0, rows, chunk_rows):
-        writer.writerows(zip(*(c[start : start + chunk_rows] for c in cells)))
+        chunk = [c[start : start + chunk_rows] for c in cells]
+        template = _row_template(chunk)
+        if template is None:
+            writer.writerows(zip(*chunk))
+        else:  # the csv writer's own text, a row by one % (a million rows of a long simulation)
+            out.write("".join(map(template.__mod__, zip(*chunk))))
         yield out.getvalue()
         out.seek(0)
         out.truncate()
     if out.tell():
         yield out.getvalue()
+
+
+def _row_template(chunk: list[Sequence[Any]]) -> str | None:
+    """A %-template writing each row of ``chunk`` (its columns) as the csv writer writes it, or
+    None: where every column holds one type the writer formats without a choice (an int by
+    ``str``, a float by ``repr``, which ``%d`` and ``%r`` write, a str it would not quote)."""
+    formats = []
+    for column in chunk:
+        kinds = set(map(type, column))
+        if kinds == {int}:
+            formats.append("%d")
+        elif kinds == {float}:
+            formats.append("%r")
+        elif kinds == {str} and all(map(_unquoted, set(column))):
+            formats.append("%s")
+        else:
+            return None
+    return ",".join(formats) + "\n"
+
+
+def _unquoted(text: str) -> bool:
+    """Whether the csv writer writes ``text`` as it is, beside another cell (no quotes, no escapes)."""
+    out = io.StringIO()
+    csv.writer(out, lineterminator="\n").writerow([text, ""])
+    return out.getvalue() == text + ",\n"
 
 
 def _as_pandas(values: Sequence[Any], as_object: bool) -> Sequence[Any] | None:

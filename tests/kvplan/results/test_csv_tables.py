@@ -20,7 +20,7 @@ VALUES = st.one_of(
     st.booleans(),
     st.text(alphabet=st.sampled_from('ab,"\n\r x'), max_size=4),
 )
-KINDS = st.sampled_from(["int", "float", "int|none", "float|none", "any"])
+KINDS = st.sampled_from(["int", "float", "int|none", "float|none", "any", "text", "int", "float"])
 
 
 @st.composite
@@ -35,6 +35,7 @@ def columns(draw):
             "int|none": st.one_of(st.integers(-(10**6), 10**6), st.none()),
             "float|none": st.one_of(st.floats(), st.integers(-5, 5), st.none()),
             "any": VALUES,
+            "text": st.text(alphabet=st.sampled_from('ab,"\n\r x%'), max_size=3),  # one type: a row by %
         }[kind]
         cols[f"c{i}"] = draw(st.lists(elem, min_size=rows, max_size=rows))
     return cols
@@ -108,3 +109,20 @@ def test_steps_csv_as_pandas_wrote_it(tmp_path):
     frame["level"] = pd.Series([4, 2.5, 4], dtype=object)
     assert (tmp_path / "steps.csv").read_text() == frame.to_csv(index=False)
     assert (tmp_path / "steps.csv").read_text().splitlines()[2].split(",")[3] == "2.5"
+
+
+def test_rows_of_one_type_per_column_are_written_by_template():
+    """Columns of ints, floats and plain strings take the %-template (csv_tables._row_template);
+    a string the writer quotes, or a None, does not; the bytes are pandas' either way."""
+    from kvplan.results.csv_tables import _row_template
+
+    cols = {"a": [1, -(2**63)], "b": [0.5, 1e20], "c": ["x", "a b"], "d": [1e-5, math.inf]}
+    assert _row_template(list(cols.values())) == "%d,%r,%s,%r\n"
+    assert (
+        "".join(csv_chunks(cols, chunk_rows=1))
+        == pandas_text(cols)
+        == "a,b,c,d\n1,0.5,x,1e-05\n-9223372036854775808,1e+20,a b,inf\n"
+    )
+    assert _row_template([["x,y"], [1]]) is None and _row_template([[None], [1]]) is None
+    quoted = {"a": ['x"y', "z"], "b": [1, 2]}
+    assert "".join(csv_chunks(quoted)) == pandas_text(quoted)
