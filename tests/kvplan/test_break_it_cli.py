@@ -183,3 +183,17 @@ def test_plan_refuses_a_pool_of_too_many_workers(tmp_path):
         "error: --prefill-workers: 65 workers is over the 64 a pool may hold (the simulator steps each one);"
         " use at most 64 and serve more load with replicas of the unit"
     )
+
+
+@pytest.mark.parametrize("value", ["two", "0", "1.5"])
+def test_a_bad_search_jobs_variable_is_one_line_before_the_run_folder(tmp_path, monkeypatch, value):
+    # 'two' was a ValueError traceback from int() after results.json and workload.yaml were written;
+    # 0 and below quietly meant 1
+    monkeypatch.setenv("KVPLAN_SEARCH_JOBS", value)
+    path = _smoke(tmp_path, "w.yaml")  # no plan: entry, so no roofline warning line
+    code, out, err = run_cli("simulate", str(path), "--out", str(tmp_path / "sim"), "--quiet")
+    assert code == 2 and not (tmp_path / "sim").exists()
+    assert (
+        _one_line(err)
+        == f"error: KVPLAN_SEARCH_JOBS: must be a whole number >= 1 (got {value!r}); unset it or give e.g. 1"
+    )

@@ -99,10 +99,11 @@ def simulate(
 
     Raises:
         KvplanError: an ``out`` that cannot be a new run folder, prompts that cannot fill a bucket, a
-            request that could never fit; all before the run folder exists.
+            request that could never fit, a bad ``KVPLAN_SEARCH_JOBS``; all before the run folder exists.
     """
     started = now_iso()
     check_out(run_dir)
+    search_jobs()  # a bad KVPLAN_SEARCH_JOBS before the run folder exists
     sampled = sample(workload, setup.facts)
     for target in plan:  # every request must fit every target before the run folder exists
         try:
@@ -238,13 +239,35 @@ def _run_search(index: int) -> list:
     return _SEARCHES[index]()
 
 
+def search_jobs() -> int:
+    """The processes the capacity searches may use: ``KVPLAN_SEARCH_JOBS`` where set (1: none
+    forked), else one per core.
+
+    Raises:
+        KvplanError: ``KVPLAN_SEARCH_JOBS`` not a whole number >= 1 (once a ValueError traceback
+            after the run folder was made).
+    """
+    value = os.environ.get("KVPLAN_SEARCH_JOBS")
+    if not value:
+        return os.cpu_count() or 1
+    try:
+        jobs = int(value)
+    except ValueError:
+        jobs = 0
+    if jobs < 1:
+        raise KvplanError(
+            "KVPLAN_SEARCH_JOBS", f"must be a whole number >= 1 (got {value!r})", "unset it or give e.g. 1"
+        )
+    return jobs
+
+
 def search_all(searches: list[Callable[[], list]]) -> list[list]:
     """Each of ``searches`` run, their answers in order: on a pool of processes forked from this
     one (so the searches, closures over the setups, need no pickling), one per core up to one per
     search, where there are two or more of each; else here, one after the other. Each search is
     deterministic (the same requests, seeds and clocks), so the answers are the same either way;
     only the wall time differs (``KVPLAN_SEARCH_JOBS=1``: here)."""
-    workers = min(len(searches), int(os.environ.get("KVPLAN_SEARCH_JOBS") or os.cpu_count() or 1))
+    workers = min(len(searches), search_jobs())
     if workers < 2 or "fork" not in multiprocessing.get_all_start_methods():
         return [find() for find in searches]
     _SEARCHES[:] = searches
@@ -263,7 +286,7 @@ def search_beside(searches: list[Callable[[], list]]) -> Callable[[bool], list[l
     as search_all does, where there is one core (or ``KVPLAN_SEARCH_JOBS=1``) or no fork (or this
     is a daemonic process, which may start none). Each
     search is deterministic, so the answers are the same either way; only the wall time differs."""
-    jobs = int(os.environ.get("KVPLAN_SEARCH_JOBS") or os.cpu_count() or 1)
+    jobs = search_jobs()
     if jobs < 2 or "fork" not in multiprocessing.get_all_start_methods() or multiprocessing.current_process().daemon:
         return lambda complete: search_all(searches) if complete else None
     _SEARCHES[:] = searches
