@@ -13,7 +13,9 @@ one line with :func:`kvplan.errors.validation_error`.
 
 from __future__ import annotations
 
+import os
 import re
+from pathlib import Path
 from typing import Any
 
 import yaml
@@ -102,3 +104,30 @@ def read_yaml(raw: bytes | str, source: str) -> Any:
         at = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
         problem = getattr(err, "problem", None) or str(err).splitlines()[0]
         raise KvplanError("", f"malformed YAML: {at}{problem}", source=source) from None
+
+
+# A workload YAML is kilobytes; one over this is a wrong path (a model's weights, a log) that was
+# read whole only to fail: a 16 GB file, or /dev/zero, which never ends (the kvplan process grew
+# to 21 GB before the kernel killed it, 2026-12-06).
+MAX_INPUT_BYTES = 64 * 2**20
+
+
+def read_input_file(path: str | Path, source: str, what: str) -> bytes:
+    """The bytes of a small input file (``what``: "workload file", ...), reading at most one byte
+    past :data:`MAX_INPUT_BYTES` (a pipe, such as ``<(envsubst < w.yaml)``, reads as a file does).
+
+    Raises:
+        KvplanError: on ``source``: cannot be read (missing, a folder, no permission), or longer
+            than the limit.
+    """
+    try:
+        with open(path, "rb") as file:
+            raw = file.read(MAX_INPUT_BYTES + 1)
+            size = os.fstat(file.fileno()).st_size  # 0 for a pipe or a device
+    except OSError as err:
+        raise KvplanError("", f"cannot read {what} ({err.strerror or err})", source=source) from None
+    if len(raw) > MAX_INPUT_BYTES:
+        known = f" ({size / 2**20:,.0f} MiB)" if size > MAX_INPUT_BYTES else ""
+        problem = f"is larger than the {MAX_INPUT_BYTES // 2**20} MiB a {what} may be{known}"
+        raise KvplanError("", problem, "check the path", source=source)
+    return raw

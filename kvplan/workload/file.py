@@ -18,7 +18,7 @@ from kvplan.workload.buckets import Bucket
 from kvplan.workload.schema import MAX_LEVEL_S, Workload
 from kvplan.workload.trace import check_trace, with_trace_counts
 from kvplan.workload.variants import check_target_variants, check_variants
-from kvplan.yaml_input import read_yaml
+from kvplan.yaml_input import read_input_file, read_yaml
 
 # A bucket's requests are sampled up front, each with its prompt's tokens, and replayed at every
 # level: 10 million keeps that list in memory (a typo of extra zeros otherwise ends in a MemoryError).
@@ -77,10 +77,7 @@ def load_workload(path: str | Path) -> Workload:
         KvplanError: unreadable file, malformed YAML, or any invalid field (one line, exit 2).
     """
     source = str(path)
-    try:
-        raw = Path(path).read_bytes()
-    except OSError as err:
-        raise KvplanError("", f"cannot read workload file ({err.strerror or err})", source=source) from None
+    raw = read_input_file(path, source, "workload file")  # not a device, nor a 16 GB file read whole
     return parse_workload(read_yaml(raw, source), source, hashlib.sha256(raw).hexdigest())
 
 

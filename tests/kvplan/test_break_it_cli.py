@@ -197,3 +197,30 @@ def test_a_bad_search_jobs_variable_is_one_line_before_the_run_folder(tmp_path, 
         _one_line(err)
         == f"error: KVPLAN_SEARCH_JOBS: must be a whole number >= 1 (got {value!r}); unset it or give e.g. 1"
     )
+
+
+def test_a_workload_path_that_is_no_workload_is_refused_without_reading_it_whole(tmp_path):
+    # /dev/zero never ends: read whole, the process grew to 21 GB before the kernel killed it; a
+    # 100 MiB file (a wrong path) was read whole before the YAML parser choked
+    big = tmp_path / "big.yaml"
+    with big.open("wb") as file:
+        file.truncate(100 * 2**20)
+    for path, line in [
+        ("/dev/zero", "error: /dev/zero: is larger than the 64 MiB a workload file may be; check the path"),
+        (str(big), f"error: {big}: is larger than the 64 MiB a workload file may be (100 MiB); check the path"),
+    ]:
+        code, out, err = run_cli("simulate", path, "--out", str(tmp_path / "sim"), "--quiet")
+        assert code == 2 and _one_line(err) == line and not (tmp_path / "sim").exists()
+
+
+def test_a_workload_from_a_pipe_still_loads():
+    # <(envsubst < w.yaml) hands kvplan a pipe: read as a file is
+    import os
+
+    read, write = os.pipe()
+    os.write(write, SMOKE.read_bytes())  # 1 KB: within the pipe's buffer
+    os.close(write)
+    try:
+        assert load_workload(f"/dev/fd/{read}").name == "smoke"
+    finally:
+        os.close(read)
