@@ -1,5 +1,6 @@
 """The link table and the KV transfer price, checked by hand arithmetic."""
 
+import random
 from pathlib import Path
 
 import pytest
@@ -151,3 +152,53 @@ def test_a_bad_link_mapping_in_a_workload_names_the_link(tmp_path, where, link, 
     with pytest.raises(KvplanError) as err:
         load_workload(path)
     assert str(err.value).startswith(f"{path}: {prefix}{line}"), err.value
+
+
+@pytest.fixture
+def no_hang():
+    """Fail (TimeoutError) instead of hanging: the float-residue bug looped forever."""
+    import signal
+
+    def alarm(signum, frame):
+        raise TimeoutError("the link never finished a transfer")
+
+    old = signal.signal(signal.SIGALRM, alarm)
+    signal.alarm(30)
+    yield
+    signal.alarm(0)
+    signal.signal(signal.SIGALRM, old)
+
+
+def test_a_transfer_ends_at_its_end_late_in_a_run(no_hang):
+    # 10 GB/s, 1,000 s setup (the clock at 1,000 s, as a 17-minute level): 'a' (4,096 B) alone ends
+    # at 1,000 + 4,096 / 10^10 s; 'b' (8,192 B, started 1 ms later) then has 4,096 B left at full rate,
+    # ending at 1,000.001 + 8,192 / 10^10 s. Once 'b' kept 4.6e-4 bytes of float residue (over the
+    # 9e-6 byte tolerance) that its end time could not move: take_done gave [] at that end, forever
+    link = SharedLink(Link("x", 10e9, 1000.0))
+    link.start("a", 0.0, 4096.0)
+    link.start("b", 0.001, 8192.0)
+    ends = []
+    while (end := link.next_end()) is not None:
+        ends.append((end, link.take_done(end)))
+    assert [done for _, done in ends] == [["a"], ["b"]]
+    assert ends[0][0] == pytest.approx(1000 + 4096 / 10e9, abs=1e-12)
+    assert ends[1][0] == pytest.approx(1000.001 + 8192 / 10e9, abs=1e-9)
+
+
+def test_every_transfer_ends_at_the_time_next_end_gives(no_hang):
+    # 300 random links: up to 6 transfers of 1 B to 131 MB started within a millisecond at clocks of
+    # 0 s to 10^6 s (11.6 days, past a level's 24 h); each next_end() must hand back a done transfer
+    rng = random.Random(0)
+    for _ in range(300):
+        link = SharedLink(Link("x", rng.choice([1.1e9, 10e9, 50e9]), rng.choice([0, 2e-6, 1e-4])))
+        now = link.now = rng.choice([0.0, 10.0, 1000.0, 86400.0, 1e6])
+        keys = list(range(rng.randint(1, 6)))
+        for key in keys:
+            now += rng.random() * 1e-3
+            link.start(key, now, float(rng.choice([1, 4096, 8192, 12345, 131072 * 1000])))
+        done: list = []
+        while (end := link.next_end()) is not None:
+            got = link.take_done(end)
+            assert got, (end, {k: t.remaining for k, t in link._moving.items()})
+            done += got
+        assert sorted(done) == keys
