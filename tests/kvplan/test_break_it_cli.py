@@ -224,3 +224,14 @@ def test_a_workload_from_a_pipe_still_loads():
         assert load_workload(f"/dev/fd/{read}").name == "smoke"
     finally:
         os.close(read)
+
+
+def test_a_prices_path_that_is_no_prices_file_is_refused_without_reading_it_whole(tmp_path):
+    # --prices /dev/zero was read whole: a MemoryError traceback under a 2.5 GB limit, else the OOM killer
+    path = _smoke(tmp_path, "w.yaml")
+    code, out, err = run_cli(
+        "plan", str(path), "--model", "llama-3.1-8b", "--gpus", "H100-SXM", "--rate", "1",
+        "--prices", "/dev/zero", "--out", str(tmp_path / "plan"),
+    )  # fmt: skip
+    assert code == 2 and not (tmp_path / "plan").exists()
+    assert _one_line(err) == "error: --prices: /dev/zero is larger than the 64 MiB a prices file may be; check the path"

@@ -21,6 +21,7 @@ from pathlib import Path
 
 from kvplan.errors import KvplanError
 from kvplan.sizing.gpus.gpus import canonical_gpu, gpu_hint
+from kvplan.yaml_input import read_input_file
 
 PRICES_FILE = Path(__file__).parents[1] / "data" / "gpu_prices.yaml"
 COLUMNS = ("gpu", "usd_per_gpu_hour", "source", "date")
@@ -53,10 +54,14 @@ def load_prices(path: Path | None = None) -> dict[str, GpuPrice]:
         unknown GPU name (with the closest known names), or a GPU given twice.
     """
     path = PRICES_FILE if path is None else Path(path)
+    try:  # at most 64 MiB: a wrong path (/dev/zero, a model's weights) is not read whole
+        raw = read_input_file(path, str(path), "prices file")
+    except KvplanError as err:
+        fix = "give an existing file" if err.problem.startswith("cannot read") else err.fix
+        problem = err.problem.replace("cannot read prices file", f"cannot read {path}", 1)
+        raise KvplanError("prices", problem if problem.startswith("cannot") else f"{path} {problem}", fix) from None
     try:
-        text = path.read_text(encoding="utf-8-sig")  # a spreadsheet's CSV may start with a byte-order mark
-    except OSError as err:
-        raise KvplanError("prices", f"cannot read {path} ({err.strerror or err})", "give an existing file") from None
+        text = raw.decode("utf-8-sig")  # a spreadsheet's CSV may start with a byte-order mark
     except UnicodeDecodeError as err:
         raise KvplanError("prices", f"{path} is not UTF-8 text (byte {err.start})", "save it as UTF-8") from None
     name = path.name
