@@ -21,7 +21,7 @@ from kvplan.gate.values import RUN_SCOPE, CheckKey, read_values
 from kvplan.results.gated import METRICS, METRICS_BY_NAME, Tolerance, check_metric_names
 from kvplan.results.run_result import RunResult
 from kvplan.results.store import write_atomic
-from kvplan.yaml_input import dump_yaml, read_yaml
+from kvplan.yaml_input import dump_yaml, read_input_file, read_yaml
 
 BASELINE_SCHEMA = 1
 RECORD = "record one with: kvplan gate RUN_DIR --baseline FILE --update-baseline"
@@ -81,10 +81,7 @@ def load_baseline(path: Path) -> Baseline:
     where = str(path)
     if not path.is_file():
         raise KvplanError("", "no such baseline file", RECORD, source=where)
-    try:
-        raw_bytes = path.read_bytes()
-    except OSError as err:
-        raise KvplanError("", f"cannot read baseline ({str(err).splitlines()[0]})", source=where) from None
+    raw_bytes = read_input_file(path, where, "baseline")  # at most 64 MiB: a wrong path is not read whole
     data = read_yaml(raw_bytes, where)  # malformed YAML or a duplicate key: one line
     if not isinstance(data, dict) or "kvplan_gate_baseline" not in data:
         raise KvplanError("", "not a kvplan gate baseline (no kvplan_gate_baseline key)", RECORD, source=where)

@@ -235,3 +235,15 @@ def test_a_prices_path_that_is_no_prices_file_is_refused_without_reading_it_whol
     )  # fmt: skip
     assert code == 2 and not (tmp_path / "plan").exists()
     assert _one_line(err) == "error: --prices: /dev/zero is larger than the 64 MiB a prices file may be; check the path"
+
+
+def test_a_baseline_path_that_is_no_baseline_is_refused_without_reading_it_whole(tmp_path):
+    # a 100 MiB file (a wrong path) was read whole before the YAML parser choked
+    run, big = tmp_path / "run", tmp_path / "big.yaml"
+    assert run_cli("simulate", str(_smoke(tmp_path, "w.yaml")), "--out", str(run), "--quiet")[0] == 0
+    with big.open("wb") as file:
+        file.truncate(100 * 2**20)
+    code, out, err = run_cli("gate", str(run), "--baseline", str(big))
+    assert code == 2 and _one_line(err) == (
+        f"error: {big}: is larger than the 64 MiB a baseline may be (100 MiB); check the path"
+    )
