@@ -111,6 +111,7 @@ def steered(
     known: dict[Any, bool],
     guess: Callable[[], float | None],
     tries: int = STEER_TRIES,
+    ahead: Callable[[list[Any]], None] | None = None,
 ) -> tuple[Any, Any]:
     """``search(ok)``'s answer, a (highest holding, lowest failing) pair (``search``: one of the
     searches above with its other arguments bound), found by simulating fewer values where ``ok``
@@ -127,8 +128,10 @@ def steered(
     asks. Without a guess, after ``tries`` simulated guesses that came out the other way, after
     ``STEER_GUESSES`` guessed values, or once two results contradict monotonicity (a holding
     value above a failing one: then nothing is inferred), the value the search asks is simulated,
-    as the search itself would. A test that is not monotone at levels only one of the two
-    simulates can give another pair (one holding, the next one failing) than the plain search's.
+    as the search itself would. ``ahead(ends)``: told both open ends of a guessed answer before
+    the first is simulated (kvplan.run.sim.ahead simulates them side by side). A test that is not
+    monotone at levels only one of the two simulates can give another pair (one holding, the next
+    one failing) than the plain search's.
     Sources: the searches' monotone assumption is kvplan.run.sim.search's module docstring."""
 
     def tested(value: Any) -> bool:
@@ -170,6 +173,8 @@ def steered(
         if not open_ends:
             tested(wanted)
             continue
+        if ahead is not None and len(open_ends) == 2:  # both ends to simulate: side by side
+            ahead(open_ends)
         value, guesses = open_ends[0], guesses - 1
         if tested(value) != (value == low):
             tries -= 1

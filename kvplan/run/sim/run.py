@@ -165,12 +165,11 @@ def simulate(
         left_out = ", ".join(lv.key.id for lv in levels if lv.key.id not in kept)
         note(f"--replay: not simulated, as the measured run did not run them: {left_out}")
     records = KeptRecords()  # the records in memory too: the report reads no file back
-    # the searches need none of the levels' records: on other cores while the levels run
-    collect = (
-        search_beside([answers(workload, target, setup, knees, sampled, attainment) for target in (setup, *plan)])
-        if search and setup.timed
-        else None
-    )
+    # the searches need none of the levels' records: on other cores while the levels run; one
+    # target's search with two probes side by side where cores allow (kvplan.run.sim.ahead)
+    ahead = not plan and search_jobs() > 1
+    searches = (answers(workload, t, setup, knees, sampled, attainment, ahead) for t in (setup, *plan))
+    collect = search_beside(list(searches)) if search and setup.timed else None
     status = "interrupted"  # until run_levels says otherwise (an error in it stops the searches too)
     try:
         status = run_levels(
@@ -218,16 +217,20 @@ def answers(
     knees: dict,
     sampled: SampledBuckets,
     attainment: float,
+    ahead: bool = False,
 ) -> Callable[[], list]:
     """The capacity search of ``target`` (``setup``'s own knees for ``setup``; a disaggregated
-    target has no one pool to find a knee in), as a call."""
+    target has no one pool to find a knee in), as a call; ``ahead``: with two probes side by side
+    where it asks two in a row (kvplan.run.sim.ahead)."""
 
     def find() -> list:
         own = knees if target is setup else {} if target.make_backend else None
         if own is None:
             own = simulated_knees(workload, target.facts, sampled.requests)
         clock, make = target.clock, target.make_backend
-        return search_capacity(workload, target.facts, sampled.requests, clock, attainment, own, make_backend=make)
+        return search_capacity(
+            workload, target.facts, sampled.requests, clock, attainment, own, make_backend=make, ahead=ahead
+        )
 
     return find
 

@@ -62,6 +62,7 @@ from kvplan.results.stats.prefix_metrics import CACHED, UNCACHED
 from kvplan.results.stats.steady import LevelSchedule, request_index
 from kvplan.results.stats.step_log import StepLog
 from kvplan.run.driver import Level, Recorder, run_level
+from kvplan.run.sim.ahead import Probes
 from kvplan.run.sim.backend import SimBackend
 from kvplan.run.sim.brackets import beyond, bisect, highest_int, highest_rate, inside, round_rate, steered
 from kvplan.run.sim.cost import FixedStepCost, ModelClock, StepClock
@@ -147,9 +148,11 @@ class Prober:
         clock: Callable[[], StepClock],
         sampled: Mapping[str, Sequence[SampledRequest]],
         make_backend: Callable[[], Any] | None = None,
+        ahead: bool = False,
     ):
         self.workload, self.facts, self.clock, self.sampled = workload, facts, clock, sampled
-        self.make_backend = make_backend  # a disaggregated target's backends (kvplan.run.sim.disagg)
+        # a disaggregated target's backends (kvplan.run.sim.disagg); two probes side by side (.ahead)
+        self.make_backend, self.ahead = make_backend, ahead
         shared = workload.shared_prefix is not None
         # the knee as the load test's summary takes it, with nothing shared; the SLO with the
         # prefixes shared as the workload's tenants would share them
@@ -240,23 +243,20 @@ class Prober:
     ) -> BucketCapacity:
         """The bucket's SLO answers at ``attainment`` (0-1), with its ``knee`` (found apart: it needs
         no timing); the concurrency to within ``precision`` (a ratio, or one user)."""
-        name = self.workload.buckets[bucket_index].name
-        if not _has_slo(self.workload.slo):
+        name, slo, top = self.workload.buckets[bucket_index].name, self.workload.slo, self.facts.max_num_seqs
+        if all(v is None for v in (slo.ttft_ms, slo.tpot_ms, slo.e2e_ms)):
             return BucketCapacity(name=name, knee=knee)
-        probes: dict[tuple[str, float], LevelSummary] = {}
-        top = self.facts.max_num_seqs
 
-        def probe(mode: Mode, value: float) -> LevelSummary:
-            if (mode, value) not in probes:
-                # an open level's warm-up: the users its rate keeps in flight (Little's law, at the
-                # E2E latency of the highest good concurrency), at most the scheduler's limit
-                n = int(value) if mode == "closed" else min(top, max(1, round(value * e2e_s)))
-                plan = self.steady(n, bucket_index, value if mode == "open" else None)
-                summary = self.level(bucket_index, mode, value, variant=self.slo_variant, plan=plan, decide=attainment)
-                assert summary is not None  # None only with stop_on_preemption
-                probes[mode, value] = summary
-            return probes[mode, value]
+        def simulate(mode: Mode, value: float) -> tuple[LevelSummary, float | None]:
+            # an open level's warm-up: the users its rate keeps in flight (Little's law), <= the limit
+            n = int(value) if mode == "closed" else min(top, max(1, round(value * e2e_s)))
+            plan = self.steady(n, bucket_index, value if mode == "open" else None)
+            summary = self.level(bucket_index, mode, value, variant=self.slo_variant, plan=plan, decide=attainment)
+            assert summary is not None  # None only with stop_on_preemption
+            return summary, self.scores.get((bucket_index, mode, value))
 
+        probes = Probes(simulate, self.scores, bucket_index, self.ahead)  # kvplan.run.sim.ahead
+        probe = probes.probe
         known: dict[str, dict[float, bool]] = {"closed": {}, "open": {}}  # level -> meets the SLO
 
         def meets(mode: Mode, value: float) -> bool:
@@ -273,10 +273,10 @@ class Prober:
                 waves = in_waves(self.sampled[name])  # requests of one length (kvplan.run.sim.edges)
                 return expected_edge(levels, ratio, summaries, slo, top if mode == "closed" else None, waves)
 
-            return steered(search, lambda v: meets(mode, v), levels, guess)
+            ahead = lambda ends: probes.both((mode, ends[0]), (mode, ends[1]))  # noqa: E731
+            return steered(search, lambda v: meets(mode, v), levels, guess, ahead=ahead)
 
         e2e_s = 0.0
-        slo = self.workload.slo
         concurrency, above_c = steer("closed", lambda ok: highest_int(ok, top, precision))
         queue_bound = slo.ttft_ms is not None or slo.e2e_ms is not None
         if concurrency == top and queue_bound:
@@ -302,6 +302,8 @@ class Prober:
             )
         # the rate the highest good concurrency sustains is near the highest good rate: start there
         start = best.requests_per_s or 1.0
+        first = round_rate(min(start, saturation))  # the rates it asks first: side by side
+        probes.both(("open", first), ("open", min(round_rate(2 * first), saturation)))
         # not steered: at 2 % apart, rates are not monotone enough (their warm-up and count differ)
         rate, above_r = highest_rate(lambda r: meets("open", r), start, top=saturation)
         return BucketCapacity(
@@ -314,10 +316,6 @@ class Prober:
             above_concurrency=_point(probe("closed", above_c)) if above_c is not None else None,
             above_request_rate=_point(probe("open", above_r)) if above_r is not None else None,
         )
-
-
-def _has_slo(slo: Slo) -> bool:
-    return any(v is not None for v in (slo.ttft_ms, slo.tpot_ms, slo.e2e_ms))
 
 
 def _point(summary: LevelSummary) -> SloPoint:
@@ -380,13 +378,15 @@ def search_capacity(
     precision: float = CONCURRENCY_PRECISION,
     make_backend: Callable[[], Any] | None = None,
     trace_sample: bool = True,
+    ahead: bool = False,
 ) -> list[BucketCapacity]:
     """Every bucket's SLO answers on ``facts`` timed by ``clock`` (or on ``make_backend``'s fresh
     backends: a disaggregated target), with its knee from ``knees`` (the concurrency to within
-    ``precision``); a trace's on ``probe_sample``'s requests (``trace_sample`` False: on all given)."""
+    ``precision``); a trace's on ``probe_sample``'s requests (``trace_sample`` False: on all given);
+    ``ahead``: two probes side by side where the search asks two in a row (kvplan.run.sim.ahead)."""
     if trace_sample:
         workload, sampled = probe_sample(workload, sampled)
-    prober = Prober(workload, facts, clock, sampled, make_backend)
+    prober = Prober(workload, facts, clock, sampled, make_backend, ahead)
     return [prober.capacity(i, attainment, knees.get(b.name), precision) for i, b in enumerate(workload.buckets)]
 
 

@@ -131,7 +131,7 @@ def test_a_queue_that_cannot_bind_is_searched_at_its_limit_first_with_the_same_a
     monkeypatch.setattr(search, "queue_cannot_bind", lambda *args: False)
     (doubled,) = search.search_capacity(workload, setup.facts, sampled, setup.clock, 0.95, {})
     probed_steered, closed[:] = list(closed), []
-    monkeypatch.setattr(search, "steered", lambda plain, ok, known, guess: plain(ok))  # the plain searches
+    monkeypatch.setattr(search, "steered", lambda plain, ok, known, guess, **_: plain(ok))  # the plain searches
     (plain,) = search.search_capacity(workload, setup.facts, sampled, setup.clock, 0.95, {})
     top = setup.facts.max_num_seqs
     assert first == doubled == plain and first.max_concurrency.level == 8 * top
@@ -163,7 +163,7 @@ def test_the_steered_searches_give_the_plain_searches_answers_on_chat_yaml_with_
     monkeypatch.setattr(Prober, "level", counting)
     steered = answers()
     counted[:] = []
-    monkeypatch.setattr(search, "steered", lambda plain, ok, known, guess: plain(ok))
+    monkeypatch.setattr(search, "steered", lambda plain, ok, known, guess, **_: plain(ok))
     plain = answers()
     assert steered[:2] == plain[:2]
     assert len(steered[2]) < len(plain[2])

@@ -1,0 +1,130 @@
+"""Capacity probes simulated side by side: the level a search will ask next, on a process forked
+from this one while this one simulates the level it asks now (kvplan.run.sim.search).
+
+A probe is deterministic (a fresh backend and clock, the level's own seeds and jitter stream), so
+a level simulated on a forked process has the summary and score it would have here; the search
+reads them as if it had simulated them itself, in its own order, and its answers are the same.
+Only the wall time differs: on a second idle core two levels take the time of the longer one.
+A level simulated ahead that the search then does not ask costs CPU time only (its process is
+stopped once the search is done; nothing waits for it).
+
+Which levels go side by side: the two ends of a steered search's guessed answer (the failing
+end is simulated first, the holding one next when the guess is right: kvplan.run.sim.brackets.
+steered), and the rate search's first two rates (its start, and twice it up to the saturation
+rate, which it asks next when the start holds). Where the forked process fails (no fork, an error
+in it), the level is simulated here when asked, as without this.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import signal
+import threading
+import weakref
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+T = TypeVar("T")
+Key = tuple[str, float]  # (mode, level) of a capacity probe
+
+
+class Probes(dict):
+    """A capacity search's probes, (mode, level) -> LevelSummary, each simulated once by
+    ``simulate(mode, level)`` (its summary and score, which goes into ``scores`` under
+    ``(bucket_index, mode, level)``); with ``ahead``, ``both`` simulates the second of two on a
+    forked process while this one simulates the first, and ``probe`` takes its result when the
+    search asks for it. Forked processes whose probe was never asked are stopped once this is
+    collected (weakref.finalize)."""
+
+    def __init__(self, simulate: Callable[..., tuple[Any, float | None]], scores: dict, bucket_index: int, ahead: bool):
+        super().__init__()
+        self.simulate, self.scores, self.bucket_index, self.ahead = simulate, scores, bucket_index, ahead
+        self.pending: dict[Key, Pending] = {}
+        weakref.finalize(self, _cancel, self.pending)
+
+    def _keep(self, key: Key, got: tuple[Any, float | None] | None) -> None:
+        if got is not None:
+            self[key] = got[0]
+            if got[1] is not None:
+                self.scores[(self.bucket_index, *key)] = got[1]
+
+    def probe(self, mode: str, level: float) -> Any:
+        """The summary of the probe at ``level`` (``mode``: closed or open): simulated ahead, else
+        simulated now if new."""
+        key = (mode, level)
+        if key not in self and key in self.pending:
+            self._keep(key, self.pending.pop(key).result())
+        if key not in self:
+            self._keep(key, self.simulate(mode, level))
+        return self[key]
+
+    def both(self, first: Key, second: Key) -> None:
+        """Simulate ``first`` now and ``second`` on a forked process meanwhile (neither simulated
+        yet), with ``ahead`` (else nothing: each is simulated when asked)."""
+        if not self.ahead or first == second or {first, second} & (self.keys() | self.pending.keys()):
+            return
+        got, pending = side_by_side(lambda: self.simulate(*first), lambda: self.simulate(*second))
+        self._keep(first, got)
+        if pending is not None:
+            self.pending[second] = pending
+
+
+class Pending:
+    """A forked process simulating one result: ``result()`` waits for it (None: it failed),
+    ``cancel()`` stops it."""
+
+    def __init__(self, pid: int, read: int):
+        self.pid, self.read = pid, read
+
+    def result(self) -> Any | None:
+        with os.fdopen(self.read, "rb") as pipe:
+            data = pipe.read()
+        _, status = os.waitpid(self.pid, 0)
+        return pickle.loads(data) if status == 0 and data else None
+
+    def cancel(self) -> None:
+        try:
+            os.kill(self.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        os.close(self.read)
+        os.waitpid(self.pid, 0)
+
+
+def _cancel(pending: dict[Key, Pending]) -> None:
+    for forked in pending.values():
+        forked.cancel()
+    pending.clear()
+
+
+def side_by_side(here: Callable[[], T], there: Callable[[], Any]) -> tuple[T, Pending | None]:
+    """(``here()``, the forked process running ``there``, its result pickled back through a pipe
+    when asked): ``here`` runs in this one meanwhile. None where there is no fork, or more threads
+    than this one (a fork copies one). Raises what ``here`` raises (the fork then stopped)."""
+    if not hasattr(os, "fork") or threading.active_count() > 1:
+        return here(), None
+    read, write = os.pipe()
+    try:
+        pid = os.fork()
+    except OSError:
+        os.close(read)
+        os.close(write)
+        return here(), None
+    if pid == 0:  # the forked process: run there, send its result, leave without cleaning up
+        os.close(read)
+        code = 0
+        try:
+            data = pickle.dumps(there(), protocol=pickle.HIGHEST_PROTOCOL)
+            with os.fdopen(write, "wb") as out:
+                out.write(data)
+        except BaseException:  # noqa: BLE001 - any failure: the caller simulates it itself
+            code = 1
+        os._exit(code)
+    os.close(write)
+    pending = Pending(pid, read)
+    try:
+        return here(), pending
+    except BaseException:
+        pending.cancel()
+        raise
