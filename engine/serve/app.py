@@ -40,7 +40,7 @@ import time
 
 from engine.admission import SETTINGS
 from engine.config import DEFAULT_MODEL, EngineConfig
-from engine.serve.http_base import base_app, fail, model_card
+from engine.serve.http_base import base_app, check_api_key, fail, model_card
 
 ROLES = ("aggregated", "prefill", "decode")  # --role (engine.serve.role_app serves the last two)
 RETRY_AFTER_S = 1  # Retry-After of a 429: the least whole second HTTP can say (RFC 9110, 10.2.3)
@@ -253,11 +253,22 @@ def _sse(obj: dict) -> bytes:
 
 
 def bind(host: str, port: int) -> socket.socket:
-    """A listening socket (``port`` 0: a free one)."""
+    """A listening socket (``port`` 0: a free one).
+
+    Raises:
+        ValueError: ``port`` outside [0, 65535] (socket's own OverflowError was a traceback).
+        OSError: the address cannot be bound (an unknown host, a port in use), naming ``host:port``.
+    """
+    if not 0 <= port <= 65535:
+        raise ValueError(f"port: must be in [0, 65535] (got {port}); 0 takes a free one")
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind((host, port))
+    try:
+        sock.bind((host, port))
+    except OSError as err:
+        sock.close()
+        raise OSError(f"host, port: cannot listen on {host}:{port} ({err.strerror or err})") from None
     sock.listen(2048)
     sock.set_inheritable(True)
     return sock
@@ -276,6 +287,7 @@ def role_main(args: argparse.Namespace) -> int:
     try:
         from engine.disagg.workers import worker_engine
 
+        check_api_key(args.api_key)
         engine = worker_engine(engine_config(args), args.role)
         sock = bind(args.host, args.port)
     except (ValueError, RuntimeError, OSError) as err:
@@ -307,6 +319,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         from engine.llm_engine import LLMEngine
 
+        check_api_key(args.api_key)
         engine = LLMEngine(engine_config(args))
         sock = bind(args.host, args.port)
     except (ValueError, RuntimeError, OSError) as err:

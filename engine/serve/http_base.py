@@ -16,6 +16,20 @@ def fail(message: str, status: int):
     return JSONResponse(error_body(message, status), status_code=status)
 
 
+def check_api_key(api_key: str | None) -> None:
+    """Refuse an empty ``--api-key`` (``--api-key "$KEY"`` with KEY unset): it would ask every
+    ``/v1`` client for ``Authorization: Bearer `` and answer all of them 401.
+
+    Raises:
+        ValueError: one line naming the flag and the fix.
+    """
+    if api_key is not None and not api_key.strip():
+        raise ValueError(
+            f"api_key: is empty (got {api_key!r}), so every /v1 client would get 401; give the key,"
+            " or leave --api-key out to serve without one"
+        )
+
+
 def base_app(title: str, lifespan: Any, api_key: str | None):
     """A FastAPI app titled ``title`` with ``lifespan``, no docs routes, ``GET /health`` (200), and
     every ``/v1`` request refused with 401 unless it carries ``Authorization: Bearer <api_key>``

@@ -288,10 +288,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     from engine.serve.app import bind, serve
+    from engine.serve.http_base import check_api_key
 
     args = parse_args(argv)
     try:
         prefill, decode = parse_urls("prefill", args.prefill), parse_urls("decode", args.decode)
+        check_api_key(args.api_key)
         sock = bind(args.host, args.port)
     except (ValueError, OSError) as err:
         print(f"error: {str(err).splitlines()[0]}", file=sys.stderr)
