@@ -120,6 +120,9 @@ def _number(row: dict, key: str, *, minimum: float | None = 0) -> float:
 # (kvplan.workload.lengths.MAX_TOKENS), which also bounds a Mooncake line's hash ids to 32,768 blocks
 MAX_TOKENS = 2**24
 MAX_SECONDS = 1e15  # a time beyond 30 million years is a broken line; keeps differences of times finite
+# One request a line: a line over this is not a log record (/dev/zero, a binary file without a LF,
+# read as one line until memory ran out); a 1M-token prompt's text is some 4 MB
+MAX_LINE_BYTES = 64 * 2**20
 
 
 def _seconds(value: float, key: str) -> float:
@@ -297,17 +300,24 @@ def file_lines(path: str | Path, fix: str) -> Iterator[tuple[int, int, bytes]]:
     that is not UTF-8 is a bad line, not an unreadable log.
 
     Raises:
-        KvplanError: the file cannot be read, is gzip-compressed (``fix`` says what to give instead)
-        or has no non-blank line.
+        KvplanError: the file cannot be read, is gzip-compressed (``fix`` says what to give instead),
+        has a line over MAX_LINE_BYTES or has no non-blank line.
     """
     source = str(path)
     try:
         with open(path, "rb") as file:
             if file.peek(2)[:2] == b"\x1f\x8b":
                 raise KvplanError("", "is gzip-compressed", f"gunzip it and give the {fix} file", source=source)
-            offset, any_line = 0, False
-            for n, raw in enumerate(file, 1):
-                start = offset
+            offset, any_line, n = 0, False, 0
+            while raw := file.readline(MAX_LINE_BYTES + 1):
+                n, start = n + 1, offset
+                if len(raw) > MAX_LINE_BYTES:
+                    raise KvplanError(
+                        f"line {n}",
+                        f"is over {MAX_LINE_BYTES // 2**20} MiB without a line break, so not one request",
+                        f"check the path: give a {fix} file, one request a line",
+                        source=source,
+                    )
                 offset += len(raw)
                 if n == 1 and raw.startswith(codecs.BOM_UTF8):
                     raw, start = raw[3:], start + 3

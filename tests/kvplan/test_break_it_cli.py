@@ -247,3 +247,12 @@ def test_a_baseline_path_that_is_no_baseline_is_refused_without_reading_it_whole
     assert code == 2 and _one_line(err) == (
         f"error: {big}: is larger than the 64 MiB a baseline may be (100 MiB); check the path"
     )
+
+
+def test_a_log_without_line_breaks_is_refused_at_64_mib():
+    # kvplan profile /dev/zero read one endless line: a MemoryError traceback under a 2.5 GB limit
+    code, out, err = run_cli("profile", "/dev/zero")
+    assert code == 2 and _one_line(err) == (
+        "error: /dev/zero: line 1: is over 64 MiB without a line break, so not one request; check the path:"
+        " give a JSONL file, one request a line"
+    )
