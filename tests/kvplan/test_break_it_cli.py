@@ -256,3 +256,18 @@ def test_a_log_without_line_breaks_is_refused_at_64_mib():
         "error: /dev/zero: line 1: is over 64 MiB without a line break, so not one request; check the path:"
         " give a JSONL file, one request a line"
     )
+
+
+def test_an_estimate_grid_too_large_to_print_is_refused():
+    # 20,000 contexts x 20,000 batches: over 60 s with no line printed (1,000 x 1,000 too)
+    many = ",".join(str(n) for n in range(1, 20_001))
+    code, out, err = run_cli("estimate", "--model", "llama-3.1-8b", "--gpu", "H100-SXM", "--batch", many)
+    assert code == 2 and _one_line(err) == (
+        "error: --batch: 20,000 values, over the 128 one table takes (every context x every batch); give at most"
+        " 128, e.g. 1,8,32"
+    )
+    # 128 still runs
+    code, out, err = run_cli(
+        "estimate", "--model", "llama-3.1-8b", "--gpu", "H100-SXM", "--batch", many.rsplit(",", 20_000 - 128)[0]
+    )
+    assert code == 0, err
