@@ -120,5 +120,11 @@ def write_junit(result: GateResult, path: Path) -> None:
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         xml.write(str(path), pretty=True)
-    except OSError as err:
-        raise KvplanError("junit", f"cannot write {path} ({err.strerror or err})") from None
+    except OSError as err:  # a parent that is a file: mkdir's 'File exists', once the whole line
+        blocked = next((p for p in path.parents if p.exists() and not p.is_dir()), None)
+        problem = (
+            f"{blocked} is a file, so {path} cannot be written"
+            if blocked
+            else f"cannot write {path} ({err.strerror or err})"
+        )
+        raise KvplanError("junit", problem, "give a file path in a folder you can write, e.g. gate-junit.xml") from None

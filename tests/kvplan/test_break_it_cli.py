@@ -116,6 +116,12 @@ def test_a_nan_in_a_gate_baseline_is_bad_input_not_a_regression(tmp_path):
     assert run_cli("simulate", str(SMOKE), "--out", str(run), "--quiet")[0] == 0
     assert run_cli("gate", str(run), "--baseline", str(baseline), "--update-baseline")[0] == 0
     assert run_cli("gate", str(run), "--baseline", str(baseline))[0] == 0  # the run against itself passes
+    # a --junit under a file: once 'cannot write /dev/null/x.xml (File exists)', with no fix
+    code, out, err = run_cli("gate", str(run), "--baseline", str(baseline), "--junit", "/dev/null/x.xml")
+    assert code == 2 and err.strip().splitlines()[-1] == (
+        "error: --junit: /dev/null is a file, so /dev/null/x.xml cannot be written; give a file path in a folder"
+        " you can write, e.g. gate-junit.xml"
+    )
     data = yaml.safe_load(baseline.read_text())
     data["values"]["short c=1"]["ttft_p99_ms"] = float("nan")
     baseline.write_text(yaml.safe_dump(data))
