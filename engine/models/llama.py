@@ -26,6 +26,7 @@ from torch import nn
 
 from engine.attention import AttentionMetadata
 from engine.kv_cache import KVCache, LayerKV
+from engine.models.packed import pack_linears
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
@@ -164,7 +165,7 @@ class Transformer(nn.Module):
 
         Tied embeddings (``tie_word_embeddings``) share one tensor between the embedding and the
         output layer. Bias on q/k/v (Qwen2) and on o (Llama's ``attention_bias``) follow the
-        state dict's keys.
+        state dict's keys. bf16 weights on CPU end packed for oneDNN (engine.models.packed).
         """
         config = hf_model.config
         sd = hf_model.state_dict()
@@ -193,6 +194,7 @@ class Transformer(nn.Module):
         model.load_state_dict(ours, assign=True)
         cos, sin = rope_tables(config, weight.dtype)
         model.cos, model.sin = cos.to(weight.device), sin.to(weight.device)
+        pack_linears(model)
         return model.eval()
 
     def forward(

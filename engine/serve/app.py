@@ -23,9 +23,10 @@ KV offload tiers (engine.offload; off unless given): ``--kv-offload-host-gib`` (
 ``--kv-offload-disk-gib`` and ``--kv-offload-disk-path`` (a disk tier, one file in that directory);
 /metrics then adds ``kvplan_engine_offload_*`` (stores, loads, hit tokens by tier, bytes moved).
 
-One engine loop steps for all streams (engine.serve.loop). A client that disconnects mid-stream
-aborts its request, which frees its blocks before the next step. Bad bodies are 400s with a
-message (engine.serve.api), never an exception in the loop. It binds 127.0.0.1 unless ``--host``
+One engine loop steps for all streams (engine.serve.loop), on the only thread that runs torch on
+more than one thread (engine.serve.threads: the main thread loads the model on one). A client
+that disconnects mid-stream aborts its request, which frees its blocks before the next step. Bad
+bodies are 400s with a message (engine.serve.api), never an exception in the loop. It binds 127.0.0.1 unless ``--host``
 says otherwise; with ``--api-key`` every ``/v1`` route needs ``Authorization: Bearer <key>``
 (401 otherwise). Once listening it prints ``serving <model> on http://HOST:PORT/v1`` (``--port
 0`` picks a free port). Bad settings print one line and exit 2.
@@ -41,6 +42,7 @@ import time
 from engine.admission import SETTINGS
 from engine.config import DEFAULT_MODEL, EngineConfig
 from engine.serve.http_base import base_app, check_api_key, fail, model_card
+from engine.serve.threads import torch_threads_for_engine_loop
 
 ROLES = ("aggregated", "prefill", "decode")  # --role (engine.serve.role_app serves the last two)
 RETRY_AFTER_S = 1  # Retry-After of a 429: the least whole second HTTP can say (RFC 9110, 10.2.3)
@@ -302,20 +304,8 @@ def role_main(args: argparse.Namespace) -> int:
     return 0
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
-    if args.role not in ROLES:
-        print(f"error: role: must be one of {', '.join(ROLES)} (got {args.role!r})", file=sys.stderr)
-        return 2
-    if args.role != "aggregated":
-        for flag in ("tenant_header", "kv_offload_host_gib", "kv_offload_disk_gib", "kv_offload_disk_path"):
-            if getattr(args, flag) is not None:
-                print(f"error: {flag}: not supported on a {args.role} server; leave it unset", file=sys.stderr)
-                return 2
-        return role_main(args)
-    if args.tenant_header is not None and not args.tenant_header.strip():
-        print("error: tenant_header: names no header (got ''); give a header name, e.g. X-Tenant", file=sys.stderr)
-        return 2
+def aggregated_main(args: argparse.Namespace) -> int:
+    """Start the aggregated server (``build_app``) from the parsed flags; 2 on bad settings."""
     try:
         from engine.llm_engine import LLMEngine
 
@@ -330,3 +320,20 @@ def main(argv: list[str] | None = None) -> int:
     print(f"serving {args.served_model_name or engine.model_name} on http://{host}:{port}/v1", flush=True)
     serve(app, sock)
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    if args.role not in ROLES:
+        print(f"error: role: must be one of {', '.join(ROLES)} (got {args.role!r})", file=sys.stderr)
+        return 2
+    if args.role != "aggregated":
+        for flag in ("tenant_header", "kv_offload_host_gib", "kv_offload_disk_gib", "kv_offload_disk_path"):
+            if getattr(args, flag) is not None:
+                print(f"error: {flag}: not supported on a {args.role} server; leave it unset", file=sys.stderr)
+                return 2
+    elif args.tenant_header is not None and not args.tenant_header.strip():
+        print("error: tenant_header: names no header (got ''); give a header name, e.g. X-Tenant", file=sys.stderr)
+        return 2
+    with torch_threads_for_engine_loop():  # the model loads and steps on the loop thread's threads only
+        return aggregated_main(args) if args.role == "aggregated" else role_main(args)

@@ -16,6 +16,9 @@ With admission on (engine.admission), ``submit`` takes an ``admitted`` callback 
 thread calls it (on the caller's loop) right after ``add_request`` with None, or with the
 refusal (``"<reason>: ..."``) of a request admission refused, which then never goes live and
 counts in ``/metrics`` by its reason at once.
+
+The loop thread runs the model with torch's threads as ``python -m engine.serve``'s main thread had
+them before it gave them up (engine.serve.threads: one OpenMP team in the process, on this thread).
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ from dataclasses import dataclass
 
 from engine.admission import reason_of
 from engine.request import FinishReason, Request
+from engine.serve import threads
 from engine.serve.api import Job
 
 
@@ -64,7 +68,7 @@ class EngineLoop:
         self._live: dict[str, _Live] = {}
         self._ids = itertools.count()
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="engine-loop", daemon=True)
+        self._thread = threading.Thread(target=self._thread_main, name="engine-loop", daemon=True)
 
     def start(self) -> None:
         self._thread.start()
@@ -87,6 +91,10 @@ class EngineLoop:
         self._inbox.put(("abort", request_id, None))
 
     # ---- the loop thread ---------------------------------------------------------------
+    def _thread_main(self) -> None:
+        threads.adopt()  # torch's OpenMP team lives on this thread (engine.serve.threads)
+        self._run()
+
     def _run(self) -> None:
         engine = self.engine
         while not self._stop.is_set():
