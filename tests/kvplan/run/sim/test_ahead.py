@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from kvplan.run.sim import ahead as ahead_module
 from kvplan.run.sim.ahead import Probes, side_by_side
 from kvplan.run.sim.cli_setup import setups_for
 from kvplan.run.sim.run import sample
@@ -17,6 +18,20 @@ from kvplan.run.sim.search import Prober
 from kvplan.workload.file import load_workload
 
 SMOKE = Path(__file__).resolve().parents[4] / "workloads" / "smoke.yaml"
+
+
+@pytest.fixture(autouse=True)
+def one_thread(monkeypatch):
+    """side_by_side forks only from a process of one thread; earlier tests in the same pytest
+    process may leave idle daemon threads (servers, clients) alive, so the fork guard here counts
+    this thread alone (the forked process runs only the probe, under locks re-made at fork)."""
+    monkeypatch.setattr(ahead_module.threading, "active_count", lambda: 1)
+
+
+def test_with_other_threads_alive_nothing_is_forked(monkeypatch):
+    monkeypatch.setattr(ahead_module.threading, "active_count", lambda: 2)
+    here, pending = side_by_side(lambda: os.getpid(), lambda: os.getpid())
+    assert here == os.getpid() and pending is None
 
 
 def test_there_runs_on_a_forked_process_while_here_runs_in_this_one():
