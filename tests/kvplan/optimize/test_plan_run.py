@@ -26,6 +26,20 @@ def plan(tmp: Path, name: str, *args: str) -> dict:
     return json.loads(out)
 
 
+def in_child(*args: str, env: dict | None = None) -> tuple[int, str, str]:
+    """``kvplan ARGS`` in a child process: Ray's client leaves native (gRPC) threads in the process
+    that called ray.init, even after ray.shutdown, and a later test's fork (the capacity searches:
+    kvplan.run.sim.run.search_beside, .ahead) could then deadlock in its child."""
+    done = subprocess.run(
+        [str(Path(sys.executable).parent / "kvplan"), *args],
+        capture_output=True,
+        text=True,
+        env={**(env if env is not None else os.environ), "COLUMNS": "200"},
+        timeout=600,
+    )
+    return done.returncode, done.stdout, done.stderr
+
+
 @pytest.fixture(scope="module")
 def here(tmp_path_factory):
     return plan(tmp_path_factory.mktemp("plan"), "here", "--jobs", "1")
@@ -33,17 +47,21 @@ def here(tmp_path_factory):
 
 def test_ray_tasks_give_the_answers_of_the_search_here(here, tmp_path):
     pytest.importorskip("ray", reason="the cluster extra: pip install 'kvplan[cluster]' (make test installs it)")
-    on_ray = plan(tmp_path, "ray", "--ray", "local", "--jobs", "2")
+    code, out, err = in_child(
+        "plan", str(CHAT), *SMALL, "--ray", "local", "--jobs", "2", "--json", "--out", str(tmp_path / "ray")
+    )
+    assert code == 0, err
+    on_ray = json.loads(out)
     pooled = plan(tmp_path, "pool", "--jobs", "2")
     assert len(here["configs"]) == 8 and here["best"]["meets_slo"]
     assert on_ray["configs"] == here["configs"] == pooled["configs"]  # every number, in the same order
     assert on_ray["best"] == here["best"] and not on_ray["interrupted"]
 
 
-def test_no_ray_cluster_is_one_line(tmp_path, monkeypatch):
+def test_no_ray_cluster_is_one_line(tmp_path):
     pytest.importorskip("ray", reason="the cluster extra")
-    monkeypatch.delenv("RAY_ADDRESS", raising=False)
-    code, _, err = run_cli("plan", str(CHAT), *SMALL, "--ray", "auto", "--out", str(tmp_path / "run"))
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    code, _, err = in_child("plan", str(CHAT), *SMALL, "--ray", "auto", "--out", str(tmp_path / "run"), env=env)
     assert code == 2 and len(err.strip().splitlines()) == 1 and "ray: no Ray cluster answers at 'auto'" in err, err
 
 
