@@ -97,9 +97,9 @@ def test_plan_jobs_search_on_every_request_they_are_given(traces, monkeypatch):
     seen = []
     real = search.Prober.__init__
 
-    def spy(self, workload, facts, clock, requests, make_backend=None):
+    def spy(self, workload, facts, clock, requests, make_backend=None, ahead=False):
         seen.append((workload.buckets[0].num_requests, len(requests["t"])))
-        real(self, workload, facts, clock, requests, make_backend)
+        real(self, workload, facts, clock, requests, make_backend, ahead)
 
     monkeypatch.setattr(search.Prober, "__init__", spy)
     search_capacity(full, setup.facts, sampled, setup.clock, 0.9, {}, trace_sample=False)
