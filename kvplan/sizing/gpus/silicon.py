@@ -34,7 +34,7 @@ roofline (kvplan.sizing.gpus.step_cost) and says so.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -44,6 +44,7 @@ from kvplan.sizing import dtypes
 from kvplan.sizing.gpus.silicon_db import available, database_versions, default_version, nvlink_domain, quiet
 from kvplan.sizing.gpus.silicon_marlin import MOE_KERNELS, take_marlin_experts
 from kvplan.sizing.gpus.silicon_models import bundled_configs, match_model, mla_modes, quant_method, quant_modes
+from kvplan.sizing.gpus.silicon_spec import engine_handle
 
 BACKENDS = ("vllm", "sglang", "trtllm")
 SILICON_KV_DTYPES = ("auto", "bf16", "fp16", "fp8")  # the KV cache modes its databases measure
@@ -353,8 +354,6 @@ def _build_engine(
 ) -> tuple[Any, dict, dict, Any]:
     from aiconfigurator_core.sdk import common, config
     from aiconfigurator_core.sdk.models import get_model
-    from aiconfigurator_core.sdk.perf_database import get_database
-    from aiconfigurator_core.sdk.rust_engine_step import _cached_engine_handle
 
     enums = {
         "gemm_quant_mode": common.GEMMQuantMode,
@@ -364,14 +363,13 @@ def _build_engine(
     }
     quant: dict[str, Any] = {k: enums[k][v] for k, v in modes.items()}
     with quiet():
-        database = get_database(source.system, source.backend, source.version)
-        if database is None:
-            raise RuntimeError(f"no database for {source.system} / {source.backend} {source.version}")
         model_config = config.ModelConfig(
             tp_size=tp, attention_dp_size=dp, moe_tp_size=tp * dp // ep, moe_ep_size=ep, **quant
         )
         model = get_model(source.model_path, model_config, source.backend)
-        handle = _cached_engine_handle(model, database)
+        # kept on disk across processes (Marlin's experts read the model's ops as the build leaves them)
+        identity = {**asdict(source), "tp": tp, "ep": ep, "dp": dp, "modes": modes} if moe_kernel != "marlin" else None
+        handle = engine_handle(model, source.system, source.backend, source.version, identity)
         context, generation = _roles(model.context_ops), _roles(model.generation_ops)
         experts = take_marlin_experts(source, model, context, generation) if moe_kernel == "marlin" else None
         # one probe of each kind now, so a shape or precision the data lacks fails here, not mid-run
