@@ -17,9 +17,12 @@ loop of ceil(N / replicas) users on one replica, steady state), and aiconfigurat
 ``--speed`` times instead the search of issue 22's size: 100 configurations (5 GPU kinds x 4 TP
 x 5 ``max_num_seqs``: 32 to 512) of workloads/chat.yaml at 20 req/s on this machine's cores, beside
 aiconfigurator's ``cli recommend`` over the same 5 GPU kinds (one run each) at the chat bucket's
-mean ISL / OSL: the peer's wall time in the same run, and the ratio.
+mean ISL / OSL: the peer's wall time in the same run, and the ratio. ``--speed --baseline DIR``
+also times the same search on another kvplan tree (a ``git archive`` of an earlier commit, imported
+from DIR) in the same run, and checks that both trees' configurations (every field, in ranked
+order) and best are identical.
 
-    flock /tmp/kvplan-cpu.lock .venv/bin/python bench/plan_vs_aiconfigurator.py [--speed]
+    flock /tmp/kvplan-cpu.lock .venv/bin/python bench/plan_vs_aiconfigurator.py [--speed [--baseline DIR]]
 """
 
 from __future__ import annotations
@@ -90,9 +93,9 @@ def workload_file(folder: Path, isl: int, osl: int) -> Path:
 
 
 def kvplan_plan(
-    workload: Path, model: str, gpus: list[str], load: list[str], seqs: str, out: Path
+    workload: Path, model: str, gpus: list[str], load: list[str], seqs: str, out: Path, tree: Path = ROOT
 ) -> tuple[dict, float]:
-    """``kvplan plan --json``'s object and its wall seconds."""
+    """``kvplan plan --json``'s object and its wall seconds, kvplan imported from ``tree``."""
     started = time.perf_counter()
     done = subprocess.run(
         [str(Path(sys.executable).parent / "kvplan"), "plan", str(workload), "--model", model, *load]
@@ -100,6 +103,7 @@ def kvplan_plan(
         capture_output=True,
         text=True,
         check=False,
+        env={**os.environ, "PYTHONPATH": str(tree)},
     )
     if done.returncode:
         raise SystemExit(f"kvplan plan failed: {done.stderr.strip()}")
@@ -222,7 +226,7 @@ def questions(peer: Path, folder: Path) -> None:
         )
 
 
-def speed(peer: Path, folder: Path) -> None:
+def speed(peer: Path, folder: Path, baseline: Path | None = None) -> None:
     from kvplan.run.sim.facts import model_config
     from kvplan.traffic.samples import cached_sample
     from kvplan.traffic.tokenizer import tokenize_function, tokenizer_identity
@@ -239,6 +243,24 @@ def speed(peer: Path, folder: Path) -> None:
     seqs = "32,64,128,256,512"
     ours, our_s = kvplan_plan(chat, "llama-3.1-8b", SPEED_GPUS, ["--rate", "20"], seqs, folder / "speed")
     print(f"kvplan plan: {len(ours['configs'])} configurations in {our_s:.1f} s on {os.cpu_count()} cores")
+    if baseline is not None:
+        theirs, their_s = kvplan_plan(
+            chat, "llama-3.1-8b", SPEED_GPUS, ["--rate", "20"], seqs, folder / "speed-baseline", baseline
+        )
+        same = ours["configs"] == theirs["configs"] and ours["best"] == theirs["best"]
+        differ = [
+            f"{a['gpu']} x{a['tp']} seqs {a['max_num_seqs']}: {k}"
+            for a, b in zip(ours["configs"], theirs["configs"], strict=True)
+            for k in sorted(set(a) | set(b))
+            if a.get(k) != b.get(k)
+        ]
+        ratio = our_s / their_s
+        print(f"baseline {baseline}: {len(theirs['configs'])} configurations in {their_s:.1f} s; ratio {ratio:.2f}")
+        print(
+            "answers: every configuration's fields, the ranking and the best identical"
+            if same
+            else f"answers DIFFER: {differ[:10]}"
+        )
     total = 0.0
     for gpu in SPEED_GPUS:
         _, seconds = peer_recommend(peer, "llama-3.1-8b", gpu, isl, osl, 20, folder / f"peer speed {gpu}")
@@ -251,6 +273,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--peer-bin", help="bin folder of a venv with aiconfigurator==0.12.0")
     parser.add_argument("--speed", action="store_true", help="time the 100-configuration search instead")
+    parser.add_argument("--baseline", type=Path, help="with --speed: also time a kvplan tree at this folder")
     args = parser.parse_args()
     stamp = datetime.now().astimezone().strftime("%Y-%m-%d %H:%M %Z")
     print(
@@ -259,7 +282,10 @@ def main() -> None:
     )
     peer = peer_bin(args.peer_bin)
     with tempfile.TemporaryDirectory(prefix="kvplan-plan-bench-") as tmp:
-        (speed if args.speed else questions)(peer, Path(tmp))
+        if args.speed:
+            speed(peer, Path(tmp), args.baseline)
+        else:
+            questions(peer, Path(tmp))
 
 
 if __name__ == "__main__":

@@ -3,15 +3,21 @@ cores, or as Ray tasks on a cluster (``--ray``). The answers are the same everyw
 configuration is simulated whole by one worker from the same job (kvplan.optimize.plan.judge,
 which is deterministic), so only the wall time differs.
 
-Work goes out in chunks of one GPU kind, TP and dtypes (the scheduler limits vary inside a chunk),
-so a worker builds that GPU's measured-silicon step model once for the chunk. Ctrl-C stops the
-search and keeps what finished: pending chunks are not started (a pool lets those running
-finish, Ray cancels them), and the caller gets the finished results with ``interrupted`` set.
+A worker's setup for a GPU kind (aiconfigurator-core's database and engine for its system, about
+1.2-1.6 s on a 2-core Xeon, kept per process: kvplan.sizing.gpus.silicon) is paid once per
+process and GPU kind, so work goes out by GPU kind: on Ray in chunks of one GPU kind, TP and
+dtypes; on a process pool one configuration at a time, a worker handed the next configuration of
+the GPU kind it last judged while that kind has any left, else one of a kind no other worker is
+on (the most work left first), heaviest configurations first (``Affinity``); a worker gets the
+jobs once, at its start, and then each job as its index. Ctrl-C stops the
+search and keeps what finished: pending work is not started (a pool lets what is running finish,
+Ray cancels it), and the caller gets the finished results with ``interrupted`` set.
 """
 
 from __future__ import annotations
 
 import signal
+from collections import Counter
 from collections.abc import Callable, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from dataclasses import dataclass
@@ -57,6 +63,42 @@ def weight(config: Any) -> int:
     return config.max_num_seqs * max(1, config.decode_workers)
 
 
+class Affinity:
+    """The order a pool's workers take the jobs in, one job at a time: ``next(last)`` gives the
+    heaviest job left (by ``weight``, ties in grid order) of GPU kind ``last`` (what the asking
+    worker judged last, so its setup for that kind is reused), and when that kind has none left
+    (or ``last`` is None), the heaviest of the kind with the most weight left among the kinds no
+    worker is on now, or of all kinds left when every one has a worker. ``done(kind)`` says a
+    worker finished a job of that kind. The answers do not depend on the order (each job is
+    judged whole and alone); only the setups paid and the pool's idle time do."""
+
+    def __init__(self, jobs: Sequence[Any]):
+        self.jobs = jobs
+        self.left: dict[str, list[tuple[int, Any]]] = {}
+        for i, job in enumerate(jobs):
+            self.left.setdefault(job.config.gpu, []).append((i, job))
+        for group in self.left.values():
+            group.sort(key=lambda item: -weight(item[1].config))  # stable: ties in grid order
+        self.on: Counter[str] = Counter()  # GPU kind -> workers judging one of its jobs now
+
+    def next(self, last: str | None) -> tuple[int, Any] | None:
+        """The next job for a worker that last judged GPU kind ``last`` (None: none yet), or None
+        when every job has been handed out."""
+        kind = last if last is not None and self.left.get(last) else None
+        if kind is None:
+            open_kinds = [k for k, group in self.left.items() if group]
+            if not open_kinds:
+                return None
+            free = [k for k in open_kinds if not self.on[k]] or open_kinds
+            kind = max(free, key=lambda k: sum(weight(job.config) for _, job in self.left[k]))  # first of ties
+        self.on[kind] += 1
+        return self.left[kind].pop(0)
+
+    def done(self, kind: str) -> None:
+        """A worker finished a job of GPU kind ``kind``."""
+        self.on[kind] -= 1
+
+
 def judge_chunk(chunk: list[tuple[int, Any]]) -> list[tuple[int, Any]]:
     """Every job of ``chunk`` judged, with its index (what a pool worker or Ray task runs)."""
     return [(i, judge(job)) for i, job in chunk]
@@ -64,6 +106,21 @@ def judge_chunk(chunk: list[tuple[int, Any]]) -> list[tuple[int, Any]]:
 
 def _ignore_sigint() -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
+
+
+_JOBS: Sequence[Any] = ()  # a pool worker's copy of the jobs (given once, at its start)
+
+
+def _start_worker(jobs: Sequence[Any]) -> None:
+    """A pool worker's start: Ctrl-C left to the parent, and the jobs kept, so that each job is
+    then sent as its index (the jobs' shared requests go to a worker once, not once a job)."""
+    global _JOBS
+    _ignore_sigint()
+    _JOBS = jobs
+
+
+def _judge_index(i: int) -> list[tuple[int, Any]]:
+    return judge_chunk([(i, _JOBS[i])])
 
 
 class _StopOnCtrlC:
@@ -114,17 +171,16 @@ def run_jobs(
             if done:
                 done(item[1])
 
-    work = chunks(jobs, largest_first=ray is not None or workers > 1)  # one at a time: in grid order
     with _StopOnCtrlC() as stop:
         if ray is not None:
-            _on_ray(work, ray, workers, finished, stop)
-        elif workers <= 1:
-            for item in (item for chunk in work for item in chunk):
+            _on_ray(chunks(jobs, largest_first=True), ray, workers, finished, stop)
+        elif workers <= 1:  # one at a time: in grid order
+            for item in enumerate(jobs):
                 if stop.asked:
                     break
                 finished(judge_chunk([item]))
         else:
-            _on_pool(work, workers, finished, stop)
+            _on_pool(Affinity(jobs), workers, finished, stop)
         outcome.interrupted = stop.asked and len(outcome.done) < len(jobs)
     return outcome
 
@@ -132,10 +188,10 @@ def run_jobs(
 _POLL_S = 0.2  # how often a waiting loop looks at Ctrl-C
 
 
-def _on_pool(work: list, workers: int, finished: Callable[[list], None], stop: _StopOnCtrlC) -> None:
-    pool = ProcessPoolExecutor(max_workers=workers, initializer=_ignore_sigint)
+def _on_pool(work: Affinity, workers: int, finished: Callable[[list], None], stop: _StopOnCtrlC) -> None:
+    pool = ProcessPoolExecutor(max_workers=workers, initializer=_start_worker, initargs=(work.jobs,))
     try:
-        _drain(pool, work, finished, stop)
+        _drain(pool, work, workers, finished, stop)
     except BaseException:  # a second Ctrl-C: stop the workers now rather than wait for their chunks
         for process in list(getattr(pool, "_processes", {}).values()):
             process.terminate()
@@ -144,19 +200,31 @@ def _on_pool(work: list, workers: int, finished: Callable[[list], None], stop: _
     pool.shutdown(wait=True)
 
 
-def _drain(pool: ProcessPoolExecutor, work: list, finished: Callable[[list], None], stop: _StopOnCtrlC) -> None:
-    """Submit every chunk and record each as it finishes; after Ctrl-C, cancel what has not
-    started and record what was running when it finishes."""
-    pending: set[Future] = {pool.submit(judge_chunk, chunk) for chunk in work}
-    while pending:
-        ready, pending = wait(pending, timeout=_POLL_S, return_when=FIRST_COMPLETED)
+def _drain(
+    pool: ProcessPoolExecutor, work: Affinity, workers: int, finished: Callable[[list], None], stop: _StopOnCtrlC
+) -> None:
+    """Keep ``workers`` jobs in flight, one a worker: as one finishes, record it and hand out the
+    next (``work.next`` of its GPU kind: the worker now idle is the one that takes it, so it keeps
+    its setup); after Ctrl-C hand out nothing more and record what was running when it finishes."""
+    running: dict[Future, str] = {}
+
+    def hand_out(last: str | None) -> None:
+        item = work.next(last)
+        if item is not None:
+            running[pool.submit(_judge_index, item[0])] = item[1].config.gpu
+
+    for _ in range(workers):
+        hand_out(None)
+    while running:
+        ready = wait(running, timeout=_POLL_S, return_when=FIRST_COMPLETED).done
         for future in ready:
+            kind = running.pop(future)
+            work.done(kind)
             finished(future.result())
+            if not stop.asked:
+                hand_out(kind)
         if stop.asked:
-            for future in pending:
-                future.cancel()  # those not started; the running ones finish and are kept
-            pending = {f for f in pending if not f.cancelled()}
-            for future in wait(pending).done:
+            for future in wait(running).done:
                 finished(future.result())
             return
 
