@@ -260,11 +260,24 @@ class TraceWindows:
     ) -> tuple[WindowPlan, bool]:
         """``best`` sized on every window with arrivals (here, on ``workers`` processes or on Ray, as
         the grid), and the costs (``window_plan``); returns it and whether Ctrl-C cut it short
-        (then the windows not judged read as unmet)."""
+        (then the windows not judged read as unmet).
+
+        ``best`` is the grid's answer for its configuration on the busiest window (``busiest_spec``,
+        ``busiest``, ``busiest_rate``, the same attainment and price): that window's job would be
+        the same job (kvplan.optimize.plan.judge is deterministic), so ``best`` is its answer, not
+        simulated again (a configuration with a host KV tier, which ``best_config`` leaves out,
+        is). The rest go out the heaviest first (the most judged requests, then the highest rate;
+        a pool hands out one job at a time, ties of ``weight`` in this order: plan_pool.Affinity),
+        so a pool's workers end together."""
         from kvplan.optimize.plan_pool import run_jobs
 
         config = best_config(best)
-        windows = self.jobs
+        top = busiest(self.windows).index
+        same = not best.host_offload_gib  # the grid judged exactly ``config`` on the busiest window
+        windows = sorted(
+            (w for w in self.jobs if not (same and w.index == top)),
+            key=lambda w: (-len(self.lines[w.index]), -w.rate, w.index),
+        )
         jobs = [
             planning.Job(
                 _counted(self.workload, self.bucket, len(self.lines[w.index])),
@@ -279,9 +292,14 @@ class TraceWindows:
             )
             for w in windows
         ]
+        results: dict[int, ConfigResult] = {}
+        if same:
+            results[top] = best
+            if done:
+                done(best)
         outcome = run_jobs(jobs, workers, ray, done)
-        results = {windows[i].index: r for i, r in outcome.done}
-        for w in windows:  # cut short: a window not judged cannot be said to meet the SLO
+        results.update({windows[i].index: r for i, r in outcome.done})
+        for w in self.jobs:  # cut short: a window not judged cannot be said to meet the SLO
             results.setdefault(w.index, _unjudged(best))
         judged = [len(lines) for lines in self.lines]
         usd = None if price is None else price[0]

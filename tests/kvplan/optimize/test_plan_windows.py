@@ -202,3 +202,50 @@ def test_window_needs_a_trace(tmp_path):
     chat = Path(__file__).resolve().parents[3] / "workloads" / "chat.yaml"
     code, _, err = run_cli("plan", str(chat), *PLAN, "--window", "3600", "--out", str(tmp_path / "run"))
     assert code == 2 and len(err.strip().splitlines()) == 1 and "window" in err and "trace" in err, err
+
+
+def test_the_busiest_window_is_the_grids_own_answer(day, monkeypatch):
+    """The busiest window is not judged again (its job is the grid's for the best configuration):
+    its row equals a fresh judgement of that window's own job, and the other windows go out the most
+    judged requests and the highest rate first."""
+    from kvplan.optimize import plan as planning
+    from kvplan.optimize import plan_pool, plan_windows
+    from kvplan.results.plan_result import ConfigResult
+    from kvplan.run.sim.facts import model_config
+    from kvplan.workload.file import load_workload
+
+    folder, _, run, _ = day
+    spec = load_workload(folder / "day.yaml")
+    vocab = model_config(spec.engine.model).get("vocab_size") or 1
+    windowed = plan_windows.TraceWindows(spec, 0, vocab, WINDOW_S, 150, "llama-3.1-8b")
+    top = plan_windows.busiest(windowed.windows)
+    best = ConfigResult.model_validate(run["best"])
+    fresh = planning.judge(
+        planning.Job(
+            windowed.busiest_spec,
+            "llama-3.1-8b",
+            0,
+            plan_windows.best_config(best),
+            windowed.busiest,
+            windowed.busiest_rate,
+            None,
+            run["attainment"],
+            None,
+        )
+    )
+    row = run["windows"]["windows"][top.index]
+    assert (row["slo_max_request_rate"], row["replicas"]) == (fresh.slo_max_request_rate, fresh.replicas)
+    assert (fresh.slo_max_request_rate, fresh.replicas) == (best.slo_max_request_rate, best.replicas)
+    sent = []
+
+    def spy(jobs, workers, ray, done):
+        sent.append([job.rate for job in jobs])
+        return plan_pool.Outcome([])
+
+    monkeypatch.setattr(plan_pool, "run_jobs", spy)
+    plan, _ = windowed.judge(best, run["attainment"], 4.0, None, 2, None)
+    (order,) = sent
+    rates = sorted((w.rate for w in windowed.jobs if w.index != top.index), reverse=True)
+    assert order == rates and len(order) == len(windowed.jobs) - 1
+    assert plan.windows[top.index].replicas == best.replicas  # the others, not judged here, read as unmet
+    assert sum(w.meets_slo for w in plan.windows) == 1
