@@ -24,11 +24,13 @@ from collections import deque
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from operator import attrgetter
-from typing import Any
+from typing import Any, cast
 
 from engine.config import EngineConfig
 from engine.decode_run import SIMULATED_TOKEN_ID, decode_run
+from engine.decode_step import DecodeStep, schedule_decodes, update_decodes
 from engine.offload.tiers import Offload
+from engine.outputs import SchedulerOutput
 from engine.request import Request, SamplingParams
 from engine.scheduler import Scheduler
 from kvplan.results.run_result import EngineFacts
@@ -142,6 +144,8 @@ class SimBackend:
             self.now_s = max(self.now_s, until)
             return [], []
         scheduler = self.scheduler
+        if self.decode_runs and (step := schedule_decodes(scheduler, start)) is not None:
+            return self._decodes(step, start)  # every running request decodes (engine.decode_step)
         output = scheduler.schedule(start)
         if output.is_empty and not scheduler.has_untaken_finished():
             raise RuntimeError("simulation: a step scheduled nothing while requests wait")
@@ -157,6 +161,18 @@ class SimBackend:
         scheduler.update_from_output(output, sampled, end)
         finished = [_finished(r) for r in scheduler.take_finished()]
         stats = scheduler.step_stats(self.num_steps, start, end, output, len(finished))
+        self.num_steps += 1
+        self.now_s = end
+        return finished, [stats]
+
+    def _decodes(self, step: DecodeStep, start: float) -> tuple[list[Finished], Sequence[Any]]:
+        """``advance``'s step for a ``DecodeStep``: timed from its counts, brought forward, recorded."""
+        scheduler = self.scheduler
+        end = self.clock.step_end(start, StepWork.of(step))
+        sampled = dict.fromkeys(step.admitted_ids, SIMULATED_TOKEN_ID)
+        update_decodes(scheduler, step, sampled, SIMULATED_TOKEN_ID, end)
+        finished = [_finished(r) for r in scheduler.take_finished()]
+        stats = scheduler.step_stats(self.num_steps, start, end, cast(SchedulerOutput, step), len(finished))
         self.num_steps += 1
         self.now_s = end
         return finished, [stats]
