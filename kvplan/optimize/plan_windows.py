@@ -172,9 +172,16 @@ def window_plan(
 
 
 def best_config(best: ConfigResult) -> planning.Config:
-    """The grid configuration of a judged result."""
+    """The grid configuration of a judged result (a replica: ``--window`` refuses ``--disagg``),
+    its host KV tier included."""
     return planning.Config(
-        best.gpu, best.tp, best.kv_cache_dtype, best.weight_dtype, best.max_num_seqs, best.max_num_batched_tokens
+        best.gpu,
+        best.tp,
+        best.kv_cache_dtype,
+        best.weight_dtype,
+        best.max_num_seqs,
+        best.max_num_batched_tokens,
+        host_offload_gib=best.host_offload_gib or 0.0,
     )
 
 
@@ -265,17 +272,15 @@ class TraceWindows:
         ``best`` is the grid's answer for its configuration on the busiest window (``busiest_spec``,
         ``busiest``, ``busiest_rate``, the same attainment and price): that window's job would be
         the same job (kvplan.optimize.plan.judge is deterministic), so ``best`` is its answer, not
-        simulated again (a configuration with a host KV tier, which ``best_config`` leaves out,
-        is). The rest go out the heaviest first (the most judged requests, then the highest rate;
-        a pool hands out one job at a time, ties of ``weight`` in this order: plan_pool.Affinity),
+        simulated again. The rest go out the heaviest first (the most judged requests, then the
+        highest rate; a pool hands out one job at a time, ties of ``weight`` in this order: plan_pool.Affinity),
         so a pool's workers end together."""
         from kvplan.optimize.plan_pool import run_jobs
 
         config = best_config(best)
         top = busiest(self.windows).index
-        same = not best.host_offload_gib  # the grid judged exactly ``config`` on the busiest window
         windows = sorted(
-            (w for w in self.jobs if not (same and w.index == top)),
+            (w for w in self.jobs if w.index != top),  # the grid judged exactly ``config`` on the busiest
             key=lambda w: (-len(self.lines[w.index]), -w.rate, w.index),
         )
         jobs = [
@@ -293,10 +298,9 @@ class TraceWindows:
             for w in windows
         ]
         results: dict[int, ConfigResult] = {}
-        if same:
-            results[top] = best
-            if done:
-                done(best)
+        results[top] = best
+        if done:
+            done(best)
         outcome = run_jobs(jobs, workers, ray, done)
         results.update({windows[i].index: r for i, r in outcome.done})
         for w in self.jobs:  # cut short: a window not judged cannot be said to meet the SLO

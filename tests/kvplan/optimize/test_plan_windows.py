@@ -249,3 +249,34 @@ def test_the_busiest_window_is_the_grids_own_answer(day, monkeypatch):
     assert order == rates and len(order) == len(windowed.jobs) - 1
     assert plan.windows[top.index].replicas == best.replicas  # the others, not judged here, read as unmet
     assert sum(w.meets_slo for w in plan.windows) == 1
+
+
+def test_a_best_with_a_host_tier_keeps_it_in_every_window(day, monkeypatch):
+    """A best configuration with a host KV tier (``--host-offload-gib``) is judged on the other
+    windows with that tier (before: ``best_config`` dropped it, so windows were sized without it),
+    and its busiest window is the grid's own answer, as for a replica without one."""
+    from kvplan.optimize import plan_pool, plan_windows
+    from kvplan.results.plan_result import ConfigResult
+    from kvplan.run.sim.facts import model_config
+    from kvplan.workload.file import load_workload
+
+    folder, _, run, _ = day
+    spec = load_workload(folder / "day.yaml")
+    vocab = model_config(spec.engine.model).get("vocab_size") or 1
+    windowed = plan_windows.TraceWindows(spec, 0, vocab, WINDOW_S, 150, "llama-3.1-8b")
+    best = ConfigResult.model_validate(run["best"]).model_copy(update={"host_offload_gib": 64.0})
+    assert plan_windows.best_config(best).host_offload_gib == 64.0
+    assert plan_windows.best_config(ConfigResult.model_validate(run["best"])).host_offload_gib == 0.0
+    sent = []
+
+    def spy(jobs, workers, ray, done):
+        sent.append(jobs)
+        return plan_pool.Outcome([])
+
+    monkeypatch.setattr(plan_pool, "run_jobs", spy)
+    plan, _ = windowed.judge(best, run["attainment"], 4.0, None, 2, None)
+    (jobs,) = sent
+    assert len(jobs) == len(windowed.jobs) - 1
+    assert {job.config.host_offload_gib for job in jobs} == {64.0}
+    top = plan_windows.busiest(windowed.windows).index
+    assert plan.windows[top].replicas == best.replicas
