@@ -141,6 +141,13 @@ def _check_dataset(workload: Workload) -> None:
         raise _error(
             workload, "dataset.path", f"is a folder, not a JSONL file: {path}", "give the path of the .jsonl file"
         )
+    if path is not None and path.exists() and not path.is_file():
+        raise _error(
+            workload,
+            "dataset.path",
+            f"is not a regular file (a device, pipe or socket): {path}",
+            "give the path of a JSONL or CSV file",
+        )
     if path is not None and not path.is_file():
         raise _error(workload, "dataset.path", f"file not found: {path}")
     has_tokenizer = workload.target is not None and workload.target.tokenizer is not None

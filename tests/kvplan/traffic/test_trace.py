@@ -188,6 +188,7 @@ def test_a_bad_trace_is_one_line_naming_the_line_and_field(name, tmp_path):
 BAD_WORKLOADS = {
     "zero_speed": ({"speed": 0}, {}, "dataset.speed: must be > 0"),
     "missing_file": ({"path": "nope.jsonl"}, {}, "dataset.path: file not found"),
+    "device": ({"path": "/dev/zero"}, {}, "dataset.path: is not a regular file (a device, pipe or socket): /dev/zero"),
     "num_requests": ({}, {"num_requests": 4}, "buckets[0].num_requests: does not apply to a trace bucket"),
     "concurrency": ({}, {"concurrency": [2]}, "buckets[0].concurrency: does not apply to a trace bucket"),
     "request_rates": ({}, {"request_rates": [1.0]}, "buckets[0].request_rates: does not apply to a trace bucket"),
