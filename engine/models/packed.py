@@ -1,4 +1,4 @@
-"""bf16 linear layers on CPU with their weights reordered once for oneDNN.
+"""bf16 linear layers on CPU: weights reordered once for oneDNN, or upcast once to fp32 where bf16 is emulated.
 
 ``F.linear`` on a bf16 CPU tensor reorders the weight into oneDNN's blocked layout on every call;
 ``torch.ops.mkldnn._reorder_linear_weight`` does it once at load and
@@ -17,6 +17,20 @@ one-thread result), so a long prefill's hidden states differ by a bf16 rounding 
 exactness tests against transformers) and other devices stay ``nn.Linear``. A weight the op cannot
 take (no oneDNN, a CPU without bf16 support) or whose packed product differs from ``F.linear`` on
 ``CHECK_ROWS`` stays ``nn.Linear`` too.
+
+Where oneDNN has no bf16 kernels at all (a CPU without AVX-512 or AVX-NE-CONVERT, e.g. AVX2
+only: ``torch.ops.mkldnn._is_mkldnn_bf16_supported()`` is False), torch multiplies bf16 matrices
+in an emulated loop, about 4-10x slower than fp32 GEMM of the same shape at every row count
+(docs/benchmarks.md#engine-serve). There each bf16 linear becomes an ``UpcastLinear``: the weight
+upcast to fp32 once at load (exact), the input upcast per call (exact), one fp32 GEMM, the result
+rounded to bf16::
+
+    nn.Linear(w, b)  --pack_linears-->  UpcastLinear(w32 = fp32(w), b32)
+    y = x @ w.T + b  ~=                 bf16(fp32(x) @ w32.T + b32)
+
+Both products accumulate in fp32 and round once to bf16, so they differ only where the two
+summation orders round to neighbouring bf16 values (~1e-4 of the elements, one bf16 step). It
+doubles the linears' weight memory (fp32 copies; the tied lm_head gets its own).
 """
 
 from __future__ import annotations
@@ -52,6 +66,37 @@ class PackedLinear(nn.Module):
         return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
 
 
+def bf16_matmul_emulated() -> bool:
+    """Whether a bf16 matrix multiply on this CPU runs emulated (oneDNN has no bf16 kernels here)."""
+    try:
+        return not torch.ops.mkldnn._is_mkldnn_bf16_supported()
+    except (AttributeError, RuntimeError):  # a torch build without oneDNN: its own loops, also emulated
+        return True
+
+
+class UpcastLinear(nn.Module):
+    """``nn.Linear``'s forward computed in fp32 on a bf16 layer: x [..., in_features] (bf16) ->
+    [..., out_features] in x's dtype. ``weight`` [out, in] and ``bias`` [out] are fp32 copies."""
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None):
+        super().__init__()
+        self.out_features, self.in_features = weight.shape
+        self.register_buffer("weight", weight, persistent=False)
+        self.register_buffer("bias", bias, persistent=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x.float(), self.weight, self.bias).to(x.dtype)
+
+
+def upcast(linear: nn.Linear) -> UpcastLinear | None:
+    """``linear`` as an UpcastLinear, or None: not bf16 on CPU, or this CPU multiplies bf16 natively."""
+    weight = linear.weight
+    if weight.dtype != torch.bfloat16 or weight.device.type != "cpu" or not bf16_matmul_emulated():
+        return None
+    bias = linear.bias.detach().float() if linear.bias is not None else None
+    return UpcastLinear(weight.detach().float(), bias)
+
+
 def pack(linear: nn.Linear) -> PackedLinear | None:
     """``linear`` as a PackedLinear, or None: not bf16 on CPU, the op refuses it, or its product
     differs from ``F.linear`` on ``CHECK_ROWS`` rows."""
@@ -74,13 +119,14 @@ def pack(linear: nn.Linear) -> PackedLinear | None:
 
 
 def pack_linears(model: nn.Module) -> int:
-    """Replace every bf16 CPU ``nn.Linear`` inside ``model`` by its PackedLinear (``pack``), in
-    place; returns how many were packed. A weight tied to another module (the lm_head and the
-    embedding) keeps its tensor there; the packed copy is the linear's own."""
+    """Replace every bf16 CPU ``nn.Linear`` inside ``model`` by its PackedLinear (``pack``), or,
+    where bf16 matrix multiplies are emulated, by its UpcastLinear (``upcast``), in place; returns
+    how many were replaced. A weight tied to another module (the lm_head and the embedding) keeps
+    its tensor there; the packed or fp32 copy is the linear's own."""
     count = 0
     for parent in list(model.modules()):
         for name, child in list(parent.named_children()):
-            if isinstance(child, nn.Linear) and (packed := pack(child)) is not None:
-                setattr(parent, name, packed)
+            if isinstance(child, nn.Linear) and (fast := pack(child) or upcast(child)) is not None:
+                setattr(parent, name, fast)
                 count += 1
     return count
