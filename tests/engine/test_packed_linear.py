@@ -130,3 +130,83 @@ def test_smollm2_bf16_greedy_tokens_equal_with_and_without_packing(monkeypatch):
         return [list(o.output_token_ids) for o in outputs]
 
     assert run(True) == run(False)
+
+
+# ---- UpcastLinear: bf16 layers computed in fp32 where bf16 matrix multiplies are emulated ----------
+
+
+@pytest.fixture
+def emulated(monkeypatch):
+    """Make this CPU look like one without oneDNN bf16 kernels (as AVX2-only CPUs are)."""
+    monkeypatch.setattr(packed, "packing_available", lambda: False)
+    monkeypatch.setattr(packed, "bf16_matmul_emulated", lambda: True)
+
+
+def test_upcast_linear_is_exact_where_every_sum_is_exact(emulated):
+    # Small integers: every product and sum is exact in fp32 and the result fits bf16's 8 bits,
+    # so the answer is the integer product, computed here in int64.
+    g = torch.Generator().manual_seed(0)
+    linear = nn.Linear(16, 24, dtype=torch.bfloat16)
+    w = torch.randint(-2, 3, (24, 16), generator=g)
+    b = torch.randint(-8, 9, (24,), generator=g)
+    with torch.no_grad():
+        linear.weight.copy_(w)
+        linear.bias.copy_(b)
+    up = packed.upcast(linear)
+    assert isinstance(up, packed.UpcastLinear)
+    x = torch.randint(-2, 3, (5, 16), generator=g)
+    y = up(x.to(torch.bfloat16))
+    assert y.dtype == torch.bfloat16
+    assert torch.equal(y.long(), x @ w.T + b)
+
+
+def test_upcast_applies_only_to_bf16_cpu_weights_where_bf16_is_emulated(monkeypatch, emulated):
+    assert packed.upcast(nn.Linear(8, 8)) is None  # fp32 stays nn.Linear
+    model = nn.Sequential(nn.Linear(8, 8, dtype=torch.bfloat16), nn.Linear(8, 4, bias=False, dtype=torch.bfloat16))
+    assert pack_linears(model) == 2 and all(isinstance(m, packed.UpcastLinear) for m in model)
+    assert model[0].weight.dtype == model[0].bias.dtype == torch.float32 and model[1].bias is None
+    monkeypatch.setattr(packed, "bf16_matmul_emulated", lambda: False)
+    assert packed.upcast(nn.Linear(8, 8, dtype=torch.bfloat16)) is None
+
+
+@pytest.mark.smollm2
+def test_upcast_rounds_the_exact_product_to_a_neighbouring_bf16_on_smollm2_shapes(emulated):
+    # The fp64 product is the reference. fp32 accumulation may move a sum by ~1e-6 of sum |x||w|
+    # before the one rounding to bf16 (whose step at |v| is 2^(floor(log2|v|) - 7)); F.linear's
+    # bf16 path does the same in another order, so the two differ on few elements.
+    g = torch.Generator().manual_seed(0)
+    for out_features, in_features in smollm2_shapes():
+        linear = nn.Linear(in_features, out_features, bias=out_features == 960, dtype=torch.bfloat16)
+        with torch.no_grad():
+            linear.weight.copy_(torch.randn(out_features, in_features, generator=g) * in_features**-0.5)
+        up = packed.upcast(linear)
+        assert up is not None
+        w = linear.weight.double()
+        b = linear.bias.double() if linear.bias is not None else torch.zeros(out_features, dtype=torch.float64)
+        for n in (1, 7, 32):
+            x = torch.randn(n, in_features, generator=g).to(torch.bfloat16)
+            with torch.inference_mode():
+                ours, theirs = up(x), F.linear(x, linear.weight, linear.bias)
+            exact = x.double() @ w.T + b
+            step = torch.exp2(torch.floor(torch.log2(exact.abs().clamp_min(1e-30))) - 7)
+            slack = 1e-6 * (x.double().abs() @ w.abs().T + b.abs())
+            assert ((ours.double() - exact).abs() <= step + slack).all(), (out_features, in_features, n)
+            assert (ours != theirs).float().mean() < 1e-2  # measured: at most 1 element of 576
+
+
+@pytest.mark.parametrize("settings", [{}, {"max_num_batched_tokens": 7}], ids=["batch", "chunked"])
+def test_engine_greedy_tokens_equal_with_and_without_upcast(monkeypatch, settings):
+    def run(emulate: bool) -> tuple[list[list[int]], int]:
+        with monkeypatch.context() as m:
+            m.setattr(packed, "packing_available", lambda: False)
+            m.setattr(packed, "bf16_matmul_emulated", lambda: emulate)
+            engine = tiny_engine(dtype="bfloat16", **settings)
+        outputs, _ = run_to_completion(
+            engine, random_prompts((5, 13, 2, 30, 9, 17)), SamplingParams(max_tokens=16, ignore_eos=True)
+        )
+        ids = [list(o.output_token_ids) for o in outputs]
+        return ids, sum(isinstance(m, packed.UpcastLinear) for m in engine.model.modules())
+
+    (up_ids, count), (plain_ids, none) = run(True), run(False)
+    assert (count, none) == (2 * 4 + 1, 0)  # per layer wqkv, wo, w13, w2; then the lm_head
+    assert up_ids == plain_ids
