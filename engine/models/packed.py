@@ -78,6 +78,9 @@ class UpcastLinear(nn.Module):
     """``nn.Linear``'s forward computed in fp32 on a bf16 layer: x [..., in_features] (bf16) ->
     [..., out_features] in x's dtype. ``weight`` [out, in] and ``bias`` [out] are fp32 copies."""
 
+    weight: torch.Tensor
+    bias: torch.Tensor | None
+
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None):
         super().__init__()
         self.out_features, self.in_features = weight.shape
