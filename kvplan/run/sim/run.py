@@ -170,8 +170,13 @@ def simulate(
         note(f"--replay: not simulated, as the measured run did not run them: {left_out}")
     records = KeptRecords()  # the records in memory too: the report reads no file back
     # the searches need none of the levels' records: on other cores while the levels run; one
-    # target's search with two probes side by side where cores allow (kvplan.run.sim.ahead)
-    ahead = not plan and search_jobs() > 1
+    # target's search with two probes side by side where cores allow (kvplan.run.sim.ahead): on
+    # two cores, once the levels are done (till then they hold one core, the search the other)
+    levels_done = multiprocessing.RawValue("b", 0)  # shared with the forked searches
+    jobs = search_jobs()
+    ahead: bool | Callable[[], bool] = (
+        False if plan or jobs < 2 else True if jobs > 2 else lambda: bool(levels_done.value)
+    )
     searches = (answers(workload, t, setup, knees, sampled, attainment, ahead) for t in (setup, *plan))
     collect = search_beside(list(searches)) if searching else None
     status = "interrupted"  # until run_levels says otherwise (an error in it stops the searches too)
@@ -190,6 +195,7 @@ def simulate(
             kept=records,
         )
     finally:
+        levels_done.value = 1
         found = collect(status == "complete") if collect is not None else None  # unfinished: none
     if knees is None:  # the setup's search found them (every bucket's answer holds its knee)
         knees = (
@@ -197,7 +203,7 @@ def simulate(
             if found is not None
             else simulated_knees(workload, setup.facts, sampled.requests)  # a run that did not complete
         )
-        result = result.model_copy(update={"estimate": with_knees(result.estimate, knees)})
+        result = result.model_copy(update={"estimate": with_knees(estimate, knees)})
     if found is not None:
         targets = [
             TargetCapacity(
@@ -228,7 +234,7 @@ def answers(
     knees: dict | None,
     sampled: SampledBuckets,
     attainment: float,
-    ahead: bool = False,
+    ahead: bool | Callable[[], bool] = False,
 ) -> Callable[[], list]:
     """The capacity search of ``target`` (``setup``'s own ``knees`` for ``setup``, found by the
     search where None, as for the other targets; a disaggregated target has no one pool to find a
