@@ -4,10 +4,11 @@
 
     workload -> what to simulate (SimSetup: engine facts + a clock: calibrated | GPU | replay)
       -> the load test's sampled requests (same seed, same token ids; cached) -> every request fits?
-      -> concurrency: auto resolved around the simulated knee -> estimate (+ simulated knees)
+      -> concurrency: auto resolved around the simulated knee -> estimate
       -> run folder with results.json (source simulated, status running)
-      -> every level on a SimBackend through the load test's driver, records appended
-      -> knee and SLO capacity per bucket and target (search) -> summaries -> report
+      -> every level on a SimBackend through the load test's driver, records appended; beside
+         them, on forked processes: knee and SLO capacity per bucket and target (search)
+      -> the knees into the estimate -> summaries (steps.csv on a forked process) -> report
 
 The run folder is the load test's (``start_run``, ``run_levels``, ``finish_run`` of
 kvplan.run.loadtest), so ``kvplan report``, ``compare`` and ``gate`` read it unchanged. Nothing
