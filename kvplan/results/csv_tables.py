@@ -23,6 +23,9 @@ from __future__ import annotations
 import csv
 import io
 import math
+import os
+import signal
+import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import fields
 from pathlib import Path
@@ -178,25 +181,89 @@ def step_frame(steps: Sequence[StepRecord]) -> pd.DataFrame:
     return pd.DataFrame(step_columns(steps))
 
 
-def write_tables(run_dir: Path, requests: Sequence[RequestRecord], steps: Sequence[StepRecord]) -> None:
-    """Atomically write requests.csv and steps.csv (empty tables keep their header). steps.csv of
-    steps without tenants is written a chunk of rows at a time by ``csv_chunks`` (the bytes
-    pandas writes), the rest through pandas."""
-    tables: list[tuple[str, Sequence[Any], Callable[[], pd.DataFrame], type]] = [
-        ("requests.csv", requests, lambda: pd.DataFrame([request_row(r) for r in requests]), RequestRecord)
-    ]
-    # concurrency N stays an integer next to open-loop rates: the level column as pandas' object
+def write_tables(
+    run_dir: Path, requests: Sequence[RequestRecord], steps: Sequence[StepRecord], steps_csv: bool = True
+) -> None:
+    """Atomically write requests.csv and steps.csv (empty tables keep their header; ``steps_csv``
+    False: requests.csv only, steps.csv being written elsewhere: ``StepsCsvBeside``)."""
+    if steps_csv:
+        write_steps_csv(run_dir, steps)
+    _write_frame(
+        run_dir / "requests.csv", requests, lambda: pd.DataFrame([request_row(r) for r in requests]), RequestRecord
+    )
+
+
+def write_steps_csv(run_dir: Path, steps: Sequence[StepRecord]) -> None:
+    """Atomically write steps.csv: a chunk of rows at a time by ``csv_chunks`` (the bytes pandas
+    writes) where no step has tenants, else through pandas."""
     chunks = None
     if steps and not any(record_column(steps, "tenant_ids")):
+        # concurrency N stays an integer next to open-loop rates: the level column as pandas' object
         chunks = csv_chunks(step_columns(steps), as_object=("level",))
     if chunks is not None:
         write_atomic(run_dir / "steps.csv", chunks)
     else:
-        tables.append(("steps.csv", steps, lambda: step_frame(steps), StepRecord))
-    for name, rows, build, kind in tables:
-        frame = build() if rows else pd.DataFrame(columns=[f.name for f in fields(kind)])
-        if rows:  # concurrency N stays an integer next to open-loop rates (one column would be float)
-            frame["level"] = pd.Series(record_column(rows, "level"), dtype=object)
-        per_tenant = [c for c in frame.columns if c.startswith(("running[", "waiting["))]
-        frame[per_tenant] = frame[per_tenant].fillna(0).astype(int)  # a tenant absent from a step had none
-        write_atomic(run_dir / name, frame.to_csv(index=False))
+        _write_frame(run_dir / "steps.csv", steps, lambda: step_frame(steps), StepRecord)
+
+
+def _write_frame(path: Path, rows: Sequence[Any], build: Callable[[], pd.DataFrame], kind: type) -> None:
+    frame = build() if rows else pd.DataFrame(columns=[f.name for f in fields(kind)])
+    if rows:  # concurrency N stays an integer next to open-loop rates (one column would be float)
+        frame["level"] = pd.Series(record_column(rows, "level"), dtype=object)
+    per_tenant = [c for c in frame.columns if c.startswith(("running[", "waiting["))]
+    frame[per_tenant] = frame[per_tenant].fillna(0).astype(int)  # a tenant absent from a step had none
+    write_atomic(path, frame.to_csv(index=False))
+
+
+class StepsCsvBeside:
+    """steps.csv written by a process forked from this one (``write_steps_csv``), on another core
+    while this one goes on (a long simulation's summaries and other views: its 1.3 million rows,
+    docs/benchmarks.md#trace-20k). Calling it (once) waits for that process; where it failed,
+    steps.csv is written here then, raising what writing it raises. ``stop()`` stops it (nothing
+    is left: the file is written atomically). ``start`` gives None where nothing is worth
+    forking: fewer than ``BESIDE_STEPS`` steps, one core, no fork, or other threads alive (a
+    fork copies only this one)."""
+
+    BESIDE_STEPS = 20_000
+
+    def __init__(self, run_dir: Path, steps: Sequence[StepRecord], pid: int):
+        self.run_dir, self.steps, self.pid = run_dir, steps, pid
+
+    @classmethod
+    def start(cls, run_dir: Path, steps: Sequence[StepRecord]) -> StepsCsvBeside | None:
+        if len(steps) < cls.BESIDE_STEPS or (os.cpu_count() or 1) < 2:
+            return None
+        if not hasattr(os, "fork") or threading.active_count() > 1:
+            return None
+        try:
+            pid = os.fork()
+        except OSError:
+            return None
+        if pid == 0:  # the forked process: write it, leave without cleaning up
+            code = 1
+            try:
+                write_steps_csv(run_dir, steps)
+                code = 0
+            finally:
+                os._exit(code)
+        return cls(run_dir, steps, pid)
+
+    def __call__(self) -> None:
+        code = self._reap()
+        if code is not None and code != 0:
+            write_steps_csv(self.run_dir, self.steps)
+
+    def stop(self) -> None:
+        if self.pid:
+            try:
+                os.kill(self.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            self._reap()
+
+    def _reap(self) -> int | None:
+        """The forked process's exit code once it has ended (None: waited for before)."""
+        if not self.pid:
+            return None
+        pid, self.pid = self.pid, 0
+        return os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])

@@ -112,6 +112,10 @@ def finish_run(
     Raises:
         ReportInterrupted: Ctrl-C while doing so.
     """
+    from kvplan.results.csv_tables import StepsCsvBeside  # pandas: imported when a report is written
+
+    # a simulation's steps.csv (a million rows) on another core while the summaries are made
+    beside = StepsCsvBeside.start(run_dir, kept.steps) if kept is not None else None
     try:
         data = load_run(run_dir) if kept is None else RunData(run_dir, result, kept.requests, kept.steps, [])
         result = summarize(result, data.requests, data.steps, data.server_samples)
@@ -120,7 +124,11 @@ def finish_run(
         save_result(run_dir, result)
         from kvplan.results.report.render import render_report
 
-        render_report(run_dir, charts, RunData(run_dir, result, data.requests, data.steps, data.server_samples))
+        data = RunData(run_dir, result, data.requests, data.steps, data.server_samples)
+        render_report(run_dir, charts, data, steps_csv=beside)
     except KeyboardInterrupt:
         raise ReportInterrupted(run_dir) from None
+    finally:
+        if beside is not None:
+            beside.stop()  # waited for already, unless something above failed
     return run_dir

@@ -11,6 +11,7 @@ that are missing or fewer than results.json counts stop it before it writes anyt
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from pathlib import Path
 
 from kvplan.results.run_result import RunData, RunResult, check_records, load_run, save_result
@@ -111,10 +112,14 @@ def render_prefix_charts(data: RunData) -> list[str]:
     return ["prefix_caching.png", "prefix_hit_rate.png"]
 
 
-def render_report(run_dir: str | Path, charts: bool = True, data: RunData | None = None) -> RunData:
+def render_report(
+    run_dir: str | Path, charts: bool = True, data: RunData | None = None, steps_csv: Callable[[], None] | None = None
+) -> RunData:
     """(Re)write summary.md, requests.csv, steps.csv and the PNGs of ``run_dir`` (``charts``
     False: no PNGs, the seconds a simulation spends otherwise; ``kvplan report`` draws them).
     ``data``: the run as just saved, when the caller holds it (else it is read from ``run_dir``).
+    ``steps_csv``: steps.csv is being written elsewhere (kvplan.results.csv_tables.StepsCsvBeside),
+    and this waits for it before the report is marked written (None: written here).
 
     Raises:
         KvplanError: the folder holds no readable results.json of this schema version, a record
@@ -135,9 +140,11 @@ def render_report(run_dir: str | Path, charts: bool = True, data: RunData | None
             data.server_samples,
         )
         save_result(data.run_dir, data.result)
-    write_tables(data.run_dir, data.requests, data.steps)
+    write_tables(data.run_dir, data.requests, data.steps, steps_csv=steps_csv is None)
     chart_names = render_charts(data) if charts else []
     write_atomic(data.run_dir / "summary.md", summary_markdown(data.result, chart_names))
+    if steps_csv is not None:
+        steps_csv()
     if not data.result.report_written:  # an older run's file is otherwise left as it was
         data = RunData(
             data.run_dir,

@@ -32,12 +32,19 @@ Key = tuple[str, float]  # (mode, level) of a capacity probe
 class Probes(dict):
     """A capacity search's probes, (mode, level) -> LevelSummary, each simulated once by
     ``simulate(mode, level)`` (its summary and score, which goes into ``scores`` under
-    ``(bucket_index, mode, level)``); with ``ahead``, ``both`` simulates the second of two on a
+    ``(bucket_index, mode, level)``); with ``ahead`` (or while ``ahead()`` says so: a search
+    beside a simulation's levels, once they are done), ``both`` simulates the second of two on a
     forked process while this one simulates the first, and ``probe`` takes its result when the
     search asks for it. Forked processes whose probe was never asked are stopped once this is
     collected (weakref.finalize)."""
 
-    def __init__(self, simulate: Callable[..., tuple[Any, float | None]], scores: dict, bucket_index: int, ahead: bool):
+    def __init__(
+        self,
+        simulate: Callable[..., tuple[Any, float | None]],
+        scores: dict,
+        bucket_index: int,
+        ahead: bool | Callable[[], bool],
+    ):
         super().__init__()
         self.simulate, self.scores, self.bucket_index, self.ahead = simulate, scores, bucket_index, ahead
         self.pending: dict[Key, Pending] = {}
@@ -62,7 +69,8 @@ class Probes(dict):
     def both(self, first: Key, second: Key) -> None:
         """Simulate ``first`` now and ``second`` on a forked process meanwhile (neither simulated
         yet), with ``ahead`` (else nothing: each is simulated when asked)."""
-        if not self.ahead or first == second or {first, second} & (self.keys() | self.pending.keys()):
+        ahead = self.ahead() if callable(self.ahead) else self.ahead
+        if not ahead or first == second or {first, second} & (self.keys() | self.pending.keys()):
             return
         got, pending = side_by_side(lambda: self.simulate(*first), lambda: self.simulate(*second))
         self._keep(first, got)

@@ -4,10 +4,11 @@
 
     workload -> what to simulate (SimSetup: engine facts + a clock: calibrated | GPU | replay)
       -> the load test's sampled requests (same seed, same token ids; cached) -> every request fits?
-      -> concurrency: auto resolved around the simulated knee -> estimate (+ simulated knees)
+      -> concurrency: auto resolved around the simulated knee -> estimate
       -> run folder with results.json (source simulated, status running)
-      -> every level on a SimBackend through the load test's driver, records appended
-      -> knee and SLO capacity per bucket and target (search) -> summaries -> report
+      -> every level on a SimBackend through the load test's driver, records appended; beside
+         them, on forked processes: knee and SLO capacity per bucket and target (search)
+      -> the knees into the estimate -> summaries (steps.csv on a forked process) -> report
 
 The run folder is the load test's (``start_run``, ``run_levels``, ``finish_run`` of
 kvplan.run.loadtest), so ``kvplan report``, ``compare`` and ``gate`` read it unchanged. Nothing
@@ -123,10 +124,14 @@ def simulate(
             f" {lines:,} requests, evenly spaced; the replay level runs every one"
         )
     workload = resolve_auto(workload, setup.facts, sampled.requests)
-    # a disaggregated engine has no one pool to find a knee in
-    knees = {} if setup.make_backend else simulated_knees(workload, setup.facts, sampled.requests)
+    searching = search and setup.timed
+    # a disaggregated engine has no one pool to find a knee in; with a search, the knee is found
+    # by the setup's search, beside the levels (None: not yet), and put in the estimate after them
+    knees: dict | None = {} if setup.make_backend else None
+    if knees is None and not searching:
+        knees = simulated_knees(workload, setup.facts, sampled.requests)
     estimate, pricing = compute_estimate(setup.sized(workload), setup.facts, sampled.requests)
-    estimate = with_knees(estimate, knees)
+    estimate = with_knees(estimate, knees or {})
     result = RunResult(
         source="simulated",
         started_at=started,
@@ -166,10 +171,15 @@ def simulate(
         note(f"--replay: not simulated, as the measured run did not run them: {left_out}")
     records = KeptRecords()  # the records in memory too: the report reads no file back
     # the searches need none of the levels' records: on other cores while the levels run; one
-    # target's search with two probes side by side where cores allow (kvplan.run.sim.ahead)
-    ahead = not plan and search_jobs() > 1
+    # target's search with two probes side by side where cores allow (kvplan.run.sim.ahead): on
+    # two cores, once the levels are done (till then they hold one core, the search the other)
+    levels_done = multiprocessing.RawValue("b", 0)  # shared with the forked searches
+    jobs = search_jobs()
+    ahead: bool | Callable[[], bool] = (
+        False if plan or jobs < 2 else True if jobs > 2 else lambda: bool(levels_done.value)
+    )
     searches = (answers(workload, t, setup, knees, sampled, attainment, ahead) for t in (setup, *plan))
-    collect = search_beside(list(searches)) if search and setup.timed else None
+    collect = search_beside(list(searches)) if searching else None
     status = "interrupted"  # until run_levels says otherwise (an error in it stops the searches too)
     try:
         status = run_levels(
@@ -186,7 +196,15 @@ def simulate(
             kept=records,
         )
     finally:
+        levels_done.value = 1
         found = collect(status == "complete") if collect is not None else None  # unfinished: none
+    if knees is None:  # the setup's search found them (every bucket's answer holds its knee)
+        knees = (
+            {b.name: b.knee for b in found[0]}
+            if found is not None
+            else simulated_knees(workload, setup.facts, sampled.requests)  # a run that did not complete
+        )
+        result = result.model_copy(update={"estimate": with_knees(estimate, knees)})
     if found is not None:
         targets = [
             TargetCapacity(
@@ -214,17 +232,18 @@ def answers(
     workload: Workload,
     target: SimSetup,
     setup: SimSetup,
-    knees: dict,
+    knees: dict | None,
     sampled: SampledBuckets,
     attainment: float,
-    ahead: bool = False,
+    ahead: bool | Callable[[], bool] = False,
 ) -> Callable[[], list]:
-    """The capacity search of ``target`` (``setup``'s own knees for ``setup``; a disaggregated
-    target has no one pool to find a knee in), as a call; ``ahead``: with two probes side by side
+    """The capacity search of ``target`` (``setup``'s own ``knees`` for ``setup``, found by the
+    search where None, as for the other targets; a disaggregated target has no one pool to find a
+    knee in), as a call; ``ahead``: with two probes side by side
     where it asks two in a row (kvplan.run.sim.ahead)."""
 
     def find() -> list:
-        own = knees if target is setup else {} if target.make_backend else None
+        own = knees if target is setup and knees is not None else {} if target.make_backend else None
         if own is None:
             own = simulated_knees(workload, target.facts, sampled.requests)
         clock, make = target.clock, target.make_backend

@@ -148,7 +148,7 @@ class Prober:
         clock: Callable[[], StepClock],
         sampled: Mapping[str, Sequence[SampledRequest]],
         make_backend: Callable[[], Any] | None = None,
-        ahead: bool = False,
+        ahead: bool | Callable[[], bool] = False,
     ):
         self.workload, self.facts, self.clock, self.sampled = workload, facts, clock, sampled
         # a disaggregated target's backends (kvplan.run.sim.disagg); two probes side by side (.ahead)
@@ -378,12 +378,13 @@ def search_capacity(
     precision: float = CONCURRENCY_PRECISION,
     make_backend: Callable[[], Any] | None = None,
     trace_sample: bool = True,
-    ahead: bool = False,
+    ahead: bool | Callable[[], bool] = False,
 ) -> list[BucketCapacity]:
     """Every bucket's SLO answers on ``facts`` timed by ``clock`` (or on ``make_backend``'s fresh
     backends: a disaggregated target), with its knee from ``knees`` (the concurrency to within
     ``precision``); a trace's on ``probe_sample``'s requests (``trace_sample`` False: on all given);
-    ``ahead``: two probes side by side where the search asks two in a row (kvplan.run.sim.ahead)."""
+    ``ahead``: two probes side by side where the search asks two in a row (kvplan.run.sim.ahead;
+    a callable: where it says so at that moment)."""
     if trace_sample:
         workload, sampled = probe_sample(workload, sampled)
     prober = Prober(workload, facts, clock, sampled, make_backend, ahead)

@@ -105,3 +105,20 @@ def test_a_capacity_search_with_probes_side_by_side_answers_as_one_after_another
     # search did not then ask is one more score
     assert plain_scores.items() <= scores.items()
     assert 0 < here[True] < here[False]
+
+
+def test_probes_ahead_as_a_call_go_side_by_side_only_while_it_says_so():
+    asked: list[tuple[str, float]] = []
+
+    def simulate(mode, level):
+        asked.append((mode, level))
+        return f"{mode}@{level}", None
+
+    levels_done = [False]  # a search beside a simulation's levels: side by side once they are done
+    probes = Probes(simulate, {}, 0, ahead=lambda: levels_done[0])
+    probes.both(("closed", 8), ("closed", 9))
+    assert probes == {} and not probes.pending and asked == []  # nothing simulated early
+    levels_done[0] = True
+    probes.both(("closed", 10), ("closed", 11))
+    assert asked == [("closed", 10)] and list(probes.pending) == [("closed", 11)]
+    assert probes.probe("closed", 11) == "closed@11" and asked == [("closed", 10)]
