@@ -76,9 +76,16 @@ class SimBackend:
     """
 
     def __init__(
-        self, facts: EngineFacts, clock: StepClock, decode_runs: bool = True, admission: Mapping[str, Any] | None = None
+        self,
+        facts: EngineFacts,
+        clock: StepClock,
+        decode_runs: bool = True,
+        admission: Mapping[str, Any] | None = None,
+        defer_hashes: bool = True,
     ):
         self.scheduler = scheduler_for(facts, admission)
+        if defer_hashes:  # blocks hashed only where a lookup could tell (engine.deferred_hashes)
+            self.scheduler.block_manager.defer_hashes()
         self.decode_runs = decode_runs  # take runs of pure decode steps together (engine.decode_run)
         self.clock = clock
         self.now_s = 0.0
