@@ -22,7 +22,9 @@ from tests.kvplan.run.sim.test_decode_runs import COST, _Capture, cases, pool_st
 def simulated(engine, requests, mode, value, plan, lag, admission, *, defer: bool, decode_runs: bool):
     level = Level(LevelKey("b", mode, value, ""), 0, tuple(requests), plan)
     capture = _Capture(level)
-    backend = SimBackend(engine, ModelClock(COST, lag), decode_runs=decode_runs, admission=admission, defer_hashes=defer)
+    backend = SimBackend(
+        engine, ModelClock(COST, lag), decode_runs=decode_runs, admission=admission, defer_hashes=defer
+    )
     run_level(backend, level, capture, seed=0)
     bm = backend.scheduler.block_manager
     deferred = sum(1 for b in bm.blocks.values() if isinstance(b.block_hash, Chain))
