@@ -108,6 +108,13 @@ class BlockManager:
         if self.offload is None and self.enable_prefix_caching:
             self._heads = {}
 
+    @property
+    def deferring(self) -> bool:
+        return self._heads is not None
+
+    def num_hashed(self, request: Request) -> int:
+        return len(self._hashes.get(request.request_id, ()))
+
     def settle_deferred(self) -> None:
         """Hash every deferred block and enter it in the cache dict where it is still cached."""
         for chain in [c for c in (self._heads or {}).values() if c is not None]:

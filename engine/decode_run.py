@@ -229,7 +229,9 @@ def _settle(
     steps' order."""
     which = [i for i, f in enumerate(fills) if f < k]
     evicted = bm.hashes_evicted_by(len(taken[1])) if which else set()
-    if evicted and not all(evicted.isdisjoint(bm.uncached_hashes(running[i])) for i in which):
+    # a first block hashed in the run may settle deferred blocks the takes evict (engine.deferred_hashes)
+    unhashed = bm.deferring and any(not bm.num_hashed(running[i]) for i in which)
+    if evicted and (unhashed or not all(evicted.isdisjoint(bm.uncached_hashes(running[i])) for i in which)):
         grows: dict[int, list[str]] = {}
         for j, rid in zip(*taken):
             grows.setdefault(j, []).append(rid)
