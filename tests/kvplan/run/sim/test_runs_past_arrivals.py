@@ -102,3 +102,18 @@ def test_a_run_past_arrivals_is_handed_over_in_parts_with_the_queue_growing(monk
     assert parts.handed > 5 and parts.later > 0
     waiting = [s["num_waiting"] for s in slow.steps[:40]]
     assert waiting == sorted(waiting) and waiting[-1] - waiting[0] >= 3  # arrivals joined during the run
+
+
+def test_a_first_block_hashed_in_a_run_settles_deferred_blocks_in_the_steps_order():
+    """Found by the fuzz profile: requests of one first block (prompt (0,), salted alike) whose
+    first block fills during a decode run, while the run's takes evict deferred blocks of an
+    earlier one of them: the first block's hash settles those blocks (engine.deferred_hashes), so
+    the run's blocks are settled step by step (engine.decode_run._settle); before, one cached
+    entry too many was left."""
+    engine = facts(4, 27, 3, 4, True)
+    prompts = [(0,), (0,), (3, 13, 0), (3, 13, 0), (0,)]
+    requests = [SampledRequest(p, n, "random") for p, n in zip(prompts, [40, 48, 13, 20, 8])]
+    case = (engine, requests, "open", 300.0, None, 0.0)
+    fast, slow = run(*case, decode_runs=True), run(*case, decode_runs=False)
+    assert fast.steps == slow.steps and fast.finished == slow.finished
+    assert fast.pool == slow.pool
