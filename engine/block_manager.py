@@ -30,49 +30,16 @@ import hashlib
 from array import array
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from itertools import islice, repeat
 from types import MappingProxyType
 from typing import Any
 
+from engine import deferred_hashes as deferred
+from engine.block_view import Blocks
 from engine.offload.tiers import Offload
 from engine.request import Request
 
-
-class _Blocks:
-    """The pool's blocks by id, read as a sequence of ``num_blocks`` KVBlocks: each a snapshot of
-    the manager's ref count and hash of that id (the manager keeps them as two lists by id, grown
-    as never-used ids are first taken, so a pool of a million blocks costs nothing until used).
-    ``values()``: the blocks used so far (ids below the first never-used one)."""
-
-    def __init__(self, num_blocks: int, refs: list[int], hashes: list[bytes | None]):
-        self._num_blocks, self._refs, self._hashes = num_blocks, refs, hashes
-
-    def __getitem__(self, block_id: int) -> KVBlock:
-        if not 0 <= block_id < self._num_blocks:
-            raise IndexError(f"block id {block_id} is outside the pool of {self._num_blocks}")
-        if block_id >= len(self._refs):
-            return KVBlock(block_id)
-        return KVBlock(block_id, self._refs[block_id], self._hashes[block_id])
-
-    def __len__(self) -> int:
-        return self._num_blocks
-
-    def __iter__(self):
-        return (self[i] for i in range(self._num_blocks))
-
-    def values(self) -> list[KVBlock]:
-        return [self[i] for i in range(len(self._refs))]
-
-
 _NO_PARENT = b"\0" * 16  # the first block's parent hash
-
-
-@dataclass(eq=False, slots=True)
-class KVBlock:
-    block_id: int
-    ref_count: int = 0
-    block_hash: bytes | None = None  # set while the block is in the prefix cache
 
 
 class PrefixHits(list):
@@ -117,8 +84,8 @@ class BlockManager:
         self.enable_prefix_caching = enable_prefix_caching
         # ref count and prefix-cache hash (None: not cached) of each block id used so far
         self._refs: list[int] = []
-        self._block_hash: list[bytes | None] = []
-        self.blocks = _Blocks(num_blocks, self._refs, self._block_hash)  # read-only snapshots
+        self._block_hash: list[Any] = []  # bytes, None, or a Chain (engine.deferred_hashes)
+        self.blocks = Blocks(num_blocks, self._refs, self._block_hash)  # read-only snapshots
         # The free queue is the never-used ids [_next_unused, num_blocks) in order, then the freed
         # ones in the order they were freed: built in O(1) however large the pool.
         self._next_unused = 0
@@ -132,6 +99,26 @@ class BlockManager:
         self._num_checked: dict[str, int] = {}  # leading table entries already offered to the cache
         self.num_evictions = 0
         self.offload: Offload | None = None  # lower tiers (engine.offload); None: none
+        self._heads: dict[bytes, deferred.Chain | None] | None = None  # deferred hashes' classes; None: off
+        self._open: dict[str, deferred.Chain] = {}  # request id -> its open Chain
+
+    def defer_hashes(self) -> None:
+        """From now on, enter the blocks a request fills in the prefix cache without hashing them
+        while no other request could tell (engine.deferred_hashes); not with offload tiers."""
+        if self.offload is None and self.enable_prefix_caching:
+            self._heads = {}
+
+    @property
+    def deferring(self) -> bool:
+        return self._heads is not None
+
+    def num_hashed(self, request: Request) -> int:
+        return len(self._hashes.get(request.request_id, ()))
+
+    def settle_deferred(self) -> None:
+        """Hash every deferred block and enter it in the cache dict where it is still cached."""
+        for chain in [c for c in (self._heads or {}).values() if c is not None]:
+            deferred.settle(self, chain)
 
     # ---- views -------------------------------------------------------------------------
     @property
@@ -176,6 +163,8 @@ class BlockManager:
                 parent = _hash_bytes(None, raw[:width], request.cache_salt)
                 hashes.append(parent)
                 begin = width
+                if self._heads is not None:
+                    deferred.first_block(self, request, hashes)
             blake2b = hashlib.blake2b
             for offset in range(begin, len(raw), width):
                 parent = blake2b(parent + raw[offset : offset + width], digest_size=16).digest()
@@ -192,7 +181,10 @@ class BlockManager:
         if self.offload is not None:
             return self._find_in_tiers(request, self.offload)
         hits: list[int] = []
-        for block_hash in self._block_hashes(request, request.num_tokens - 1):
+        hashes = self._block_hashes(request, request.num_tokens - 1)
+        if hashes and self._heads is not None and (chain := self._heads.get(hashes[0])) is not None and chain.live:
+            deferred.settle(self, chain)  # its owner back from a preemption: the blocks it left
+        for block_hash in hashes:
             block_id = self._cached.get(block_hash)
             if block_id is None:
                 break
@@ -226,8 +218,14 @@ class BlockManager:
         if request.num_computed_tokens // self.block_size == start:  # no block filled since
             return
         table = self._tables[request.request_id]
-        hashes = self._block_hashes(request, request.num_computed_tokens)
-        self._num_checked[request.request_id] = len(hashes)
+        chain, stop = self._open.get(request.request_id), request.num_computed_tokens // self.block_size
+        if chain is not None and (known := len(chain.hashes)) < stop:
+            deferred.defer(self, chain, table, max(start, known), stop)  # the blocks not hashed yet
+            self._num_checked[request.request_id] = stop
+            hashes = chain.hashes  # and the ones hashed already (the prompt's, from its lookup) as below
+        else:
+            hashes = self._block_hashes(request, request.num_computed_tokens)
+            self._num_checked[request.request_id] = len(hashes)
         block_hash_of, cached = self._block_hash, self._cached
         for block_hash, block_id in zip(hashes[start:], table[start:]):  # the table holds a block per hash
             if block_hash_of[block_id] is None and block_hash not in cached:
@@ -238,6 +236,8 @@ class BlockManager:
         """Hashes of the request's full computed blocks not yet offered to the cache (what the
         next ``cache_computed_blocks`` would offer, oldest first); changes no cache entry."""
         start = self._num_checked.get(request.request_id, 0)
+        if request.request_id in self._open:  # blocks it will defer carry no hash another could
+            return self._hashes[request.request_id][start:]
         return self._block_hashes(request, request.num_computed_tokens)[start:]
 
     def hashes_evicted_by(self, num: int) -> set[bytes]:
@@ -357,7 +357,12 @@ class BlockManager:
             if block_hash is not None:
                 if offload is not None:  # stored before the block is reused (OFFLOAD.md rule 2)
                     offload.evicted(block_id, block_hash)
-                del cached[block_hash]
+                if block_hash.__class__ is bytes:
+                    del cached[block_hash]
+                else:  # a deferred block (engine.deferred_hashes): in no dict
+                    block_hash.live -= 1
+                    if not block_hash.live and not block_hash.open:
+                        deferred.release(block_hash)
                 block_hash_of[block_id] = None
                 self.num_evictions += 1
             refs[block_id] = 1
@@ -368,6 +373,8 @@ class BlockManager:
         """Release the request's blocks (finish, abort, preemption). ``forget=False`` keeps its
         block hashes for a later lookup (preemption: the tokens will be the same)."""
         self._num_checked.pop(request_id, None)
+        if (chain := self._open.pop(request_id, None)) is not None:
+            chain.open = False  # preempted or done: from now on it hashes (its deferred blocks stay)
         refs, queue = self._refs, self._free
         for block_id in reversed(self._tables.pop(request_id, ())):
             left = refs[block_id] - 1

@@ -71,12 +71,14 @@ def decode_run(
     until: float | None,
     first_index: int,
     decode_work: Callable[[int, int], Any],
+    checks: list[float] | None = None,
 ) -> tuple[DecodeRunSteps, float] | None:
     """The steps of a decode run from ``now`` (see the module docstring) and the clock after it;
     None where no run of at least ``MIN_RUN`` steps can be taken. ``first_index``: the first
     step's index; ``decode_work(n, context)``: the work ``clock.step_end`` times, of a step of
     ``n`` decodes over ``context`` context tokens (seconds are the clock's). The steps come as a
-    ``DecodeRunSteps``: each step's StepStats is built where it is read."""
+    ``DecodeRunSteps``: each step's StepStats is built where it is read. ``checks``: a list to
+    which each step's check time (up to which arrivals join it, s) is appended."""
     running = scheduler.running
     bm = scheduler.block_manager
     if scheduler.has_untaken_finished() or not running:
@@ -113,7 +115,7 @@ def decode_run(
     supplied = room  # the steps the pool supplies: up to the one that takes block spare + 1
     if _num_taken(firsts, block_size, room - 1) > spare:
         supplied = _taken(firsts, block_size, room)[0][spare]
-    times = _step_times(clock, now, until, n, sum(computed) + n, (room, supplied), decode_work)
+    times = _step_times(clock, now, until, n, sum(computed) + n, (room, supplied), decode_work, checks)
     if times is None:
         return None
     starts, ends = times
@@ -171,10 +173,11 @@ def _step_times(
     context0: int,
     limits: tuple[int, int],
     decode_work: Callable,
+    checks_out: list[float] | None = None,
 ) -> tuple[list[float], list[float]] | None:
     """The starts and ends of the run's steps: fewer than both ``limits`` (the steps before a
     request would finish, the steps the pool supplies blocks for), each before the arrival at
-    ``until`` would join it (None: not one step)."""
+    ``until`` would join it (None: not one step); each step's check appended to ``checks_out``."""
     times: Callable | None = getattr(clock, "decode_times", None)
     room = min(limits)
     size = room if until is None else min(room, 64)  # cut at an arrival: stretches of doubling length
@@ -189,6 +192,8 @@ def _step_times(
             now = clock.step_end(start, decode_work(n, context0 + n * j))
             starts.append(start)
             ends.append(now)
+            if checks_out is not None:
+                checks_out.append(check)
         return (starts, ends) if ends else None
     starts, ends = [], []
     while True:
@@ -196,6 +201,8 @@ def _step_times(
         cut = size if until is None else bisect_left(checks, until)  # checks only grow: the first step it joins
         starts += more_starts[:cut]
         ends += more_ends[:cut]
+        if checks_out is not None:
+            checks_out += checks[:cut]
         if cut < size or len(ends) >= room:
             break
         now, size = ends[-1], min(size * 2, room - len(ends))
@@ -222,7 +229,9 @@ def _settle(
     steps' order."""
     which = [i for i, f in enumerate(fills) if f < k]
     evicted = bm.hashes_evicted_by(len(taken[1])) if which else set()
-    if evicted and not all(evicted.isdisjoint(bm.uncached_hashes(running[i])) for i in which):
+    # a first block hashed in the run may settle deferred blocks the takes evict (engine.deferred_hashes)
+    unhashed = bm.deferring and any(not bm.num_hashed(running[i]) for i in which)
+    if evicted and (unhashed or not all(evicted.isdisjoint(bm.uncached_hashes(running[i])) for i in which)):
         grows: dict[int, list[str]] = {}
         for j, rid in zip(*taken):
             grows.setdefault(j, []).append(rid)

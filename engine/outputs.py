@@ -8,7 +8,7 @@ All frozen: a receiver can keep them without copying.
 
 from __future__ import annotations
 
-from bisect import bisect_right
+from bisect import bisect_left, bisect_right
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, NamedTuple, overload
@@ -241,6 +241,16 @@ class DecodeRunSteps(Sequence[StepStats]):
 
     def __iter__(self) -> Iterator[StepStats]:
         return map(self._step, range(len(self)))
+
+    def part(self, begin: int, end: int, num_waiting: int) -> DecodeRunSteps:
+        """Steps ``begin``..``end - 1`` as a run of their own, with ``num_waiting`` requests waiting
+        (a run taken past arrivals that join the queue: kvplan.run.sim.backend)."""
+        grown = bisect_left(self.taken_steps, begin)
+        counts = (num_waiting, self.used + grown, self.free - grown, self.num_total_blocks)
+        taken = [j - begin for j in self.taken_steps[grown : bisect_left(self.taken_steps, end)]]
+        computed = [c + begin for c in self.computed]
+        starts, ends = self.starts[begin:end], self.ends[begin:end]
+        return DecodeRunSteps(self.first_index + begin, starts, ends, computed, self.ids, counts, taken, self.columns)
 
 
 @dataclass(frozen=True)

@@ -16,10 +16,21 @@ A request's tokens all "reach the client" at the end of the step that produced t
 engine. Where the clock has a ``submit_lag_s`` (a server's front end), a request joins the
 scheduler's waiting queue that long after its arrival (its TTFT still counts from the arrival);
 an idle scheduler waits for it. Requests run with ignore_eos, so each produces exactly max_tokens tokens.
+
+Arrivals during a decode run: while ``max_num_seqs`` requests run (and no admission policy,
+offload tier or front-end lag is on) on a clock whose steps follow each other with no gap (an
+arrival in a gap would delay the next step's start to it: the GPU targets' cost models have
+none), an arrival only joins the waiting queue until a request finishes, which ends the run
+anyway: every step up to then is the same whether it came or not, but for its ``num_waiting``.
+So such a run is taken whole, to its end, at once (``_ahead``), and handed to the driver in
+parts, each ending before the step the next arrival joins, with the queue's length as it is then
+(``DecodeRunSteps.part``); the requests and the pool are brought forward once for the whole run
+(nothing reads them before it ends: submitting a request only appends it to the queue).
 """
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from collections import deque
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
@@ -35,7 +46,7 @@ from engine.request import Request, SamplingParams
 from engine.scheduler import Scheduler
 from kvplan.results.run_result import EngineFacts
 from kvplan.run.driver import Finished, Submission
-from kvplan.run.sim.cost import StepClock, StepWork, decode_work
+from kvplan.run.sim.cost import ModelClock, StepClock, StepWork, decode_work
 
 _REQUEST_ID = attrgetter("request_id")
 
@@ -76,9 +87,17 @@ class SimBackend:
     """
 
     def __init__(
-        self, facts: EngineFacts, clock: StepClock, decode_runs: bool = True, admission: Mapping[str, Any] | None = None
+        self,
+        facts: EngineFacts,
+        clock: StepClock,
+        decode_runs: bool = True,
+        admission: Mapping[str, Any] | None = None,
+        defer_hashes: bool = True,
     ):
         self.scheduler = scheduler_for(facts, admission)
+        self._ahead: tuple[Any, list[float], int] | None = None  # a run taken past arrivals: steps, checks, handed
+        if defer_hashes:  # blocks hashed only where a lookup could tell (engine.deferred_hashes)
+            self.scheduler.block_manager.defer_hashes()
         self.decode_runs = decode_runs  # take runs of pure decode steps together (engine.decode_run)
         self.clock = clock
         self.now_s = 0.0
@@ -89,6 +108,35 @@ class SimBackend:
 
     def now(self) -> float:
         return self.now_s
+
+    def _through_arrivals(self) -> bool:
+        """Whether no arrival can change the decode run that starts now but for the queue's length
+        (see the module docstring)."""
+        scheduler = self.scheduler
+        return (
+            len(scheduler.running) >= scheduler.max_num_seqs
+            and scheduler.admission is None
+            and scheduler.block_manager.offload is None
+            and not self._lag
+            and type(self.clock) is ModelClock
+            and not self.clock.cost.gap_s  # else an arrival in the gap before a step delays it
+        )
+
+    def _ahead_part(self, until: float | None) -> tuple[list[Finished], Sequence[Any]]:
+        """The next part of the run taken past arrivals: its steps before the one the arrival at
+        ``until`` joins (none: the clock moves to ``until``, as ``advance`` does for a step it
+        joins)."""
+        assert self._ahead is not None
+        run, checks, done = self._ahead
+        cut = len(run) if until is None else bisect_left(checks, until, done)
+        if cut == done:
+            self.now_s = max(self.now_s, until) if until is not None else self.now_s
+            return [], []
+        part = run.part(done, cut, len(self.scheduler.waiting)) if done or cut < len(run) else run
+        self._ahead = None if cut == len(run) else (run, checks, cut)
+        self.num_steps += cut - done
+        self.now_s = run.ends[cut - 1]
+        return [], part
 
     def submit(self, submission: Submission) -> None:
         level = submission.request_id.rsplit("/", 1)[0]  # LevelKey.id: request ids are "<level id>/<index>"
@@ -114,6 +162,10 @@ class SimBackend:
             self._pending.append((arrival + self._lag, request))  # arrivals come in time order
         else:
             self.scheduler.add_request(request, self.now_s)
+            if self._ahead is not None and self.scheduler.has_untaken_finished():
+                raise RuntimeError(  # the load test's request checks rule this out (kvplan.run.checks)
+                    f"simulation: {submission.request_id} can never run (finished on arrival) during a decode run"
+                )
 
     def _take_pending(self, until: float | None) -> float | None:
         """Hand the scheduler the requests that reached it by now (an idle one waits for the
@@ -131,9 +183,17 @@ class SimBackend:
         """One step, unless an arrival (``until``) comes before it would take new requests; or a
         whole decode run of steps (engine.decode_run), each the step the scheduler would
         take."""
+        if self._ahead is not None:
+            return self._ahead_part(until)
         if self._pending:
             until = self._take_pending(until)
         if self.decode_runs:
+            if until is not None and self._through_arrivals():
+                checks: list[float] = []
+                run = decode_run(self.scheduler, self.clock, self.now_s, None, self.num_steps, decode_work, checks)
+                if run is not None:
+                    self._ahead = (run[0], checks, 0)
+                    return self._ahead_part(until)
             run = decode_run(self.scheduler, self.clock, self.now_s, until, self.num_steps, decode_work)
             if run is not None:
                 steps, self.now_s = run

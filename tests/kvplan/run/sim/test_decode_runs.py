@@ -181,6 +181,7 @@ def pool_state(backend: SimBackend) -> dict:
     """What the block manager holds at the end: the prefix cache (hash -> block id), each block's
     hash and ref count, the free queue in order, evictions so far."""
     bm = backend.scheduler.block_manager
+    bm.settle_deferred()  # every block's hash where a deferred one (engine.deferred_hashes) had none
     return {
         "cached": dict(bm._cached),
         "blocks": {b.block_id: (b.block_hash, b.ref_count) for b in bm.blocks.values()},
