@@ -247,14 +247,14 @@ class DecodeBatch:
         self.t = t + 1
         requests = s._requests
         # the prefill and the admitted requests: decoding now (they join), finished, or in prefill
-        for request in [tail] if tail is not None else [requests.get(r.request_id) for r in scheduled]:
-            if request is None or request.status is not RequestStatus.RUNNING:
+        for after in [tail] if tail is not None else [requests.get(r.request_id) for r in scheduled]:
+            if after is None or after.status is not RequestStatus.RUNNING:
                 continue
-            if _decoding(request):
-                if not self._join(request, t + 1):
+            if _decoding(after):
+                if not self._join(after, t + 1):
                     self.settle()
             else:
-                self.tail = request
+                self.tail = after
         ids = tuple(map(_REQUEST_ID, s.running))
         if self.tail is not None and (not s.running or s.running[-1] is not self.tail):
             self.settle()  # not a state the batch describes (the scheduler's steps will take it)
