@@ -98,10 +98,10 @@ class Scheduler:
     def step_stats(
         self, step_index: int, start: float, end: float, output: SchedulerOutput, num_finished: int, num_oom: int = 0
     ) -> StepStats:
-        """The stats of a step that ran ``output`` from ``start`` to ``end``, read now (after its
-        update): the engine's and a simulation's steps are described by this one function. The
-        peak used blocks are those held right after ``schedule()`` allocated (or now, if more)."""
-        resident_ids, resident_tokens = self.kv_residents()
+        """The stats of a step that ran ``output`` from ``start`` to ``end``, read now (after its update): the
+        engine's and a simulation's steps are described by this one function. The peak used blocks are those held
+        right after ``schedule()`` allocated (or now, if more); ``output.residents``, where set, the KV residents."""
+        resident_ids, resident_tokens = getattr(output, "residents", None) or self.kv_residents()
         return StepStats(
             step_index=step_index,
             start_time=start,

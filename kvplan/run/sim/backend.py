@@ -39,7 +39,7 @@ from typing import Any, cast
 
 from engine.config import EngineConfig
 from engine.decode_run import SIMULATED_TOKEN_ID, decode_run
-from engine.decode_step import DecodeStep, schedule_decodes, update_decodes
+from engine.decode_step import DecodeBatch, DecodeStep
 from engine.offload.tiers import Offload
 from engine.outputs import SchedulerOutput
 from engine.request import Request, SamplingParams
@@ -98,6 +98,7 @@ class SimBackend:
         self._ahead: tuple[Any, list[float], int] | None = None  # a run taken past arrivals: steps, checks, handed
         if defer_hashes:  # blocks hashed only where a lookup could tell (engine.deferred_hashes)
             self.scheduler.block_manager.defer_hashes()
+        self._batch = DecodeBatch(self.scheduler)  # steps whose running requests decode (engine.decode_step)
         self.decode_runs = decode_runs  # take runs of pure decode steps together (engine.decode_run)
         self.clock = clock
         self.now_s = 0.0
@@ -187,7 +188,9 @@ class SimBackend:
             return self._ahead_part(until)
         if self._pending:
             until = self._take_pending(until)
-        if self.decode_runs:
+        batch = self._batch
+        if self.decode_runs and not batch.runs_ruled_out():
+            batch.settle()
             if until is not None and self._through_arrivals():
                 checks: list[float] = []
                 run = decode_run(self.scheduler, self.clock, self.now_s, None, self.num_steps, decode_work, checks)
@@ -204,8 +207,9 @@ class SimBackend:
             self.now_s = max(self.now_s, until)
             return [], []
         scheduler = self.scheduler
-        if self.decode_runs and (step := schedule_decodes(scheduler, start)) is not None:
+        if self.decode_runs and (step := batch.schedule(start)) is not None:
             return self._decodes(step, start)  # every running request decodes (engine.decode_step)
+        batch.settle()
         output = scheduler.schedule(start)
         if output.is_empty and not scheduler.has_untaken_finished():
             raise RuntimeError("simulation: a step scheduled nothing while requests wait")
@@ -229,8 +233,7 @@ class SimBackend:
         """``advance``'s step for a ``DecodeStep``: timed from its counts, brought forward, recorded."""
         scheduler = self.scheduler
         end = self.clock.step_end(start, StepWork.of(step))
-        sampled = dict.fromkeys(step.admitted_ids, SIMULATED_TOKEN_ID)
-        update_decodes(scheduler, step, sampled, SIMULATED_TOKEN_ID, end)
+        step = self._batch.update(step, SIMULATED_TOKEN_ID, end)
         finished = [_finished(r) for r in scheduler.take_finished()]
         stats = scheduler.step_stats(self.num_steps, start, end, cast(SchedulerOutput, step), len(finished))
         self.num_steps += 1
