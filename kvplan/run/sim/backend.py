@@ -15,7 +15,9 @@ therefore the engine's own; only time is modelled::
 A request's tokens all "reach the client" at the end of the step that produced them, as in the
 engine. Where the clock has a ``submit_lag_s`` (a server's front end), a request joins the
 scheduler's waiting queue that long after its arrival (its TTFT still counts from the arrival);
-an idle scheduler waits for it. Requests run with ignore_eos, so each produces exactly max_tokens tokens.
+an idle scheduler waits for it. Where the clock has a ``front_end`` (kvplan.run.sim.cost.TextFrontEnd:
+a server's tokenizer thread), a request first leaves that queue, in arrival order, then takes the
+lag. Requests run with ignore_eos, so each produces exactly max_tokens tokens.
 """
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ from engine.request import Request, SamplingParams
 from engine.scheduler import Scheduler
 from kvplan.results.run_result import EngineFacts
 from kvplan.run.driver import Finished, Submission
-from kvplan.run.sim.cost import StepClock, StepWork, decode_work
+from kvplan.run.sim.cost import StepClock, StepWork, TextFrontEnd, decode_work
 
 _REQUEST_ID = attrgetter("request_id")
 
@@ -85,6 +87,8 @@ class SimBackend:
         self.num_steps = 0
         self._level: str | None = None
         self._lag = float(getattr(clock, "submit_lag_s", 0.0))
+        self._front_end: TextFrontEnd | None = getattr(clock, "front_end", None)
+        self._front_end_free_s = 0.0  # when the tokenizer thread's last prompt left it
         self._pending: deque[tuple[float, Request]] = deque()  # (when it reaches the scheduler, request)
 
     def now(self) -> float:
@@ -110,7 +114,12 @@ class SimBackend:
             submission.cache_salt,
             submission.tenant,
         )
-        if self._lag > 0:
+        if self._front_end is not None:  # releases keep arrival order: the deque stays in time order
+            self._front_end_free_s = self._front_end.release(
+                self._front_end_free_s, arrival, len(submission.prompt_token_ids)
+            )
+            self._pending.append((self._front_end_free_s + self._lag, request))
+        elif self._lag > 0:
             self._pending.append((arrival + self._lag, request))  # arrivals come in time order
         else:
             self.scheduler.add_request(request, self.now_s)

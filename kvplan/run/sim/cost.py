@@ -9,7 +9,9 @@ clock asks a ``StepClock`` when the next step starts and ends::
 
 A server's front end (HTTP, input processing, the hand-off to its engine loop, the stream back)
 is no step: a clock's ``submit_lag_s`` is the seconds a request takes from its client's send to
-the server's scheduler (and its tokens back), 0 for the bundled engine stepped in process.
+the server's scheduler (and its tokens back), 0 for the bundled engine stepped in process. A
+server that tokenizes text prompts on one thread adds a queue before that: a clock's
+``front_end`` (``TextFrontEnd``; None for the bundled engine, which is sent token ids).
 
 ``ModelClock`` is that clock for any cost model (the calibrated one, the GPU roofline);
 ``kvplan.run.sim.replay.ReplayClock`` replays a measured run's own step times instead. A server's
@@ -132,6 +134,35 @@ class StepJitter:
         return q[i] + (x - i) * (q[i + 1] - q[i])
 
 
+# vLLM's API server tokenizes every text prompt on one thread (AsyncMicrobatchTokenizer,
+# vllm/utils/async_utils.py, vllm PR #19334: a prompt waits up to batch_wait_timeout_s 0.002 s for
+# others, then one encode call; vllm issue #25301: the cost is linear in the prompt and serialized
+# under load). The rate: transformers' tokenizer call one prompt at a time on the o200k vocabulary
+# (gpt-oss), 3.1-3.5 us per prompt token on prompts drawn as the random dataset draws them, timed on
+# a 2-CPU Xeon VM on 2026-12-06 (docs/benchmarks.md#silicon-check); the serving host's own is unknown.
+VLLM_TOKENIZE_US_PER_TOKEN = 3.3
+VLLM_TOKENIZE_WINDOW_S = 0.002
+
+
+@dataclass(frozen=True)
+class TextFrontEnd:
+    """A server's one tokenizer thread, first in, first out, before its scheduler's queue: a text
+    prompt of ``n`` tokens arriving at ``a`` (s) leaves it at ``max(a + window_s, free) + n x
+    s_per_token``, where ``free`` is when the prompt before it left (arrival order kept). vLLM's
+    ``AsyncMicrobatchTokenizer`` waits ``window_s`` for up to 31 more prompts and encodes them in
+    one call; the batch is not modelled: each prompt pays its own tokens one after another.
+    ``s_per_token`` >= 0, s per prompt token (``VLLM_TOKENIZE_US_PER_TOKEN`` x 1e-6 by default for
+    vLLM); ``window_s`` >= 0."""
+
+    s_per_token: float
+    window_s: float = VLLM_TOKENIZE_WINDOW_S
+
+    def release(self, free_s: float, arrival_s: float, num_prompt_tokens: int) -> float:
+        """When a prompt of ``num_prompt_tokens`` that arrived at ``arrival_s`` reaches the
+        scheduler, the thread being busy until ``free_s`` (the previous prompt's release), s."""
+        return max(arrival_s + self.window_s, free_s) + num_prompt_tokens * self.s_per_token
+
+
 class ModelClock:
     """A ``StepClock`` from a cost model: each step starts ``gap_s`` after the previous one ended
     (arrivals until then join it) and lasts ``step_seconds(work)``; requests reach the scheduler
@@ -140,11 +171,20 @@ class ModelClock:
     (kvplan.sizing.gpus.offload.TierLinks), a step that loads blocks back from offload tiers lasts
     their ``load_seconds`` longer: the loads are on its critical path (stores are not). With
     ``jitter`` (a server's calibration), each step lasts its model's seconds plus a drawn residual,
-    at least 0, drawn once per step taken in the order the steps are taken."""
+    at least 0, drawn once per step taken in the order the steps are taken. With ``front_end``
+    (``TextFrontEnd``), each request first queues for the server's tokenizer thread."""
 
-    def __init__(self, cost: CostModel, submit_lag_s: float = 0.0, links: Any = None, jitter: StepJitter | None = None):
+    def __init__(
+        self,
+        cost: CostModel,
+        submit_lag_s: float = 0.0,
+        links: Any = None,
+        jitter: StepJitter | None = None,
+        front_end: TextFrontEnd | None = None,
+    ):
         self.cost = cost
         self.submit_lag_s = submit_lag_s
+        self.front_end = front_end
         self.links = links
         self.jitter = jitter
         self._rng: random.Random | None = None
