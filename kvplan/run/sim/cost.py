@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import random
 import zlib
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -135,32 +136,59 @@ class StepJitter:
 
 
 # vLLM's API server tokenizes every text prompt on one thread (AsyncMicrobatchTokenizer,
-# vllm/utils/async_utils.py, vllm PR #19334: a prompt waits up to batch_wait_timeout_s 0.002 s for
-# others, then one encode call; vllm issue #25301: the cost is linear in the prompt and serialized
-# under load). The rate: transformers' tokenizer call one prompt at a time on the o200k vocabulary
-# (gpt-oss), 3.1-3.5 us per prompt token on prompts drawn as the random dataset draws them, timed on
-# a 2-CPU Xeon VM on 2026-12-06 (docs/benchmarks.md#silicon-check); the serving host's own is unknown.
+# vllm/utils/async_utils.py, vllm PR #19334: max_batch_size 32, batch_wait_timeout_s 0.002; vllm
+# issue #25301: the cost is linear in the prompt and serialized under load). The rate: transformers'
+# tokenizer call one prompt at a time on the o200k vocabulary (gpt-oss), 3.1-3.5 us per prompt token
+# on prompts drawn as the random dataset draws them, timed on a 2-CPU Xeon VM on 2026-12-06
+# (docs/benchmarks.md#silicon-check); the serving host's own is unknown.
 VLLM_TOKENIZE_US_PER_TOKEN = 3.3
 VLLM_TOKENIZE_WINDOW_S = 0.002
+VLLM_TOKENIZE_MAX_BATCH = 32
 
 
 @dataclass(frozen=True)
 class TextFrontEnd:
-    """A server's one tokenizer thread, first in, first out, before its scheduler's queue: a text
-    prompt of ``n`` tokens arriving at ``a`` (s) leaves it at ``max(a + window_s, free) + n x
-    s_per_token``, where ``free`` is when the prompt before it left (arrival order kept). vLLM's
-    ``AsyncMicrobatchTokenizer`` waits ``window_s`` for up to 31 more prompts and encodes them in
-    one call; the batch is not modelled: each prompt pays its own tokens one after another.
-    ``s_per_token`` >= 0, s per prompt token (``VLLM_TOKENIZE_US_PER_TOKEN`` x 1e-6 by default for
-    vLLM); ``window_s`` >= 0."""
+    """A server's one tokenizer thread before its scheduler's queue, as vLLM's
+    ``AsyncMicrobatchTokenizer`` runs it: the thread, free at ``free``, takes the first prompt
+    waiting (arrived at ``a_1``) at ``t0 = max(free, a_1)``, gathers the next ones in arrival order
+    that arrive by ``t0 + window_s``, at most ``max_batch`` in all, and encodes them in one call::
+
+        closes   at the max_batch-th one's arrival (not before t0) when it fills, else at t0 + window_s
+        leaves   close + s_per_token x (the batch's prompt tokens): every prompt of the batch together
+
+    The encode call costs its tokens one after another (a host whose tokenizer splits a batch over
+    cores is faster). ``s_per_token`` >= 0, s per prompt token; ``window_s`` >= 0;
+    ``max_batch`` >= 1."""
 
     s_per_token: float
     window_s: float = VLLM_TOKENIZE_WINDOW_S
+    max_batch: int = VLLM_TOKENIZE_MAX_BATCH
 
-    def release(self, free_s: float, arrival_s: float, num_prompt_tokens: int) -> float:
-        """When a prompt of ``num_prompt_tokens`` that arrived at ``arrival_s`` reaches the
-        scheduler, the thread being busy until ``free_s`` (the previous prompt's release), s."""
-        return max(arrival_s + self.window_s, free_s) + num_prompt_tokens * self.s_per_token
+    def next_batch(
+        self, free_s: float, waiting: Iterable[tuple[float, int]], horizon_s: float
+    ) -> tuple[int, float] | None:
+        """The thread's next call over ``waiting`` ((arrival s, prompt tokens) in arrival order, at
+        least one): (how many of the first ones it encodes, when they leave it, s); None while a
+        prompt not yet known could still join it (every arrival up to ``horizon_s`` is known)."""
+        waiting = iter(waiting)
+        first, tokens = next(waiting)
+        t0 = max(free_s, first)
+        deadline = t0 + self.window_s
+        count, last, later = 1, first, False
+        for arrival, num_tokens in waiting:
+            if count == self.max_batch:
+                break
+            if arrival > deadline:
+                later = True  # one arrived after the deadline: nobody else can join
+                break
+            count, tokens, last = count + 1, tokens + num_tokens, arrival
+        if count == self.max_batch:
+            close = max(t0, last)
+        elif later or deadline <= horizon_s:
+            close = deadline
+        else:
+            return None
+        return count, close + tokens * self.s_per_token
 
 
 class ModelClock:

@@ -1,7 +1,8 @@
 """A server's tokenizer thread before its scheduler (kvplan.run.sim.cost.TextFrontEnd, vLLM's
-AsyncMicrobatchTokenizer as one FIFO queue): release times by hand, on the simulator's own backend,
+AsyncMicrobatchTokenizer: one thread, batches of prompts that arrive within 2 ms): release times by hand, on the simulator's own backend,
 from ``gpu_setup`` and the plan entry; bad rates are one line and exit 2."""
 
+import math
 from pathlib import Path
 
 import pytest
@@ -24,12 +25,21 @@ ON_GPU = ("--model", "llama-3.1-8b", "--gpu", "H100-SXM")
 BAD_ENTRY = "  - {model: llama-3.1-8b, gpu: H100-SXM, tokenize_us_per_token: -2}\n"
 
 
-def test_release_is_the_later_of_arrival_plus_window_and_the_previous_release_plus_the_prompt():
-    front = TextFrontEnd(RATE_S, WINDOW_S)
-    assert front.release(0.0, 0.0, 10) == pytest.approx(0.002 + 0.001, abs=1e-15)  # idle thread: window, then 10 tokens
-    assert front.release(0.003, 0.0, 20) == pytest.approx(0.003 + 0.002, abs=1e-15)  # queued behind the first
-    assert front.release(0.005, 0.010, 30) == pytest.approx(0.012 + 0.003, abs=1e-15)  # the thread idle again
-    assert TextFrontEnd(0.0, 0.0).release(0.0, 0.25, 10_000) == 0.25
+def test_a_batch_takes_the_prompts_that_arrive_within_the_window_and_leaves_after_all_their_tokens():
+    front = TextFrontEnd(RATE_S, WINDOW_S, max_batch=3)
+    # both by 0.002 (the first's arrival + the window), fewer than 3: closes at 0.002, leaves after
+    # 10 + 20 tokens at 100 us: 0.002 + 0.003
+    assert front.next_batch(0.0, [(0.0, 10), (0.0, 20)], math.inf) == (2, pytest.approx(0.005, abs=1e-15))
+    # the same with arrivals known only up to 0.001: another could still join by 0.002
+    assert front.next_batch(0.0, [(0.0, 10), (0.0, 20)], 0.001) is None
+    # full at its 3rd prompt (arrived 0.0015): closes then, whatever is known; 60 tokens
+    got = front.next_batch(0.0, [(0.0, 10), (0.001, 20), (0.0015, 30), (0.0018, 5)], 0.0)
+    assert got == (3, pytest.approx(0.0015 + 0.006, abs=1e-15))
+    # a prompt after the deadline settles it: the first alone, 0.002 + 0.001
+    assert front.next_batch(0.0, [(0.0, 10), (0.005, 20)], 0.0) == (1, pytest.approx(0.003, abs=1e-15))
+    # the thread busy until 0.010: it starts then, gathers up to 0.012 (the one at 0.011, not 0.013)
+    got = front.next_batch(0.010, [(0.004, 10), (0.011, 20), (0.013, 5)], math.inf)
+    assert got == (2, pytest.approx(0.012 + 0.003, abs=1e-15))
 
 
 def _facts():
@@ -60,19 +70,21 @@ def _run(front_end, arrivals_and_prompts):
     return [(f.first_scheduled_time, f.finish_time) for f in ordered]
 
 
-def test_requests_reach_the_scheduler_when_the_tokenizer_thread_releases_them_in_arrival_order():
-    # by hand: 10 tokens at 0 -> 0.002 + 0.001 = 0.003; 20 at 0 -> queued, 0.003 + 0.002 = 0.005;
-    # 30 at 0.010 -> the thread idle since 0.005: 0.012 + 0.003 = 0.015. Each then one 1 ms step
-    # (its whole prompt and its one token), the scheduler idle in between.
+def test_requests_reach_the_scheduler_when_their_batch_leaves_the_tokenizer_thread():
+    # by hand: 10 and 20 tokens at 0 form one batch (the next arrives after 0.002): it leaves at
+    # 0.002 + 0.003 = 0.005, both prompts in the step 0.005-0.006 (one token each); 30 at 0.010 ->
+    # the thread idle since 0.005: 0.012 + 0.003 = 0.015, its step 0.015-0.016
     got = _run(TextFrontEnd(RATE_S, WINDOW_S), [(0.0, 10), (0.0, 20), (0.010, 30)])
-    for (scheduled, finished), release in zip(got, (0.003, 0.005, 0.015)):
+    for (scheduled, finished), release in zip(got, (0.005, 0.005, 0.015)):
         assert scheduled == pytest.approx(release, abs=1e-12)
         assert finished == pytest.approx(release + STEP_S, abs=1e-12)
-    # a short prompt behind a long one keeps its place: 100 tokens then 1, both at 0. The first
-    # leaves at 0.002 + 0.010 = 0.012 and runs 0.012-0.013; the second leaves at 0.012 + 0.0001
-    # while that step runs, so it joins the next one, at 0.013
-    (s1, _), (s2, _) = _run(TextFrontEnd(RATE_S, WINDOW_S), [(0.0, 100), (0.0, 1)])
-    assert s1 == pytest.approx(0.012, abs=1e-12) and s2 == pytest.approx(0.013, abs=1e-12)
+    # a short prompt in a long one's batch leaves with it: 100 + 1 tokens -> 0.002 + 0.0101
+    got = _run(TextFrontEnd(RATE_S, WINDOW_S), [(0.0, 100), (0.001, 1)])
+    assert [s for s, _ in got] == [pytest.approx(0.0121, abs=1e-12)] * 2
+    # batches of at most 2, three prompts of 10 at 0: the first two fill one at 0 and leave at
+    # 0.002; the third starts the next at 0.002, closes at 0.004 and leaves at 0.005
+    got = _run(TextFrontEnd(RATE_S, WINDOW_S, max_batch=2), [(0.0, 10), (0.0, 10), (0.0, 10)])
+    assert [s for s, _ in got] == [pytest.approx(t, abs=1e-12) for t in (0.002, 0.002, 0.005)]
 
 
 def test_without_a_front_end_both_requests_share_the_first_step():
@@ -123,3 +135,31 @@ def test_a_bad_rate_in_a_plan_entry_gets_one_line_and_exit_2(tmp_path):
     path.write_text(SMOKE.read_text().replace(ENTRY, ENTRY + BAD_ENTRY))
     code, out, err = run_cli("simulate", str(path), "--out", str(tmp_path / "run"))
     assert code == 2 and out == "" and "plan[1].tokenize_us_per_token" in err and err.count("\n") == 1, err
+
+
+def test_a_simulation_with_the_thread_runs_closed_and_open_loops_and_keeps_each_request_behind_its_tokens(tmp_path):
+    from kvplan.results.run_result import load_run
+    from kvplan.run.sim.run import simulate
+
+    workload = load_workload(SMOKE)  # closed loops of 1, 4 and 8 users and an open loop at 200 requests/s
+    runs = {
+        rate: load_run(
+            simulate(
+                workload,
+                gpu_setup(workload, "llama-3.1-8b", "H100-SXM", step_times="roofline", tokenize_us_per_token=rate),
+                tmp_path / f"run-{rate}",
+                search=False,
+            )
+        ).requests
+        for rate in (0.0, 100.0)
+    }
+    off, on = runs[0.0], runs[100.0]
+    assert len(on) == len(off) > 0 and {r.mode for r in on} == {"closed", "open"}
+    for r in on:  # its own tokens at 100 us each, at the least, before the scheduler sees it
+        assert r.first_scheduled_time >= r.arrival_time + 100e-6 * r.num_prompt_tokens - 1e-12
+    for level in {(r.mode, r.level) for r in on}:  # the thread keeps arrival order
+        mine = sorted((r for r in on if (r.mode, r.level) == level), key=lambda r: r.arrival_time)
+        firsts = [r.first_scheduled_time for r in mine]
+        assert firsts == sorted(firsts)
+    ttft = lambda records: sum(r.token_times[0] - r.arrival_time for r in records) / len(records)  # noqa: E731
+    assert ttft(on) > ttft(off) + 0.002
