@@ -1,6 +1,7 @@
 """A server's tokenizer thread before its scheduler (kvplan.run.sim.cost.TextFrontEnd, vLLM's
-AsyncMicrobatchTokenizer: one thread, batches of prompts that arrive within 2 ms): release times by hand, on the simulator's own backend,
-from ``gpu_setup`` and the plan entry; bad rates are one line and exit 2."""
+AsyncMicrobatchTokenizer: one thread, batches of the prompts that arrive within 2 ms): release times
+by hand, on the simulator's own backend, from ``gpu_setup`` and the plan entry; bad rates are one
+line and exit 2."""
 
 import math
 from pathlib import Path
