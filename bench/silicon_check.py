@@ -61,6 +61,8 @@ INFERENCEX_SOURCES = ("source_file=2026-03-25.csv", "source_file=2026-04-06.csv"
 # --no-marlin: price a recipe's Marlin experts with the database's own kernel (the check before
 # kvplan.sizing.gpus.silicon_marlin); set in main, read by the worker processes through the env
 NO_MARLIN = os.environ.get("KVPLAN_SILICON_NO_MARLIN") == "1"
+# --no-tokenizer: no tokenizer thread before vLLM's queue (the check before it), read as NO_MARLIN is
+NO_TOKENIZER = os.environ.get("KVPLAN_SILICON_NO_TOKENIZER") == "1"
 # InferenceX's warm-up (2 x C requests, drained) from this date on (commit d053ae24e)
 WARMUP_FROM = date(2026, 1, 21)
 MARLIN_FROM = date(2026, 1, 2)
@@ -102,7 +104,12 @@ def row_replay(row: dict) -> dict[str, Any]:
     requests, 2 x C drained warm-ups from WARMUP_FROM on; else fixed lengths, a wave of C
     requests of warm-up, two measured) and its engine flags (an InferenceX vLLM row's recipe where
     RECIPES has it, else max_num_batched_tokens 8192 and max_num_seqs 1024, vLLM V1's default on
-    an 80 GB GPU), with ``said``: the replay in words, printed per row."""
+    an 80 GB GPU), with ``said``: the replay in words, printed per row. InferenceX's client sends
+    its random prompts as text to /v1/completions (SILICON_PROTOCOL.md), so a vLLM row's prompts
+    queue for the API server's tokenizer thread first (kvplan.run.sim.cost.TextFrontEnd at vLLM's
+    documented rate, the same for every such row; ``--no-tokenizer``: none)."""
+    from kvplan.run.sim.cost import VLLM_TOKENIZE_US_PER_TOKEN
+
     c = row["batch_size"]
     flags: dict[str, Any] = {
         "max_num_seqs": max(1024, c),
@@ -119,6 +126,9 @@ def row_replay(row: dict) -> dict[str, Any]:
             "warmup_per_concurrency": warm,
         }
         said.append(f"inferencex 10xC{', warm-up 2xC' if warm else ', no warm-up'}")
+        if row["backend"] == "vllm" and not NO_TOKENIZER:  # the client sends text: vLLM's API server tokenizes it
+            flags["tokenize_us_per_token"] = VLLM_TOKENIZE_US_PER_TOKEN
+            said.append(f"text prompts tokenized at {VLLM_TOKENIZE_US_PER_TOKEN:g} us/token")
         recipe = RECIPES.get((row["preset"], row["gpu"])) if row["backend"] == "vllm" else None
         if recipe is not None:
             flags["max_num_seqs"] = recipe["max_num_seqs"] or c
@@ -195,6 +205,7 @@ def simulate_row(args: tuple[dict, str, Any]) -> dict:
             silicon_fit=silicon_fit,
             fit=roofline_fit,
             moe_kernel=row_replay(row)["flags"].get("moe_kernel", "auto"),
+            tokenize_us_per_token=row_replay(row)["flags"].get("tokenize_us_per_token", 0.0),
         )
         bucket = workload.buckets[0]
         level = Prober(workload, setup.facts, setup.clock, sample(workload, setup.facts).requests).level(
@@ -485,7 +496,14 @@ def main() -> None:
     parser.add_argument(
         "--no-marlin", action="store_true", help="price recipes' Marlin MXFP4 experts with the database's own kernel"
     )
+    parser.add_argument(
+        "--no-tokenizer", action="store_true", help="no tokenizer thread before vLLM's queue on text-prompt rows"
+    )
     args = parser.parse_args()
+    if args.no_tokenizer:
+        global NO_TOKENIZER
+        NO_TOKENIZER = True
+        os.environ["KVPLAN_SILICON_NO_TOKENIZER"] = "1"
     if args.no_marlin:
         global NO_MARLIN
         NO_MARLIN = True

@@ -74,6 +74,13 @@ def simulate(
             " backend and model, else the roofline), silicon, roofline."
         ),
     ] = "auto",
+    tokenize_us_per_token: Annotated[
+        float,
+        typer.Option(
+            help="On --gpu, the server's tokenizer thread, us per prompt token, for a client that sends text"
+            " prompts: each request queues for it before the scheduler (vLLM's: 3.3, measured; 0: none)."
+        ),
+    ] = 0.0,
     replay: Annotated[
         Path | None,
         typer.Option(
@@ -119,6 +126,7 @@ def simulate(
         ep=ep,
         step_times=step_times,
         dp=dp,
+        tokenize_us_per_token=tokenize_us_per_token,
     )
     warn([note for s in (setup, *plan) for note in s.notes], spec.source)
     if calibrated is not None and not (json_output or quiet):

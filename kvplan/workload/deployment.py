@@ -158,6 +158,15 @@ class Deployment(StrictModel):
         " (MXFP4 experts on Marlin's W4A16 kernels, as vLLM runs them with ``VLLM_MXFP4_USE_MARLIN=1``;"
         " docs/simulate.md).",
     )
+    tokenize_us_per_token: float = Field(
+        0.0,
+        ge=0,
+        allow_inf_nan=False,
+        description="The server's tokenizer thread, us per prompt token, for clients that send text prompts:"
+        " each request queues for it, first in first out, after a 2 ms wait, before the scheduler's queue"
+        " (vLLM's AsyncMicrobatchTokenizer; 3.3 measured on the o200k vocabulary, docs/simulate.md); 0: none."
+        " Not simulated on a disaggregated entry.",
+    )
 
     disagg: Disagg | None = Field(
         None,

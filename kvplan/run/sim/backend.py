@@ -15,10 +15,14 @@ therefore the engine's own; only time is modelled::
 A request's tokens all "reach the client" at the end of the step that produced them, as in the
 engine. Where the clock has a ``submit_lag_s`` (a server's front end), a request joins the
 scheduler's waiting queue that long after its arrival (its TTFT still counts from the arrival);
-an idle scheduler waits for it. Requests run with ignore_eos, so each produces exactly max_tokens tokens.
+an idle scheduler waits for it. Where the clock has a ``front_end`` (kvplan.run.sim.cost.TextFrontEnd:
+a server's tokenizer thread), a request first waits for that thread's batch to leave it, then takes
+the lag; a batch is settled once no request still to come could join it (every arrival before the
+driver's ``until`` is submitted, and a busy scheduler's completions come after ``now``).
+Requests run with ignore_eos, so each produces exactly max_tokens tokens.
 
 Arrivals during a decode run: while ``max_num_seqs`` requests run (and no admission policy,
-offload tier or front-end lag is on) on a clock whose steps follow each other with no gap (an
+offload tier, front-end lag or tokenizer thread is on) on a clock whose steps follow each other with no gap (an
 arrival in a gap would delay the next step's start to it: the GPU targets' cost models have
 none), an arrival only joins the waiting queue until a request finishes, which ends the run
 anyway: every step up to then is the same whether it came or not, but for its ``num_waiting``.
@@ -30,10 +34,12 @@ parts, each ending before the step the next arrival joins, with the queue's leng
 
 from __future__ import annotations
 
+import math
 from bisect import bisect_left
 from collections import deque
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
+from itertools import islice
 from operator import attrgetter
 from typing import Any, cast
 
@@ -46,7 +52,7 @@ from engine.request import Request, SamplingParams
 from engine.scheduler import Scheduler
 from kvplan.results.run_result import EngineFacts
 from kvplan.run.driver import Finished, Submission
-from kvplan.run.sim.cost import ModelClock, StepClock, StepWork, decode_work
+from kvplan.run.sim.cost import ModelClock, StepClock, StepWork, TextFrontEnd, decode_work
 
 _REQUEST_ID = attrgetter("request_id")
 
@@ -105,6 +111,9 @@ class SimBackend:
         self.num_steps = 0
         self._level: str | None = None
         self._lag = float(getattr(clock, "submit_lag_s", 0.0))
+        self._front_end: TextFrontEnd | None = getattr(clock, "front_end", None)
+        self._front_end_free_s = 0.0  # when the tokenizer thread's last batch left it
+        self._tokenizing: deque[tuple[float, int, Request]] = deque()  # (arrival, prompt tokens, request)
         self._pending: deque[tuple[float, Request]] = deque()  # (when it reaches the scheduler, request)
 
     def now(self) -> float:
@@ -119,6 +128,7 @@ class SimBackend:
             and scheduler.admission is None
             and scheduler.block_manager.offload is None
             and not self._lag
+            and self._front_end is None  # a tokenizer thread's batches are settled at each step
             and type(self.clock) is ModelClock
             and not self.clock.cost.gap_s  # else an arrival in the gap before a step delays it
         )
@@ -159,7 +169,9 @@ class SimBackend:
             submission.cache_salt,
             submission.tenant,
         )
-        if self._lag > 0:
+        if self._front_end is not None:  # batches leave in arrival order: _pending stays in time order
+            self._tokenizing.append((arrival, len(submission.prompt_token_ids), request))
+        elif self._lag > 0:
             self._pending.append((arrival + self._lag, request))  # arrivals come in time order
         else:
             self.scheduler.add_request(request, self.now_s)
@@ -168,11 +180,36 @@ class SimBackend:
                     f"simulation: {submission.request_id} can never run (finished on arrival) during a decode run"
                 )
 
+    def _tokenize(self, until: float | None, idle: bool) -> float | None:
+        """Settle the tokenizer thread's batches that nothing still to come can join (into
+        ``_pending``); the deadline of the first one still open, where it could leave before
+        ``until``, else ``until``."""
+        front, waiting = self._front_end, self._tokenizing
+        assert front is not None  # only called with a front end
+        next_arrival = math.inf if until is None else until
+        known = next_arrival if idle else min(self.now_s, next_arrival)  # every arrival up to it submitted
+        while waiting:
+            window = islice(((a, n) for a, n, _ in waiting), front.max_batch + 1)
+            batch = front.next_batch(self._front_end_free_s, window, known)
+            if batch is None:  # still open: it closes by its deadline
+                if idle:  # nothing happens before the next arrival (open until then: until <= deadline)
+                    self.now_s = max(self.now_s, next_arrival)
+                    return until
+                deadline = max(self._front_end_free_s, waiting[0][0]) + front.window_s
+                return deadline if deadline < next_arrival else until
+            count, self._front_end_free_s = batch
+            for _ in range(count):
+                self._pending.append((self._front_end_free_s + self._lag, waiting.popleft()[2]))
+        return until
+
     def _take_pending(self, until: float | None) -> float | None:
         """Hand the scheduler the requests that reached it by now (an idle one waits for the
         next); the earlier of ``until`` and the next one still on its way."""
         pending, scheduler = self._pending, self.scheduler
-        if pending and not (scheduler.running or scheduler.waiting or scheduler.has_untaken_finished()):
+        idle = not (scheduler.running or scheduler.waiting or scheduler.has_untaken_finished())
+        if self._tokenizing:
+            until = self._tokenize(until, idle and not pending)
+        if pending and idle:
             self.now_s = max(self.now_s, pending[0][0])
         while pending and pending[0][0] <= self.now_s:
             scheduler.add_request(pending.popleft()[1], self.now_s)
@@ -186,7 +223,7 @@ class SimBackend:
         take."""
         if self._ahead is not None:
             return self._ahead_part(until)
-        if self._pending:
+        if self._pending or self._tokenizing:
             until = self._take_pending(until)
         batch = self._batch
         if self.decode_runs and not batch.runs_ruled_out():

@@ -35,6 +35,7 @@ def setups_for(
     ep: int = 1,
     step_times: str = "auto",
     dp: int = 1,
+    tokenize_us_per_token: float = 0.0,
 ) -> tuple[SimSetup, tuple[SimSetup, ...], Calibrated | None]:
     """(the setup to simulate, the plan targets to answer for, the calibration fitted on
     ``calibrate`` if given). Options are named by their fields. The setup's notes carry one line
@@ -76,6 +77,7 @@ def setups_for(
                 ("ep", ep, 1),
                 ("dp", dp, 1),
                 ("step_times", step_times, "auto"),
+                ("tokenize_us_per_token", tokenize_us_per_token, 0.0),
             )
             if value != default
         ]
@@ -104,6 +106,7 @@ def setups_for(
         ep=ep,
         step_times=step_times,
         dp=dp,
+        tokenize_us_per_token=tokenize_us_per_token,
     )
     return _unplanned(setup, workload, "--model/--gpu"), (), None
 

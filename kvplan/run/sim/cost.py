@@ -9,7 +9,9 @@ clock asks a ``StepClock`` when the next step starts and ends::
 
 A server's front end (HTTP, input processing, the hand-off to its engine loop, the stream back)
 is no step: a clock's ``submit_lag_s`` is the seconds a request takes from its client's send to
-the server's scheduler (and its tokens back), 0 for the bundled engine stepped in process.
+the server's scheduler (and its tokens back), 0 for the bundled engine stepped in process. A
+server that tokenizes text prompts on one thread adds a queue before that: a clock's
+``front_end`` (``TextFrontEnd``; None for the bundled engine, which is sent token ids).
 
 ``ModelClock`` is that clock for any cost model (the calibrated one, the GPU roofline);
 ``kvplan.run.sim.replay.ReplayClock`` replays a measured run's own step times instead. A server's
@@ -23,6 +25,7 @@ from __future__ import annotations
 
 import random
 import zlib
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -132,6 +135,62 @@ class StepJitter:
         return q[i] + (x - i) * (q[i + 1] - q[i])
 
 
+# vLLM's API server tokenizes every text prompt on one thread (AsyncMicrobatchTokenizer,
+# vllm/utils/async_utils.py, vllm PR #19334: max_batch_size 32, batch_wait_timeout_s 0.002; vllm
+# issue #25301: the cost is linear in the prompt and serialized under load). The rate: transformers'
+# tokenizer call one prompt at a time on the o200k vocabulary (gpt-oss), 3.1-3.5 us per prompt token
+# on prompts drawn as the random dataset draws them, timed on a 2-CPU Xeon VM on 2026-12-06
+# (docs/benchmarks.md#silicon-check); the serving host's own is unknown.
+VLLM_TOKENIZE_US_PER_TOKEN = 3.3
+VLLM_TOKENIZE_WINDOW_S = 0.002
+VLLM_TOKENIZE_MAX_BATCH = 32
+
+
+@dataclass(frozen=True)
+class TextFrontEnd:
+    """A server's one tokenizer thread before its scheduler's queue, as vLLM's
+    ``AsyncMicrobatchTokenizer`` runs it: the thread, free at ``free``, takes the first prompt
+    waiting (arrived at ``a_1``) at ``t0 = max(free, a_1)``, gathers the next ones in arrival order
+    that arrive by ``t0 + window_s``, at most ``max_batch`` in all, and encodes them in one call::
+
+        closes   at the max_batch-th one's arrival (not before t0) when it fills, else at t0 + window_s
+        leaves   close + s_per_token x (the batch's prompt tokens): every prompt of the batch together
+
+    The encode call costs its tokens one after another (a host whose tokenizer splits a batch over
+    cores is faster). ``s_per_token`` >= 0, s per prompt token; ``window_s`` >= 0;
+    ``max_batch`` >= 1."""
+
+    s_per_token: float
+    window_s: float = VLLM_TOKENIZE_WINDOW_S
+    max_batch: int = VLLM_TOKENIZE_MAX_BATCH
+
+    def next_batch(
+        self, free_s: float, waiting: Iterable[tuple[float, int]], horizon_s: float
+    ) -> tuple[int, float] | None:
+        """The thread's next call over ``waiting`` ((arrival s, prompt tokens) in arrival order, at
+        least one): (how many of the first ones it encodes, when they leave it, s); None while a
+        prompt not yet known could still join it (every arrival up to ``horizon_s`` is known)."""
+        waiting = iter(waiting)
+        first, tokens = next(waiting)
+        t0 = max(free_s, first)
+        deadline = t0 + self.window_s
+        count, last, later = 1, first, False
+        for arrival, num_tokens in waiting:
+            if count == self.max_batch:
+                break
+            if arrival > deadline:
+                later = True  # one arrived after the deadline: nobody else can join
+                break
+            count, tokens, last = count + 1, tokens + num_tokens, arrival
+        if count == self.max_batch:
+            close = max(t0, last)
+        elif later or deadline <= horizon_s:
+            close = deadline
+        else:
+            return None
+        return count, close + tokens * self.s_per_token
+
+
 class ModelClock:
     """A ``StepClock`` from a cost model: each step starts ``gap_s`` after the previous one ended
     (arrivals until then join it) and lasts ``step_seconds(work)``; requests reach the scheduler
@@ -140,11 +199,20 @@ class ModelClock:
     (kvplan.sizing.gpus.offload.TierLinks), a step that loads blocks back from offload tiers lasts
     their ``load_seconds`` longer: the loads are on its critical path (stores are not). With
     ``jitter`` (a server's calibration), each step lasts its model's seconds plus a drawn residual,
-    at least 0, drawn once per step taken in the order the steps are taken."""
+    at least 0, drawn once per step taken in the order the steps are taken. With ``front_end``
+    (``TextFrontEnd``), each request first queues for the server's tokenizer thread."""
 
-    def __init__(self, cost: CostModel, submit_lag_s: float = 0.0, links: Any = None, jitter: StepJitter | None = None):
+    def __init__(
+        self,
+        cost: CostModel,
+        submit_lag_s: float = 0.0,
+        links: Any = None,
+        jitter: StepJitter | None = None,
+        front_end: TextFrontEnd | None = None,
+    ):
         self.cost = cost
         self.submit_lag_s = submit_lag_s
+        self.front_end = front_end
         self.links = links
         self.jitter = jitter
         self._rng: random.Random | None = None

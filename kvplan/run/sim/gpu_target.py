@@ -17,13 +17,14 @@ Prompts are the workload's own, tokenised by the engine section's model.
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 from typing import Any
 
 from kvplan.errors import KvplanError
 from kvplan.results.run_result import EngineFacts
 from kvplan.results.simulated import CostModelInfo
-from kvplan.run.sim.cost import ModelClock
+from kvplan.run.sim.cost import VLLM_TOKENIZE_US_PER_TOKEN, ModelClock, TextFrontEnd
 from kvplan.run.sim.facts import offload_blocks
 from kvplan.run.sim.setups import SimSetup
 from kvplan.sizing import dtypes
@@ -58,6 +59,7 @@ def gpu_setup(
     silicon_fit=None,
     dp: int = 1,
     moe_kernel: str = "auto",
+    tokenize_us_per_token: float = 0.0,
 ) -> SimSetup:
     """Simulate ``model`` on ``tp`` GPUs ``gpu`` under the workload's scheduler limits; ``dp`` > 1:
     an instance of ``tp x dp`` GPUs with attention data parallel ``dp`` (kvplan.sizing.gpus.data_parallel:
@@ -70,15 +72,19 @@ def gpu_setup(
     ``silicon`` (an error where not covered) or ``roofline``. silicon_fit: the silicon model's
     correction (kvplan.sizing.gpus.silicon.SiliconFit); default the backend's fitted one.
     moe_kernel: ``auto`` or ``marlin`` (MXFP4 experts on Marlin, as ``VLLM_MXFP4_USE_MARLIN=1``
-    runs them; silicon step times only: kvplan.sizing.gpus.silicon_marlin).
+    runs them; silicon step times only: kvplan.sizing.gpus.silicon_marlin). tokenize_us_per_token:
+    the server's tokenizer thread, us per prompt token, where its client sends text prompts
+    (kvplan.run.sim.cost.TextFrontEnd; vLLM's: ``VLLM_TOKENIZE_US_PER_TOKEN``); 0: off.
 
     Raises:
         KvplanError: an unknown model or GPU, a GPU without FLOP/s and bandwidth figures (``gpu``),
             a bad tp, dp, ep or dtype, an unknown backend or backend version, a model that leaves no
-            KV budget on that GPU, or ``step_times: silicon`` on a target the database lacks.
+            KV budget on that GPU, ``step_times: silicon`` on a target the database lacks, or a
+            ``tokenize_us_per_token`` below 0 or not finite.
     """
     from kvplan.sizing.gpus import silicon, silicon_db
 
+    front_end = text_front_end(tokenize_us_per_token)
     if tp < 1:
         raise KvplanError("tp", f"must be >= 1 (got {tp})")
     perf = lookup_gpu_perf(gpu)
@@ -210,9 +216,17 @@ def gpu_setup(
     if facts.offload_host_blocks or facts.offload_disk_blocks:  # loads priced over the system's links
         links = tier_links(perf.name, block_bytes)
         info = info.model_copy(update={"description": f"{info.description}; {links.describe()}"})
+    if front_end is not None:
+        info = info.model_copy(
+            update={
+                "description": f"{info.description}; text prompts tokenized on one thread, "
+                f"{tokenize_us_per_token:g} us per prompt token after a {front_end.window_s * 1e3:g} ms wait",
+                "parameters": {**info.parameters, "tokenize_us_per_token": tokenize_us_per_token},
+            }
+        )
     return SimSetup(
         facts,
-        lambda: ModelClock(cost, links=links),
+        lambda: ModelClock(cost, links=links, front_end=front_end),
         info,
         target=target,
         gpu=perf.name,
@@ -223,6 +237,21 @@ def gpu_setup(
         backend=backend,
         dp=dp,
     )
+
+
+def text_front_end(us_per_token: float) -> TextFrontEnd | None:
+    """The tokenizer thread of ``us_per_token`` us per prompt token (None for 0: off).
+
+    Raises:
+        KvplanError: a rate below 0 or not finite (``tokenize_us_per_token``).
+    """
+    if not math.isfinite(us_per_token) or us_per_token < 0:
+        raise KvplanError(
+            "tokenize_us_per_token",
+            f"must be a finite number >= 0 (got {us_per_token})",
+            f"give us per prompt token, such as {VLLM_TOKENIZE_US_PER_TOKEN} (vLLM's, measured), or 0 for none",
+        )
+    return TextFrontEnd(us_per_token * 1e-6) if us_per_token > 0 else None
 
 
 def plan_setups(workload: Workload) -> tuple[list[SimSetup], list[str]]:
@@ -241,6 +270,8 @@ def plan_setups(workload: Workload) -> tuple[list[SimSetup], list[str]]:
         try:
             if entry.disagg is not None:
                 setups.append(disagg_setup(workload, entry, f"plan[{i}]"))
+                if entry.tokenize_us_per_token:
+                    notes.append(f"plan[{i}]: tokenize_us_per_token is not simulated on a disaggregated entry")
                 continue
             setups.append(
                 gpu_setup(
@@ -256,6 +287,7 @@ def plan_setups(workload: Workload) -> tuple[list[SimSetup], list[str]]:
                     ep=entry.ep,
                     dp=entry.dp,
                     moe_kernel=entry.moe_kernel,
+                    tokenize_us_per_token=entry.tokenize_us_per_token,
                 )
             )
         except KvplanError as err:
