@@ -22,8 +22,8 @@ driver's ``until`` is submitted, and a busy scheduler's completions come after `
 Requests run with ignore_eos, so each produces exactly max_tokens tokens.
 
 Arrivals during a decode run: while ``max_num_seqs`` requests run (and no admission policy,
-offload tier, front-end lag or tokenizer thread is on) on a clock whose steps follow each other with no gap (an
-arrival in a gap would delay the next step's start to it: the GPU targets' cost models have
+offload tier, front-end lag or tokenizer thread is on) on a clock whose steps follow each other
+with no gap (an arrival in a gap would delay the next step's start to it: the GPU targets' cost models have
 none), an arrival only joins the waiting queue until a request finishes, which ends the run
 anyway: every step up to then is the same whether it came or not, but for its ``num_waiting``.
 So such a run is taken whole, to its end, at once (``_ahead``), and handed to the driver in
