@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from kvplan.run.sim import brackets, search
+from kvplan.run.sim.calibration import store as calibrations
 from kvplan.run.sim.cli_setup import setups_for
 from kvplan.run.sim.run import sample
 from kvplan.run.sim.search import Prober, knee_clock
@@ -143,9 +144,12 @@ def test_a_queue_that_cannot_bind_is_searched_at_its_limit_first_with_the_same_a
 @pytest.mark.smollm2
 @pytest.mark.parametrize("gpu", [{}, {"model": "llama-3.1-8b", "gpu": "L4"}])
 def test_the_steered_searches_give_the_plain_searches_answers_on_chat_yaml_with_fewer_levels(monkeypatch, gpu):
-    """chat.yaml on its own engine (knees 9 and 2, max concurrency 15 and 2) and on an L4 (the
-    SLO past max_num_seqs): every answer, its edge and the levels' summaries equal the plain
-    searches', from fewer simulated levels (brackets.steered)."""
+    """chat.yaml on its own engine (knees 9 and 2, max concurrency 15 and 2 with the Xeon's shipped
+    calibration, pinned: the default is the machine's own, whose step times set the SLO answers) and
+    on an L4 (the SLO past max_num_seqs): every answer, its edge and the levels' summaries equal the
+    plain searches', from fewer simulated levels (brackets.steered)."""
+    xeon = calibrations.load(calibrations.DATA_DIR / "smollm2-135m-bf16-cpu-xeon.json")
+    monkeypatch.setattr(calibrations, "default_for", lambda workload: xeon)
     workload, setup, _ = _prober(CHAT, **gpu)
     sampled = sample(workload, setup.facts).requests
     counted: list[tuple] = []
