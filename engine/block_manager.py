@@ -181,6 +181,13 @@ class BlockManager:
         if self.offload is not None:
             return self._find_in_tiers(request, self.offload)
         hits: list[int] = []
+        if self._heads is not None and request.num_tokens > self.block_size:
+            # deferring: the first block alone says whether the request is the only one of its
+            # class (an open Chain: no block of the class is cached, as it holds none yet; its
+            # other blocks are hashed only where a settle needs them, engine.deferred_hashes)
+            self._block_hashes(request, self.block_size)
+            if request.request_id in self._open:
+                return hits
         hashes = self._block_hashes(request, request.num_tokens - 1)
         if hashes and self._heads is not None and (chain := self._heads.get(hashes[0])) is not None and chain.live:
             deferred.settle(self, chain)  # its owner back from a preemption: the blocks it left

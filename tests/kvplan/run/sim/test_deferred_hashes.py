@@ -108,3 +108,31 @@ def test_a_deferred_block_taken_for_new_content_is_an_eviction():
     assert bm.allocate("b", 16 * 2)  # the whole pool: 13 never used, then a's 3 (evicted)
     assert bm.num_evictions == 3 and bm._cached == {}
     assert all(b.block_hash is None for b in bm.blocks.values())
+
+
+def test_the_only_request_of_its_class_hashes_its_first_block_alone():
+    """A lookup by the first request of a class hashes block 0 only (nothing of the class can be
+    cached); its prompt's other blocks are entered deferred and hashed when a second request of
+    the class looks them up, as the engine would have hashed them (hand-chained)."""
+    from engine.block_manager import hash_block
+
+    bm = BlockManager(16, 2)
+    bm.defer_hashes()
+    prompt = [1, 2, 3, 4, 5, 6, 7]
+    a = request("a", prompt)
+    a.num_computed_tokens = 0
+    assert bm.find_cached_prefix(a) == [] and bm.num_hashed(a) == 1
+    assert bm.find_cached_prefix(a) == [] and bm.num_hashed(a) == 1  # waiting still: the same
+    assert bm.allocate("a", 7)
+    a.num_computed_tokens = 7
+    bm.cache_computed_blocks(a)  # block 0 with its hash, blocks 1-2 deferred
+    table = bm.block_table("a")
+    assert [isinstance(bm.blocks[b].block_hash, Chain) for b in table] == [False, True, True, False]
+    h0 = hash_block(None, [1, 2], "salt")
+    h1 = hash_block(h0, [3, 4], None)
+    h2 = hash_block(h1, [5, 6], None)
+    assert bm._cached == {h0: table[0]}
+    b = request("b", prompt)
+    assert bm.find_cached_prefix(b) == list(table[:3])  # a's lookup-free prompt blocks, hashed now
+    assert bm._cached == {h0: table[0], h1: table[1], h2: table[2]}
+    assert bm._hashes["b"] == [h0, h1, h2]
