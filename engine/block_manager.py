@@ -337,12 +337,21 @@ class BlockManager:
         in this order: the blocks ``allocate`` would give them one request after another, for
         each a block past its last (a request named k times gets k blocks, in order). All or
         nothing: False, changing nothing, when fewer blocks than names are free."""
-        if len(request_ids) > self.num_free_blocks:
+        num = len(request_ids)
+        if num > self.num_free_blocks:
             return False
+        taken, tables = self._take_free(num), self._tables
+        names = [*dict.fromkeys(request_ids)]  # each once, in the order first named
+        cycle = len(names)
+        if [*request_ids[:cycle]] == names and request_ids[cycle:] == request_ids[: num - cycle]:
+            # the names cycle (a decode run's stretches: each request once per block_size steps):
+            # the k-th named gets every cycle-th block from its first (a slice, not a loop per block)
+            for first, request_id in enumerate(names):
+                tables[request_id] += taken[first::cycle]
+            return True
         grown: dict[str, list[int]] = {}
-        for request_id, block_id in zip(request_ids, self._take_free(len(request_ids))):
+        for request_id, block_id in zip(request_ids, taken):
             grown.setdefault(request_id, []).append(block_id)
-        tables = self._tables
         for request_id, block_ids in grown.items():  # a table is copied once, however many it gets
             tables[request_id] += tuple(block_ids)
         return True
