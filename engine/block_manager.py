@@ -28,18 +28,17 @@ from __future__ import annotations
 
 import hashlib
 from array import array
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Mapping, Sequence
 from itertools import islice, repeat
 from types import MappingProxyType
 from typing import Any
 
 from engine import deferred_hashes as deferred
+from engine.block_hash import _hash_bytes, hash_block  # noqa: F401 - hash_block: imported from here too
 from engine.block_view import Blocks
 from engine.offload.tiers import Offload
 from engine.request import Request
-
-_NO_PARENT = b"\0" * 16  # the first block's parent hash
 
 
 class PrefixHits(list):
@@ -50,19 +49,6 @@ class PrefixHits(list):
 
 
 _NO_OFFLOAD: dict[str, Any] = {}
-
-
-def hash_block(parent: bytes | None, token_ids: list[int] | tuple[int, ...], extra: str | None) -> bytes:
-    """16-byte chained hash of one full block (blake2b over parent hash, int64 token ids, extra key)."""
-    return _hash_bytes(parent, array("q", token_ids).tobytes(), extra)
-
-
-def _hash_bytes(parent: bytes | None, token_bytes: bytes, extra: str | None) -> bytes:
-    """``hash_block`` of a block whose token ids are already int64 bytes."""
-    data = (parent or _NO_PARENT) + token_bytes
-    if extra is not None:
-        data += b"\x01salt:" + extra.encode()
-    return hashlib.blake2b(data, digest_size=16).digest()
 
 
 class BlockManager:
@@ -365,12 +351,19 @@ class BlockManager:
         self._next_unused += num_fresh
         refs.extend(repeat(1, num_fresh))  # the lists by id grow with the never-used ids taken
         block_hash_of.extend(repeat(None, num_fresh))
-        taken = [*range(first, first + num_fresh)]
-        popitem, cached, offload = self._free.popitem, self._cached, self.offload
-        for _ in range(num - num_fresh):
-            block_id = popitem(last=False)[0]
-            block_hash = block_hash_of[block_id]
-            if block_hash is not None:
+        num_old = num - num_fresh
+        if num_old <= 0:
+            return (*range(first, first + num_fresh),)
+        free = self._free
+        old = [*islice(free, num_old)]  # the least recently freed, taken in one pass each (C loops)
+        deque(map(free.__delitem__, old), maxlen=0)  # each map runs in C, keeping nothing
+        deque(map(refs.__setitem__, old, repeat(1)), maxlen=0)
+        hashes = [*map(block_hash_of.__getitem__, old)]
+        if hashes.count(None) < num_old:  # some are cached: evicted in the queue's order
+            cached, offload = self._cached, self.offload
+            for block_id, block_hash in zip(old, hashes):
+                if block_hash is None:
+                    continue
                 if offload is not None:  # stored before the block is reused (OFFLOAD.md rule 2)
                     offload.evicted(block_id, block_hash)
                 if block_hash.__class__ is bytes:
@@ -381,9 +374,7 @@ class BlockManager:
                         deferred.release(block_hash)
                 block_hash_of[block_id] = None
                 self.num_evictions += 1
-            refs[block_id] = 1
-            taken.append(block_id)
-        return tuple(taken)
+        return (*range(first, first + num_fresh), *old)
 
     def free(self, request_id: str, forget: bool = True) -> None:
         """Release the request's blocks (finish, abort, preemption). ``forget=False`` keeps its
@@ -391,8 +382,12 @@ class BlockManager:
         self._num_checked.pop(request_id, None)
         if (chain := self._open.pop(request_id, None)) is not None:
             chain.open = False  # preempted or done: from now on it hashes (its deferred blocks stay)
-        refs, queue = self._refs, self._free
-        for block_id in reversed(self._tables.pop(request_id, ())):
+        refs, queue, table = self._refs, self._free, self._tables.pop(request_id, ())
+        if [*map(refs.__getitem__, table)].count(1) == len(table):  # none shared: all join, tail first
+            deque(map(refs.__setitem__, table, repeat(0)), maxlen=0)
+            queue.update(zip(reversed(table), repeat(None)))
+            table = ()
+        for block_id in reversed(table):
             left = refs[block_id] - 1
             refs[block_id] = left
             if not left:
