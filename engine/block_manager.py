@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import hashlib
 from array import array
-from collections import OrderedDict, deque
+from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from itertools import islice, repeat
 from types import MappingProxyType
@@ -355,9 +355,10 @@ class BlockManager:
         if num_old <= 0:
             return (*range(first, first + num_fresh),)
         free = self._free
-        old = [*islice(free, num_old)]  # the least recently freed, taken in one pass each (C loops)
-        deque(map(free.__delitem__, old), maxlen=0)  # each map runs in C, keeping nothing
-        deque(map(refs.__setitem__, old, repeat(1)), maxlen=0)
+        old = [*islice(free, num_old)]  # the least recently freed
+        for block_id in old:
+            del free[block_id]
+            refs[block_id] = 1
         hashes = [*map(block_hash_of.__getitem__, old)]
         if hashes.count(None) < num_old:  # some are cached: evicted in the queue's order
             cached, offload = self._cached, self.offload
@@ -382,12 +383,8 @@ class BlockManager:
         self._num_checked.pop(request_id, None)
         if (chain := self._open.pop(request_id, None)) is not None:
             chain.open = False  # preempted or done: from now on it hashes (its deferred blocks stay)
-        refs, queue, table = self._refs, self._free, self._tables.pop(request_id, ())
-        if [*map(refs.__getitem__, table)].count(1) == len(table):  # none shared: all join, tail first
-            deque(map(refs.__setitem__, table, repeat(0)), maxlen=0)
-            queue.update(zip(reversed(table), repeat(None)))
-            table = ()
-        for block_id in reversed(table):
+        refs, queue = self._refs, self._free
+        for block_id in reversed(self._tables.pop(request_id, ())):
             left = refs[block_id] - 1
             refs[block_id] = left
             if not left:

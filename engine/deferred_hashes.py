@@ -25,8 +25,6 @@ from __future__ import annotations
 
 import hashlib
 from array import array
-from collections import deque
-from itertools import repeat
 from typing import Any
 
 from engine.request import Request
@@ -70,12 +68,7 @@ def defer(bm: Any, chain: Chain, table: tuple[int, ...], start: int, stop: int) 
     block_hash_of = bm._block_hash
     if not chain.end:
         chain.first = start
-    filled = table[start:stop]
-    if len(filled) > 1 and [*map(block_hash_of.__getitem__, filled)].count(None) == len(filled):
-        deque(map(block_hash_of.__setitem__, filled, repeat(chain)), maxlen=0)  # none cached: all marked, in C
-        chain.live += len(filled)
-        filled = ()
-    for block_id in filled:
+    for block_id in table[start:stop]:
         if block_hash_of[block_id] is None:  # as cache_computed_blocks: a block cached already stays as it is
             block_hash_of[block_id] = chain
             chain.live += 1
