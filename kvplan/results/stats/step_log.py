@@ -64,8 +64,9 @@ class StepLog:
         parts = self._parts
         start = _floats(chain.from_iterable(p.starts if is_run(p) else (s.start_time for s in p) for p in parts))
         end = _floats(chain.from_iterable(p.ends if is_run(p) else (s.end_time for s in p) for p in parts))
-        used = _joined([_run_used(p) if is_run(p) else _ints(s.num_used_blocks for s in p) for p in parts])
-        held = _joined([_run_used(p) if is_run(p) else _ints(map(_held, p)) for p in parts])
+        used_parts = [_run_used(p) if is_run(p) else _ints(s.num_used_blocks for s in p) for p in parts]
+        used = _joined(used_parts)  # a run's blocks held during each step are those in use after it
+        held = _joined([u if is_run(p) else _ints(map(_held, p)) for p, u in zip(parts, used_parts)])
 
         def column(name: str, in_run: Any) -> np.ndarray:
             """Field ``name`` of every step; ``in_run(run)``: its value all through a run."""
