@@ -43,7 +43,7 @@ from itertools import islice
 from operator import attrgetter
 from typing import Any, cast
 
-from engine.config import EngineConfig
+from engine.config import SEED_LIMIT, EngineConfig
 from engine.decode_run import SIMULATED_TOKEN_ID, decode_run
 from engine.decode_step import DecodeBatch, DecodeStep
 from engine.offload.tiers import Offload
@@ -110,6 +110,7 @@ class SimBackend:
         self.now_s = 0.0
         self.num_steps = 0
         self._level: str | None = None
+        self._checked: dict[int, SamplingParams] = {}  # max_tokens -> its params, checked once (_params)
         self._lag = float(getattr(clock, "submit_lag_s", 0.0))
         self._front_end: TextFrontEnd | None = getattr(clock, "front_end", None)
         self._front_end_free_s = 0.0  # when the tokenizer thread's last batch left it
@@ -154,12 +155,7 @@ class SimBackend:
         if level != self._level:
             self._level = level
             self.clock.begin_level(level, self.now_s)
-        params = SamplingParams(
-            max_tokens=submission.max_tokens,
-            ignore_eos=True,
-            seed=submission.seed,
-            forced_token_ids=submission.output_token_ids,
-        )
+        params = self._params(submission.max_tokens, submission.seed, submission.output_token_ids)
         arrival = self.now_s if submission.arrival_time is None else submission.arrival_time
         request = Request(
             submission.request_id,
@@ -179,6 +175,21 @@ class SimBackend:
                 raise RuntimeError(  # the load test's request checks rule this out (kvplan.run.checks)
                     f"simulation: {submission.request_id} can never run (finished on arrival) during a decode run"
                 )
+
+    def _params(self, max_tokens: int, seed: int | None, forced: tuple[int, ...] | None) -> SamplingParams:
+        """``SamplingParams(max_tokens, ignore_eos=True, seed, forced)``, its checks run once per
+        int ``max_tokens`` (a level sends thousands of requests with a handful of lengths); a seed
+        other than None or an int in [0, SEED_LIMIT), or forced tokens, go through them every time,
+        so what they refuse is refused as before. Raises: ValueError, as SamplingParams does."""
+        checked = self._checked.get(max_tokens) if forced is None and type(max_tokens) is int else None
+        if checked is None or not (seed is None or (type(seed) is int and 0 <= seed < SEED_LIMIT)):
+            params = SamplingParams(max_tokens=max_tokens, ignore_eos=True, seed=seed, forced_token_ids=forced)
+            if forced is None and type(max_tokens) is int and max_tokens not in self._checked:
+                self._checked[max_tokens] = params
+            return params
+        params = object.__new__(SamplingParams)  # frozen: filled through its __dict__, checked as above
+        params.__dict__.update(checked.__dict__, seed=seed)
+        return params
 
     def _tokenize(self, until: float | None, idle: bool) -> float | None:
         """Settle the tokenizer thread's batches that nothing still to come can join (into

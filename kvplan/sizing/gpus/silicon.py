@@ -167,7 +167,7 @@ def silicon_cost(
         return "no aiconfigurator model config has this model's shape"
     source = SiliconSource(system, backend, version, model_path)
     try:
-        handle, context_ops, generation_ops, experts = _engine(
+        handle, context_ops, generation_ops, experts, memo = _engine(
             source,
             tp,
             ep,
@@ -188,7 +188,7 @@ def silicon_cost(
         return f"aiconfigurator-core cannot price it ({type(err).__name__}: {_short(str(err))})"
     layers = int(config.get("num_hidden_layers") or 0)
     fit = fit or silicon_fit(backend)
-    return SiliconStepCost(source, handle, context_ops, generation_ops, fit, layers, experts)
+    return SiliconStepCost(source, handle, context_ops, generation_ops, fit, layers, experts, memo)
 
 
 class SiliconStepCost:
@@ -198,7 +198,8 @@ class SiliconStepCost:
     ``num_layers`` layers (what the fit's layer overhead multiplies). ``experts``: a
     kvplan.sizing.gpus.silicon_marlin.MarlinExperts pricing the MoE experts at a step's tokens in
     place of the database's own MoE operation (left out of the ops), or None. ``gap_s`` is 0: the
-    serving loop's own cost is the fitted step overhead."""
+    serving loop's own cost is the fitted step overhead. ``memo``: (kind, *shape) -> ms (before the
+    fit: the handle's alone), shared by every cost model on one ``_engine`` in a process."""
 
     gap_s = 0.0
 
@@ -211,6 +212,7 @@ class SiliconStepCost:
         fit: SiliconFit,
         num_layers: int = 0,
         experts: Any = None,
+        memo: dict[tuple, float] | None = None,
     ):
         self.source = source
         self.fit = fit
@@ -220,7 +222,7 @@ class SiliconStepCost:
         self._ctx = context_ops
         self._gen = generation_ops
         self._experts, self._experts_ms = experts, (experts.ms if experts is not None else lambda tokens: 0.0)
-        self._memo: dict[tuple, float] = {}
+        self._memo: dict[tuple, float] = {} if memo is None else memo
         self._decode_s, self._prefill_s = fit.decode_scale / 1e3, fit.prefill_scale / 1e3
 
     def step_seconds(self, work: Any) -> float:
@@ -345,8 +347,9 @@ def _sum(entries: list[tuple]) -> float:
 @cache
 def _engine(
     source: SiliconSource, tp: int, ep: int, dp: int, modes_items: Any, moe_kernel: str = "auto"
-) -> tuple[Any, dict, dict, Any]:
-    return _build_engine(source, tp, ep, dict(modes_items), dp, moe_kernel)
+) -> tuple[Any, dict, dict, Any, dict[tuple, float]]:
+    """A target's engine, its ops by role, Marlin experts (or None) and shared memo, once a process."""
+    return (*_build_engine(source, tp, ep, dict(modes_items), dp, moe_kernel), {})
 
 
 def _build_engine(

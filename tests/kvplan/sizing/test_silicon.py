@@ -9,7 +9,7 @@ shapes sit on kvplan's rounding grid both must give the same milliseconds.
 import logging
 
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kvplan.errors import KvplanError
@@ -241,3 +241,46 @@ def test_an_mla_model_is_priced_on_silicon_with_bf16_attention(backend):
     theirs = estimate_decode_step_latency_with_rust(model, database, gen_tokens=batch, isl=isl, osl=osl)
     work = StepWork(0, batch, 0, batch * context, batch * context, batch * context)
     assert cost.step_seconds(work) * 1e3 == pytest.approx(theirs, rel=1e-9)
+
+
+STEPS = st.lists(  # (prefill tokens, prefill chunks, decodes, context per decode, cached per chunk)
+    st.tuples(
+        st.sampled_from([0, 0, 1, 96, 700, 5000]),
+        st.integers(1, 4),
+        st.integers(0, 300),
+        st.integers(1, 9000),
+        st.integers(0, 3000),
+    ),
+    min_size=1,
+    max_size=30,
+)
+
+
+def _work(prefill: int, chunks: int, decodes: int, per_decode: int, cached: int) -> StepWork:
+    if not prefill:
+        decodes = max(decodes, 1)
+    chunks = min(chunks, prefill) if prefill else 0
+    d = decodes * per_decode
+    context = prefill + chunks * cached + d
+    return StepWork(prefill, decodes, chunks, context, context, d)
+
+
+@settings(max_examples=25, deadline=None)
+@given(first=STEPS, then=STEPS)
+def test_cost_models_on_one_engine_share_their_answers(first, then):
+    """kvplan plan judges one GPU, tp and dtypes at several max_num_seqs in one process: each
+    judgement's cost model (here with another fit) reuses the shapes the others asked, and its step
+    times are float for float those of a cost model that asks every shape itself."""
+    config = load_model_config("llama-3.1-8b")[0]
+    fit = silicon.SiliconFit(1.25, 1.5, 0.002, 0.0001, 0.00003)
+    one = silicon.silicon_cost(config, "h100_sxm", 2, fit=UNCORRECTED)
+    other = silicon.silicon_cost(config, "h100_sxm", 2, fit=fit)
+    assert isinstance(one, silicon.SiliconStepCost) and isinstance(other, silicon.SiliconStepCost)
+    assert other._memo is one._memo  # one engine in this process: one memo
+    for step in first:
+        one.step_seconds(_work(*step))
+    alone = silicon.SiliconStepCost(other.source, other._handle, other._ctx, other._gen, fit, other.num_layers)
+    assert alone._memo is not one._memo
+    for step in first + then:
+        work = _work(*step)
+        assert other.step_seconds(work) == alone.step_seconds(work)
