@@ -38,7 +38,8 @@ MOVING = (
 assert [n for n in field_names(StepRecord) if n in MOVING] == list(MOVING), "MOVING: in field order"
 _SIZES = ("ideal_bytes", "paged_bytes", "contiguous_bytes", "measured_bytes")
 _FLOATS = frozenset(("start_time", "end_time"))
-_TEXT = "kv_resident_tokens"  # given to the template as its JSON text
+_TEXT = "kv_resident_tokens"  # in the template as one %d per request
+_TOKENS = "\x00tokens\x00"  # its place in the template till the run's request count is known
 
 
 def grown_blocks(run: Any) -> list[int]:
@@ -80,17 +81,19 @@ def decode_run_records(
         parts = [_PLACEHOLDERS[name] if i in moving else _KEYS[i] + _encoded(base[i]) for i, name in enumerate(names)]
     except (TypeError, ValueError):  # a value json cannot write: the ordinary path says so
         return None
-    template = "{" + ", ".join(parts) + "}\n"
+    # the resident tokens' array as n %d's (json writes an int list as its reprs, ", " between)
+    template = ("{" + ", ".join(parts) + "}\n").replace(_TOKENS, "[" + ", ".join(["%d"] * n) + "]")
     grown = grown_blocks(run)
     used = [run.used + g for g in grown]
     free = [run.free - g for g in grown]
     context = list(range(run.context0, run.context0 + n * k, n)) if n else [run.context0] * k
     first = run.first_index
     tokens = [tuple(map(j.__add__, computed)) for j in range(1, k + 1)]  # step j - 1: c_i + j
+    end_texts, start_texts = float_texts(ends, starts)
     lines = [
-        template % (first + j, start, end, u, f, str(list(toks)), ideal, paged, whole, measured, u, ctx, ctx, ctx)
+        template % (first + j, start, end, u, f, *toks, ideal, paged, whole, measured, u, ctx, ctx, ctx)
         for j, start, end, u, f, toks, ideal, paged, whole, measured, ctx in zip(
-            range(k), starts, ends, used, free, tokens, *columns, context
+            range(k), start_texts, end_texts, used, free, tokens, *columns, context
         )
     ]
     moved = dict(zip(MOVING, (list(range(first, first + k)), starts, ends, used, free, tokens, *columns, used)))
@@ -98,8 +101,21 @@ def decode_run_records(
     return [moved[name] if name in moved else [base[i]] * k for i, name in enumerate(names)], lines
 
 
+def float_texts(ends: Sequence[float], starts: Sequence[float]) -> tuple[list[str], list[str]]:
+    """The reprs of ``ends`` and of ``starts`` (finite floats), each computed once: a decode run's
+    step j + 1 starts when step j ends, so start j + 1 takes end j's text where the two are equal and
+    not zero (equal floats other than 0.0 and -0.0 are the same double, so the same repr)."""
+    end_texts = list(map(float.__repr__, ends))
+    start_texts = [float.__repr__(starts[0])] if starts else []
+    start_texts += [
+        text if start == end and start else float.__repr__(start)
+        for start, end, text in zip(starts[1:], ends, end_texts)
+    ]
+    return end_texts, start_texts
+
+
 def _placeholder(name: str) -> str:
-    return "%r" if name in _FLOATS else "%s" if name == _TEXT else "%d"
+    return _TOKENS if name == _TEXT else "%d" if name not in _FLOATS else "%s"
 
 
 _AT = {name: i for i, name in enumerate(field_names(StepRecord))}

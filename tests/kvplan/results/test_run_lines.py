@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from engine.outputs import DecodeRunSteps
 from kvplan.results.records import LevelKey, StepRecord, field_names, step_values
-from kvplan.results.run_lines import decode_run_records, grown_blocks
+from kvplan.results.run_lines import decode_run_records, float_texts, grown_blocks
 from kvplan.results.store import KeptRecords, RunWriter
 from kvplan.run.estimate import KVPricing
 
@@ -26,12 +26,15 @@ def runs(draw):
     n = draw(st.integers(1, 12))
     computed = draw(st.lists(st.integers(1, 5000), min_size=n, max_size=n))
     first = draw(st.integers(0, 10**6))
-    start0 = draw(st.floats(0, 1e5, allow_nan=False))
-    gaps = draw(st.lists(st.floats(1e-6, 0.5, allow_nan=False), min_size=2 * k, max_size=2 * k))
+    start0 = draw(st.floats(0, 1e5, allow_nan=False) | st.sampled_from([0.0, -0.0]))
+    gaps = draw(st.lists(st.floats(1e-6, 0.5, allow_nan=False) | st.just(0.0), min_size=2 * k, max_size=2 * k))
     times = [start0]
     for gap in gaps:
         times.append(times[-1] + gap)
     starts, ends = times[0::2][:k], times[1::2][:k]
+    if draw(st.booleans()):  # back to back, as the engine's decode runs are: step j + 1 starts at step j's end
+        ends = times[1 : k + 1]
+        starts = [start0, *ends[:-1]]
     taken = sorted(draw(st.lists(st.integers(0, k - 1), max_size=3 * n)))
     used = draw(st.integers(0, 10**5))
     free = len(taken) + draw(st.integers(0, 10**5))
@@ -135,3 +138,19 @@ def test_steps_held_as_columns_read_as_their_records():
     assert positions == {("a", "open", 1.0, ""): [0, 1, 2], ("b", "closed", 2, ""): [3, 4, 5]}
     assert list(pick(held, positions[("b", "closed", 2, "")])) == records[3:]
     assert pick(held, [0, 1, 2, 3, 4, 5]) is held and list(pick(held, [5, 0])) == [records[5], records[0]]
+
+
+finite = st.floats(allow_nan=False, allow_infinity=False) | st.sampled_from([0.0, -0.0])
+
+
+@settings(max_examples=300)
+@given(st.lists(st.tuples(finite, finite, st.booleans()), max_size=30))
+def test_float_texts_are_the_reprs(steps):
+    """Each start and end as repr writes it, where a start equals the step before's end (0.0 and
+    -0.0 among them, equal but written apart) or not."""
+    ends = [end for _, end, _ in steps]
+    starts = [
+        ends[j - 1] * (-1.0 if ends[j - 1] == 0 else 1.0) if same and j else start
+        for j, (start, _, same) in enumerate(steps)
+    ]
+    assert float_texts(ends, starts) == ([repr(e) for e in ends], [repr(s) for s in starts])
