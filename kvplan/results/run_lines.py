@@ -52,7 +52,7 @@ def grown_blocks(run: Any) -> list[int]:
 
 
 def decode_run_records(
-    key: LevelKey, run: Any, sizes: Mapping[str, Sequence[int]]
+    key: LevelKey, run: Any, sizes: Mapping[str, Sequence[int]], texts: FloatTexts | None = None
 ) -> tuple[list[Sequence[Any]], list[str]] | None:
     """The StepRecord columns (one per field, in field order, each holding the run's steps in
     order) and JSON lines (newline included) of each step of ``run`` (an
@@ -61,6 +61,7 @@ def decode_run_records(
     each column) equal ``step_values(key, run[j], {name: sizes[name][j]})``; line j equals RecordLines'
     line of them (``json.dumps`` of the fields, kvplan.results.store). None where a moving value is
     not of the type the template writes as json does (times: finite floats; counts and sizes: ints).
+    ``texts``: where to keep the end times' reprs (for the token times of the requests, FloatTexts).
     """
     k, n, computed = len(run), len(run.computed), run.computed
     starts, ends = run.starts, run.ends
@@ -90,6 +91,8 @@ def decode_run_records(
     first = run.first_index
     tokens = [tuple(map(j.__add__, computed)) for j in range(1, k + 1)]  # step j - 1: c_i + j
     end_texts, start_texts = float_texts(ends, starts)
+    if texts is not None:
+        texts.add(ends, end_texts)
     lines = [
         template % (first + j, start, end, u, f, *toks, ideal, paged, whole, measured, u, ctx, ctx, ctx)
         for j, start, end, u, f, toks, ideal, paged, whole, measured, ctx in zip(
@@ -112,6 +115,49 @@ def float_texts(ends: Sequence[float], starts: Sequence[float]) -> tuple[list[st
         for start, end, text in zip(starts[1:], ends, end_texts)
     ]
     return end_texts, start_texts
+
+
+class FloatTexts:
+    """The reprs of the step end times written lately, for the token times of the requests that
+    finish after them: json.dumps of a request's ``token_times`` is a repr per float (a 20,000-request
+    trace's requests.jsonl holds 7 million, docs/benchmarks.md#trace-20k), and its tokens came at
+    the ends of steps just written, each repr made once there (``float_texts``). ``array`` gives
+    json.dumps' text of a tuple of floats from these reprs, a repr made where one is missing.
+
+    Exact: a value is found by ``==`` (with its hash), and two equal floats other than 0.0 and -0.0
+    are the same double, with the same repr; so no zero is kept, and only exact floats are looked up
+    (an int equal to a kept float would otherwise get its text). Two generations of ``GENERATION``
+    values each: a request whose tokens span more steps makes the older reprs again.
+    """
+
+    GENERATION = 1 << 16
+
+    def __init__(self) -> None:
+        self._new: dict[float, str] = {}
+        self._old: dict[float, str] = {}
+
+    def add(self, values: Sequence[float], texts: Sequence[str]) -> None:
+        """Keep ``texts[i]``, the repr of the finite float ``values[i]``, for each i."""
+        self._new.update(zip(values, texts))
+        self._new.pop(0.0, None)  # 0.0 or -0.0, whichever is there: equal, but written apart
+        if len(self._new) >= self.GENERATION:
+            self._old, self._new = self._new, {}
+
+    def array(self, values: tuple) -> str | None:
+        """``json.dumps(values)`` for a non-empty tuple of finite exact floats, else None."""
+        if set(map(type, values)) != {float}:
+            return None
+        texts = list(map(self._new.get, values))
+        if None in texts:
+            old = self._old
+            texts = [old.get(v) or _finite_repr(v) if t is None else t for v, t in zip(values, texts)]
+            if None in texts:
+                return None
+        return "[" + ", ".join(texts) + "]"
+
+
+def _finite_repr(value: float) -> str | None:
+    return float.__repr__(value) if math.isfinite(value) else None
 
 
 def _placeholder(name: str) -> str:

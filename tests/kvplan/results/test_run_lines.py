@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from engine.outputs import DecodeRunSteps
 from kvplan.results.records import LevelKey, StepRecord, field_names, step_values
-from kvplan.results.run_lines import decode_run_records, float_texts, grown_blocks
+from kvplan.results.run_lines import FloatTexts, decode_run_records, float_texts, grown_blocks
 from kvplan.results.store import KeptRecords, RunWriter
 from kvplan.run.estimate import KVPricing
 
@@ -154,3 +154,36 @@ def test_float_texts_are_the_reprs(steps):
         for j, (start, _, same) in enumerate(steps)
     ]
     assert float_texts(ends, starts) == ([repr(e) for e in ends], [repr(s) for s in starts])
+
+
+kept_floats = st.floats(allow_nan=False, allow_infinity=False) | st.sampled_from([0.0, -0.0, 1.0])
+values = kept_floats | st.sampled_from([math.inf, -math.inf, math.nan, 1, True, 0])
+
+
+@settings(max_examples=300)
+@given(st.lists(st.lists(kept_floats, max_size=20), max_size=6), st.lists(values, min_size=1, max_size=40))
+def test_float_texts_give_json_dumps_of_float_arrays(batches, array):
+    """A tuple of token times from the kept reprs (a two-value generation, so old reprs are
+    dropped and made again) is json.dumps' text; an int, a bool or a value json writes as NaN or
+    Infinity gives None (the caller encodes it); a kept 0.0 is never given for -0.0 or 1.0 for 1."""
+    texts = FloatTexts()
+    texts.GENERATION = 2
+    for batch in batches:
+        texts.add(batch, [repr(v) for v in batch])
+    plain = all(type(v) is float and math.isfinite(v) for v in array)
+    got = texts.array(tuple(array))
+    assert got == (json.dumps(tuple(array)) if plain else None)
+
+
+def test_token_times_take_the_decode_runs_end_texts(tmp_path):
+    """A request whose token times are a written decode run's ends: its line is json.dumps', its
+    times' reprs found among the run's (none made again)."""
+    pricing = KVPricing(2, 4, 64, 8)
+    key = LevelKey("hour", "open", 1.0)
+    run = DecodeRunSteps(0, [0.5, 0.75, 1.0], [0.75, 1.0, 1.25], [3], ("hour/open/1.0/0",), (0, 1, 9, 10), [], {})
+    texts = FloatTexts()
+    decode_run_records(key, run, pricing.run_bytes(run), texts)
+    times = (0.75, 1.0, 1.25)
+    assert texts.array(times) == json.dumps(times)
+    texts._new = {v: "x" for v in times}  # found, not made: the kept text is what is written
+    assert texts.array(times) == "[x, x, x]"
