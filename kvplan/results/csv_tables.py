@@ -81,6 +81,10 @@ def _chunks(names: list[str], cells: list[Sequence[Any]], chunk_rows: int) -> It
         if template is None:
             writer.writerows(zip(*chunk))
         else:  # the csv writer's own text, a row by one % (a million rows of a long simulation)
+            floats = [i for i, f in enumerate(template[:-1].split(",")) if f == "%r"]
+            if floats:  # each float's repr made once (_float_texts), then taken by %s
+                chunk = _float_texts(chunk, floats)
+                template = ",".join("%s" if f == "%r" else f for f in template[:-1].split(",")) + "\n"
             out.write("".join(map(template.__mod__, zip(*chunk))))
         yield out.getvalue()
         out.seek(0)
@@ -105,6 +109,24 @@ def _row_template(chunk: list[Sequence[Any]]) -> str | None:
         else:
             return None
     return ",".join(formats) + "\n"
+
+
+def _float_texts(chunk: list[Sequence[Any]], positions: list[int]) -> list[Sequence[Any]]:
+    """``chunk`` with its columns at ``positions`` (floats only, no NaN) as their values' reprs,
+    each distinct value's made once over those columns: steps.csv's level is one value per level,
+    a step's start time the step before's end, its KV usage one of few. Equal floats are the same
+    double, with the same repr, but for 0.0 and -0.0 (equal, written apart): those are made one by
+    one."""
+    distinct = set().union(*(chunk[i] for i in positions))
+    memo = dict(zip(distinct, map(float.__repr__, distinct)))
+    memo.pop(0.0, None)
+    out = list(chunk)
+    for i in positions:
+        texts = list(map(memo.get, chunk[i]))
+        if None in texts:
+            texts = [float.__repr__(v) if t is None else t for t, v in zip(texts, chunk[i])]
+        out[i] = texts
+    return out
 
 
 def _unquoted(text: str) -> bool:

@@ -126,3 +126,15 @@ def test_rows_of_one_type_per_column_are_written_by_template():
     assert _row_template([["x,y"], [1]]) is None and _row_template([[None], [1]]) is None
     quoted = {"a": ['x"y', "z"], "b": [1, 2]}
     assert "".join(csv_chunks(quoted)) == pandas_text(quoted)
+
+
+POOL = st.sampled_from([0.0, -0.0, 0.5, 1e-05, 3.0, 1e20, 5e-324, math.inf, -math.inf, 0.1 + 0.2])
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.integers(1, 12).flatmap(lambda n: st.lists(st.lists(POOL, min_size=n, max_size=n), min_size=2, max_size=4)))
+def test_float_columns_of_repeated_values_are_pandas_bytes(values):
+    """Float columns whose values repeat within and across columns (a step's start, the step
+    before's end), 0.0 and -0.0 among them: each repr made once, the bytes pandas writes."""
+    cols = {f"c{i}": column for i, column in enumerate(values)}
+    assert "".join(csv_chunks(cols, as_object=("c0",), chunk_rows=5)) == pandas_text(cols, ("c0",))
