@@ -138,3 +138,28 @@ def test_float_columns_of_repeated_values_are_pandas_bytes(values):
     before's end), 0.0 and -0.0 among them: each repr made once, the bytes pandas writes."""
     cols = {f"c{i}": column for i, column in enumerate(values)}
     assert "".join(csv_chunks(cols, as_object=("c0",), chunk_rows=5)) == pandas_text(cols, ("c0",))
+
+
+CELLS = st.sampled_from(
+    [
+        st.sampled_from([0, 7, -1, 2**63 - 1]),
+        st.sampled_from(["a", "b%d", "%%", "x y"]),
+        POOL,
+        st.just(3),
+        st.just("%s"),
+    ]
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.integers(2, 12).flatmap(
+        lambda n: st.lists(CELLS.flatmap(lambda c: st.lists(c, min_size=n, max_size=n)), min_size=2, max_size=6)
+    ),
+    st.integers(1, 5),
+)
+def test_columns_fixed_over_a_chunk_are_pandas_bytes(values, chunk_rows):
+    """Int and str columns that hold one value over a chunk (written into its template, a % in a
+    string doubled there), beside moving ones, and chunks where every column is fixed: pandas' bytes."""
+    cols = {f"c{i}": column for i, column in enumerate(values)}
+    assert "".join(csv_chunks(cols, chunk_rows=chunk_rows)) == pandas_text(cols)
