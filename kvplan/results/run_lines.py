@@ -153,7 +153,7 @@ class FloatTexts:
             texts = [old.get(v) or _finite_repr(v) if t is None else t for v, t in zip(values, texts)]
             if None in texts:
                 return None
-        return "[" + ", ".join(texts) + "]"
+        return "[" + ", ".join(texts) + "]"  # type: ignore[arg-type]  # no None left: checked above
 
 
 def _finite_repr(value: float) -> str | None:
