@@ -61,26 +61,30 @@ def csv_chunks(
     lengths = {len(c) for c in columns.values()}
     if len(names) < 2 or len(lengths) != 1 or not lengths.pop():
         raise ValueError("csv_chunks: two or more columns of the same, non-zero length")
-    cells = []
+    cells, kinds = [], []
     for name in names:
-        column = _as_pandas(columns[name], name in as_object)
-        if column is None:
+        made = _as_pandas(columns[name], name in as_object)
+        if made is None:
             return None
-        cells.append(column)
-    return _chunks(names, cells, chunk_rows)
+        cells.append(made[0])
+        kinds.append(made[1])
+    return _chunks(names, cells, chunk_rows, kinds)
 
 
-def _chunks(names: list[str], cells: list[Sequence[Any]], chunk_rows: int) -> Iterator[str]:
+def _chunks(
+    names: list[str], cells: list[Sequence[Any]], chunk_rows: int, kinds: Sequence[type | None] = ()
+) -> Iterator[str]:
     out = io.StringIO()
     writer = csv.writer(out, lineterminator="\n")  # pandas' to_csv: QUOTE_MINIMAL, '"', os.linesep
     writer.writerow(names)
     rows = len(cells[0])
     for start in range(0, rows, chunk_rows):
         chunk = [c[start : start + chunk_rows] for c in cells]
-        template = _row_template(chunk)
+        template = _row_template(chunk, kinds)
         if template is None:
             writer.writerows(zip(*chunk))
         else:  # the csv writer's own text, a row by one % (a million rows of a long simulation)
+            template, chunk = _fixed_cells(template, chunk)
             out.write("".join(map(template.__mod__, zip(*chunk))))
         yield out.getvalue()
         out.seek(0)
@@ -89,13 +93,15 @@ def _chunks(names: list[str], cells: list[Sequence[Any]], chunk_rows: int) -> It
         yield out.getvalue()
 
 
-def _row_template(chunk: list[Sequence[Any]]) -> str | None:
+def _row_template(chunk: list[Sequence[Any]], known: Sequence[type | None] = ()) -> str | None:
     """A %-template writing each row of ``chunk`` (its columns) as the csv writer writes it, or
     None: where every column holds one type the writer formats without a choice (an int by
-    ``str``, a float by ``repr``, which ``%d`` and ``%r`` write, a str it would not quote)."""
+    ``str``, a float by ``repr``, which ``%d`` and ``%r`` write, a str it would not quote).
+    ``known``: the one type of each column's cells where the caller knows it (None: not known)."""
     formats = []
-    for column in chunk:
-        kinds = set(map(type, column))
+    for i, column in enumerate(chunk):
+        kind = known[i] if i < len(known) else None
+        kinds = {kind} if kind is not None else set(map(type, column))
         if kinds == {int}:
             formats.append("%d")
         elif kinds == {float}:
@@ -107,6 +113,46 @@ def _row_template(chunk: list[Sequence[Any]]) -> str | None:
     return ",".join(formats) + "\n"
 
 
+def _fixed_cells(template: str, chunk: list[Sequence[Any]]) -> tuple[str, list[Sequence[Any]]]:
+    """``template`` (``_row_template``'s, of ``chunk``) and ``chunk`` with the cells that need no
+    work per row taken out: a column of ints or strings holding one value in every row becomes
+    its text in the template (steps.csv's counters that a level never moves: the offload tiers',
+    the pool's size, the bucket); float columns become their reprs (``_float_texts``), taken by %s."""
+    formats = template[:-1].split(",")
+    floats = [i for i, f in enumerate(formats) if f == "%r"]
+    if floats:
+        chunk = _float_texts(chunk, floats)
+    parts, kept = [], []
+    for f, column in zip(formats, chunk):
+        first = column[0]
+        if f != "%r" and column.count(first) == len(column):  # one int or str: ==, exact types
+            parts.append((f % first).replace("%", "%%"))
+        else:
+            parts.append("%s" if f == "%r" else f)
+            kept.append(column)
+    if not kept:  # every column fixed: zip() of none would give no rows
+        return ",".join("%s" if f == "%r" else f for f in formats) + "\n", chunk
+    return ",".join(parts) + "\n", kept
+
+
+def _float_texts(chunk: list[Sequence[Any]], positions: list[int]) -> list[Sequence[Any]]:
+    """``chunk`` with its columns at ``positions`` (floats only, no NaN) as their values' reprs,
+    each distinct value's made once over those columns: steps.csv's level is one value per level,
+    a step's start time the step before's end, its KV usage one of few. Equal floats are the same
+    double, with the same repr, but for 0.0 and -0.0 (equal, written apart): those are made one by
+    one."""
+    distinct = set().union(*(chunk[i] for i in positions))
+    memo = dict(zip(distinct, map(float.__repr__, distinct)))
+    memo.pop(0.0, None)
+    out = list(chunk)
+    for i in positions:
+        texts = list(map(memo.get, chunk[i]))
+        if None in texts:
+            texts = [float.__repr__(v) if t is None else t for t, v in zip(texts, chunk[i])]
+        out[i] = texts
+    return out
+
+
 def _unquoted(text: str) -> bool:
     """Whether the csv writer writes ``text`` as it is, beside another cell (no quotes, no escapes)."""
     out = io.StringIO()
@@ -114,23 +160,24 @@ def _unquoted(text: str) -> bool:
     return out.getvalue() == text + ",\n"
 
 
-def _as_pandas(values: Sequence[Any], as_object: bool) -> Sequence[Any] | None:
+def _as_pandas(values: Sequence[Any], as_object: bool) -> tuple[Sequence[Any], type | None] | None:
     """The column as pandas hands its cells to the csv writer (None and '' both write an empty
-    cell); None for a type it does not take."""
+    cell), with the one type of its cells where that is known here (else None); None for a type
+    it does not take."""
     types = set(map(type, values))
     if not types <= _PLAIN:
         return None
     if as_object or not types <= _NUMERIC or types == {type(None)}:  # an object column
         if float in types:
-            return [None if type(v) is float and math.isnan(v) else v for v in values]
-        return values
+            return [None if type(v) is float and math.isnan(v) else v for v in values], None
+        return values, next(iter(types)) if len(types) == 1 else None
     if types == {int}:
         # beyond int64 pandas would hold it as uint64 or object
-        return values if _INT64[0] <= min(values) and max(values) <= _INT64[1] else None
+        return (values, int) if _INT64[0] <= min(values) and max(values) <= _INT64[1] else None
     if int in types and not all(_INT64[0] <= v <= _INT64[1] for v in values if type(v) is int):
         return None
     # float64: ints as floats, None and NaN empty
-    return [None if v is None or v != v else float(v) for v in values]
+    return [None if v is None or v != v else float(v) for v in values], None
 
 
 # ---- the records as CSV -----------------------------------------------------------------------

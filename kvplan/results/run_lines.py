@@ -38,7 +38,8 @@ MOVING = (
 assert [n for n in field_names(StepRecord) if n in MOVING] == list(MOVING), "MOVING: in field order"
 _SIZES = ("ideal_bytes", "paged_bytes", "contiguous_bytes", "measured_bytes")
 _FLOATS = frozenset(("start_time", "end_time"))
-_TEXT = "kv_resident_tokens"  # given to the template as its JSON text
+_TEXT = "kv_resident_tokens"  # in the template as one %d per request
+_TOKENS = "\x00tokens\x00"  # its place in the template till the run's request count is known
 
 
 def grown_blocks(run: Any) -> list[int]:
@@ -51,7 +52,7 @@ def grown_blocks(run: Any) -> list[int]:
 
 
 def decode_run_records(
-    key: LevelKey, run: Any, sizes: Mapping[str, Sequence[int]]
+    key: LevelKey, run: Any, sizes: Mapping[str, Sequence[int]], texts: FloatTexts | None = None
 ) -> tuple[list[Sequence[Any]], list[str]] | None:
     """The StepRecord columns (one per field, in field order, each holding the run's steps in
     order) and JSON lines (newline included) of each step of ``run`` (an
@@ -60,6 +61,7 @@ def decode_run_records(
     each column) equal ``step_values(key, run[j], {name: sizes[name][j]})``; line j equals RecordLines'
     line of them (``json.dumps`` of the fields, kvplan.results.store). None where a moving value is
     not of the type the template writes as json does (times: finite floats; counts and sizes: ints).
+    ``texts``: where to keep the end times' reprs (for the token times of the requests, FloatTexts).
     """
     k, n, computed = len(run), len(run.computed), run.computed
     starts, ends = run.starts, run.ends
@@ -80,17 +82,21 @@ def decode_run_records(
         parts = [_PLACEHOLDERS[name] if i in moving else _KEYS[i] + _encoded(base[i]) for i, name in enumerate(names)]
     except (TypeError, ValueError):  # a value json cannot write: the ordinary path says so
         return None
-    template = "{" + ", ".join(parts) + "}\n"
+    # the resident tokens' array as n %d's (json writes an int list as its reprs, ", " between)
+    template = ("{" + ", ".join(parts) + "}\n").replace(_TOKENS, "[" + ", ".join(["%d"] * n) + "]")
     grown = grown_blocks(run)
     used = [run.used + g for g in grown]
     free = [run.free - g for g in grown]
     context = list(range(run.context0, run.context0 + n * k, n)) if n else [run.context0] * k
     first = run.first_index
     tokens = [tuple(map(j.__add__, computed)) for j in range(1, k + 1)]  # step j - 1: c_i + j
+    end_texts, start_texts = float_texts(ends, starts)
+    if texts is not None:
+        texts.add(ends, end_texts)
     lines = [
-        template % (first + j, start, end, u, f, str(list(toks)), ideal, paged, whole, measured, u, ctx, ctx, ctx)
+        template % (first + j, start, end, u, f, *toks, ideal, paged, whole, measured, u, ctx, ctx, ctx)
         for j, start, end, u, f, toks, ideal, paged, whole, measured, ctx in zip(
-            range(k), starts, ends, used, free, tokens, *columns, context
+            range(k), start_texts, end_texts, used, free, tokens, *columns, context
         )
     ]
     moved = dict(zip(MOVING, (list(range(first, first + k)), starts, ends, used, free, tokens, *columns, used)))
@@ -98,8 +104,64 @@ def decode_run_records(
     return [moved[name] if name in moved else [base[i]] * k for i, name in enumerate(names)], lines
 
 
+def float_texts(ends: Sequence[float], starts: Sequence[float]) -> tuple[list[str], list[str]]:
+    """The reprs of ``ends`` and of ``starts`` (finite floats), each computed once: a decode run's
+    step j + 1 starts when step j ends, so start j + 1 takes end j's text where the two are equal and
+    not zero (equal floats other than 0.0 and -0.0 are the same double, so the same repr)."""
+    end_texts = list(map(float.__repr__, ends))
+    start_texts = [float.__repr__(starts[0])] if starts else []
+    start_texts += [
+        text if start == end and start else float.__repr__(start)
+        for start, end, text in zip(starts[1:], ends, end_texts)
+    ]
+    return end_texts, start_texts
+
+
+class FloatTexts:
+    """The reprs of the step end times written lately, for the token times of the requests that
+    finish after them: json.dumps of a request's ``token_times`` is a repr per float (a 20,000-request
+    trace's requests.jsonl holds 7 million, docs/benchmarks.md#trace-20k), and its tokens came at
+    the ends of steps just written, each repr made once there (``float_texts``). ``array`` gives
+    json.dumps' text of a tuple of floats from these reprs, a repr made where one is missing.
+
+    Exact: a value is found by ``==`` (with its hash), and two equal floats other than 0.0 and -0.0
+    are the same double, with the same repr; so no zero is kept, and only exact floats are looked up
+    (an int equal to a kept float would otherwise get its text). Two generations of ``GENERATION``
+    values each: a request whose tokens span more steps makes the older reprs again.
+    """
+
+    GENERATION = 1 << 16
+
+    def __init__(self) -> None:
+        self._new: dict[float, str] = {}
+        self._old: dict[float, str] = {}
+
+    def add(self, values: Sequence[float], texts: Sequence[str]) -> None:
+        """Keep ``texts[i]``, the repr of the finite float ``values[i]``, for each i."""
+        self._new.update(zip(values, texts))
+        self._new.pop(0.0, None)  # 0.0 or -0.0, whichever is there: equal, but written apart
+        if len(self._new) >= self.GENERATION:
+            self._old, self._new = self._new, {}
+
+    def array(self, values: tuple) -> str | None:
+        """``json.dumps(values)`` for a non-empty tuple of finite exact floats, else None."""
+        if set(map(type, values)) != {float}:
+            return None
+        texts = list(map(self._new.get, values))
+        if None in texts:
+            old = self._old
+            texts = [old.get(v) or _finite_repr(v) if t is None else t for v, t in zip(values, texts)]
+            if None in texts:
+                return None
+        return "[" + ", ".join(texts) + "]"  # type: ignore[arg-type]  # no None left: checked above
+
+
+def _finite_repr(value: float) -> str | None:
+    return float.__repr__(value) if math.isfinite(value) else None
+
+
 def _placeholder(name: str) -> str:
-    return "%r" if name in _FLOATS else "%s" if name == _TEXT else "%d"
+    return _TOKENS if name == _TEXT else "%d" if name not in _FLOATS else "%s"
 
 
 _AT = {name: i for i, name in enumerate(field_names(StepRecord))}

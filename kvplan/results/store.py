@@ -33,7 +33,7 @@ from pydantic import TypeAdapter, ValidationError
 from kvplan.errors import KvplanError, describe_error
 from kvplan.results.records import LevelKey, RequestRecord, StepRecord, field_names, step_values
 from kvplan.results.rows import StepRows
-from kvplan.results.run_lines import decode_run_records
+from kvplan.results.run_lines import FloatTexts, decode_run_records
 
 REQUESTS_FILE, STEPS_FILE = "requests.jsonl", "steps.jsonl"
 REPORTS_ROOT = Path("reports")
@@ -100,8 +100,9 @@ class RecordLines:
     engine.decode_run) is encoded once.
     """
 
-    def __init__(self, record_type: type):
+    def __init__(self, record_type: type, float_texts: FloatTexts | None = None):
         self._names = field_names(record_type)
+        self._float_texts = float_texts  # reprs of floats written before (a request's token times)
         self._values = attrgetter(*self._names)
         self._plans: dict[tuple[type, ...], _Plan | None] = {}
         self._last: dict[int, tuple[tuple, str]] = {}  # array position -> (the last array there, its JSON)
@@ -152,7 +153,8 @@ class RecordLines:
         last = self._last.get(position)
         if last is not None and last[0] is value:
             return last[1]
-        text = _ENCODE(value)
+        text = self._float_texts.array(value) if self._float_texts is not None else None
+        text = _ENCODE(value) if text is None else text
         self._last[position] = (value, text)
         return text
 
@@ -184,7 +186,8 @@ class RunWriter:
         self._steps = open(run_dir / STEPS_FILE, "a", encoding="utf-8")
         self._flush = flush
         self._kept = kept
-        self._request_lines, self._step_lines = RecordLines(RequestRecord), RecordLines(StepRecord)
+        self._end_texts = FloatTexts()  # the decode runs' end times, the token times of the requests
+        self._request_lines, self._step_lines = RecordLines(RequestRecord, self._end_texts), RecordLines(StepRecord)
         self._pending: dict[Any, list[str]] = {self._requests: [], self._steps: []}
 
     def _append(self, handle, line: str) -> None:
@@ -221,7 +224,7 @@ class RunWriter:
         """``write_step_stats`` of each step of a decode run (engine.outputs.DecodeRunSteps), with
         ``sizes`` each KV size's column over its steps: the same lines and kept rows, made for the
         run at once (kvplan.results.run_lines) where it can, else step by step."""
-        made = decode_run_records(key, run, sizes) if len(run) else None
+        made = decode_run_records(key, run, sizes, self._end_texts) if len(run) else None
         if made is None:
             for j, stats in enumerate(run):
                 self.write_step_stats(key, stats, {name: column[j] for name, column in sizes.items()})

@@ -126,3 +126,40 @@ def test_rows_of_one_type_per_column_are_written_by_template():
     assert _row_template([["x,y"], [1]]) is None and _row_template([[None], [1]]) is None
     quoted = {"a": ['x"y', "z"], "b": [1, 2]}
     assert "".join(csv_chunks(quoted)) == pandas_text(quoted)
+
+
+POOL = st.sampled_from([0.0, -0.0, 0.5, 1e-05, 3.0, 1e20, 5e-324, math.inf, -math.inf, 0.1 + 0.2])
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.integers(1, 12).flatmap(lambda n: st.lists(st.lists(POOL, min_size=n, max_size=n), min_size=2, max_size=4)))
+def test_float_columns_of_repeated_values_are_pandas_bytes(values):
+    """Float columns whose values repeat within and across columns (a step's start, the step
+    before's end), 0.0 and -0.0 among them: each repr made once, the bytes pandas writes."""
+    cols = {f"c{i}": column for i, column in enumerate(values)}
+    assert "".join(csv_chunks(cols, as_object=("c0",), chunk_rows=5)) == pandas_text(cols, ("c0",))
+
+
+CELLS = st.sampled_from(
+    [
+        st.sampled_from([0, 7, -1, 2**63 - 1]),
+        st.sampled_from(["a", "b%d", "%%", "x y"]),
+        POOL,
+        st.just(3),
+        st.just("%s"),
+    ]
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.integers(2, 12).flatmap(
+        lambda n: st.lists(CELLS.flatmap(lambda c: st.lists(c, min_size=n, max_size=n)), min_size=2, max_size=6)
+    ),
+    st.integers(1, 5),
+)
+def test_columns_fixed_over_a_chunk_are_pandas_bytes(values, chunk_rows):
+    """Int and str columns that hold one value over a chunk (written into its template, a % in a
+    string doubled there), beside moving ones, and chunks where every column is fixed: pandas' bytes."""
+    cols = {f"c{i}": column for i, column in enumerate(values)}
+    assert "".join(csv_chunks(cols, chunk_rows=chunk_rows)) == pandas_text(cols)

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from engine.outputs import DecodeRunSteps
 from kvplan.results.records import LevelKey, StepRecord, field_names, step_values
-from kvplan.results.run_lines import decode_run_records, grown_blocks
+from kvplan.results.run_lines import FloatTexts, decode_run_records, float_texts, grown_blocks
 from kvplan.results.store import KeptRecords, RunWriter
 from kvplan.run.estimate import KVPricing
 
@@ -26,12 +26,15 @@ def runs(draw):
     n = draw(st.integers(1, 12))
     computed = draw(st.lists(st.integers(1, 5000), min_size=n, max_size=n))
     first = draw(st.integers(0, 10**6))
-    start0 = draw(st.floats(0, 1e5, allow_nan=False))
-    gaps = draw(st.lists(st.floats(1e-6, 0.5, allow_nan=False), min_size=2 * k, max_size=2 * k))
+    start0 = draw(st.floats(0, 1e5, allow_nan=False) | st.sampled_from([0.0, -0.0]))
+    gaps = draw(st.lists(st.floats(1e-6, 0.5, allow_nan=False) | st.just(0.0), min_size=2 * k, max_size=2 * k))
     times = [start0]
     for gap in gaps:
         times.append(times[-1] + gap)
     starts, ends = times[0::2][:k], times[1::2][:k]
+    if draw(st.booleans()):  # back to back, as the engine's decode runs are: step j + 1 starts at step j's end
+        ends = times[1 : k + 1]
+        starts = [start0, *ends[:-1]]
     taken = sorted(draw(st.lists(st.integers(0, k - 1), max_size=3 * n)))
     used = draw(st.integers(0, 10**5))
     free = len(taken) + draw(st.integers(0, 10**5))
@@ -135,3 +138,52 @@ def test_steps_held_as_columns_read_as_their_records():
     assert positions == {("a", "open", 1.0, ""): [0, 1, 2], ("b", "closed", 2, ""): [3, 4, 5]}
     assert list(pick(held, positions[("b", "closed", 2, "")])) == records[3:]
     assert pick(held, [0, 1, 2, 3, 4, 5]) is held and list(pick(held, [5, 0])) == [records[5], records[0]]
+
+
+finite = st.floats(allow_nan=False, allow_infinity=False) | st.sampled_from([0.0, -0.0])
+
+
+@settings(max_examples=300)
+@given(st.lists(st.tuples(finite, finite, st.booleans()), max_size=30))
+def test_float_texts_are_the_reprs(steps):
+    """Each start and end as repr writes it, where a start equals the step before's end (0.0 and
+    -0.0 among them, equal but written apart) or not."""
+    ends = [end for _, end, _ in steps]
+    starts = [
+        ends[j - 1] * (-1.0 if ends[j - 1] == 0 else 1.0) if same and j else start
+        for j, (start, _, same) in enumerate(steps)
+    ]
+    assert float_texts(ends, starts) == ([repr(e) for e in ends], [repr(s) for s in starts])
+
+
+kept_floats = st.floats(allow_nan=False, allow_infinity=False) | st.sampled_from([0.0, -0.0, 1.0])
+values = kept_floats | st.sampled_from([math.inf, -math.inf, math.nan, 1, True, 0])
+
+
+@settings(max_examples=300)
+@given(st.lists(st.lists(kept_floats, max_size=20), max_size=6), st.lists(values, min_size=1, max_size=40))
+def test_float_texts_give_json_dumps_of_float_arrays(batches, array):
+    """A tuple of token times from the kept reprs (a two-value generation, so old reprs are
+    dropped and made again) is json.dumps' text; an int, a bool or a value json writes as NaN or
+    Infinity gives None (the caller encodes it); a kept 0.0 is never given for -0.0 or 1.0 for 1."""
+    texts = FloatTexts()
+    texts.GENERATION = 2
+    for batch in batches:
+        texts.add(batch, [repr(v) for v in batch])
+    plain = all(type(v) is float and math.isfinite(v) for v in array)
+    got = texts.array(tuple(array))
+    assert got == (json.dumps(tuple(array)) if plain else None)
+
+
+def test_token_times_take_the_decode_runs_end_texts(tmp_path):
+    """A request whose token times are a written decode run's ends: its line is json.dumps', its
+    times' reprs found among the run's (none made again)."""
+    pricing = KVPricing(2, 4, 64, 8)
+    key = LevelKey("hour", "open", 1.0)
+    run = DecodeRunSteps(0, [0.5, 0.75, 1.0], [0.75, 1.0, 1.25], [3], ("hour/open/1.0/0",), (0, 1, 9, 10), [], {})
+    texts = FloatTexts()
+    decode_run_records(key, run, pricing.run_bytes(run), texts)
+    times = (0.75, 1.0, 1.25)
+    assert texts.array(times) == json.dumps(times)
+    texts._new = {v: "x" for v in times}  # found, not made: the kept text is what is written
+    assert texts.array(times) == "[x, x, x]"

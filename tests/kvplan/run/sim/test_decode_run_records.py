@@ -50,8 +50,8 @@ def test_a_long_decode_level_writes_its_runs_at_once(tmp_path, monkeypatch):
 
     made = []
 
-    def counted(*args):
-        out = run_lines.decode_run_records(*args)
+    def counted(*args, **kwargs):
+        out = run_lines.decode_run_records(*args, **kwargs)
         made.append(out is not None)
         return out
 
