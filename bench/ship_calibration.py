@@ -20,7 +20,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from rich.console import Console  # noqa: E402
 
-from kvplan.run.sim import calibrations  # noqa: E402
+from kvplan.run.sim.calibration import store as calibrations  # noqa: E402
 from kvplan.run.sim.calibration.fit import StepSample, fit_samples  # noqa: E402
 from kvplan.run.sim.calibration.view import print_calibration  # noqa: E402
 

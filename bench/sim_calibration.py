@@ -20,7 +20,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from kvplan.results.run_result import load_run, read_result  # noqa: E402
-from kvplan.run.sim import calibrations  # noqa: E402
+from kvplan.run.sim.calibration import store as calibrations  # noqa: E402
+from kvplan.run.sim.calibration.drift import find_drift  # noqa: E402
 from kvplan.run.sim.run import simulate  # noqa: E402
 from kvplan.run.sim.setups import calibrated_setup  # noqa: E402
 from kvplan.workload.file import load_workload  # noqa: E402
@@ -73,7 +74,7 @@ def main() -> int:
         calibrated = calibrations.from_run(args.calibrate_run)
         print_calibration(calibrated, Console(width=140))
         calibration = calibrated.calibration
-    drift = calibrations.find_drift(load_run(args.predict_run).steps)
+    drift = find_drift(load_run(args.predict_run).steps)
     for d in drift:
         print(f"predicted run: warning: {d.describe()}")
     with tempfile.TemporaryDirectory() as tmp:
