@@ -1,6 +1,6 @@
 """Every name a bench script imports from kvplan or engine exists.
 
-The bench scripts run by hand and in no test, so a module moved inside kvplan (issue 33's rooms moved
+The bench scripts run by hand and in no test, so a module moved inside kvplan (issue 32's rooms moved
 ``kvplan.run.sim.calibrations`` to ``kvplan.run.sim.calibration.store``) broke
 bench/ship_calibration.py and bench/sim_calibration.py at their first line unnoticed. This reads each
 script's ``from kvplan... import`` and ``from engine... import`` statements (at any depth, so the ones
