@@ -24,8 +24,6 @@ import csv
 import io
 import math
 import os
-import signal
-import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import fields
 from pathlib import Path
@@ -35,6 +33,7 @@ import pandas as pd
 
 from kvplan.results import metrics
 from kvplan.results.records import RequestRecord, StepRecord
+from kvplan.results.rows import StepRows
 from kvplan.results.rows import column as record_column
 from kvplan.results.stats.shed import TENANT_COLUMNS, tenant_step_cells
 from kvplan.results.store import write_atomic
@@ -232,7 +231,7 @@ def write_tables(
     run_dir: Path, requests: Sequence[RequestRecord], steps: Sequence[StepRecord], steps_csv: bool = True
 ) -> None:
     """Atomically write requests.csv and steps.csv (empty tables keep their header; ``steps_csv``
-    False: requests.csv only, steps.csv being written elsewhere: ``StepsCsvBeside``)."""
+    False: requests.csv only, steps.csv made elsewhere: ``StepsCsvChunks``)."""
     if steps_csv:
         write_steps_csv(run_dir, steps)
     _write_frame(
@@ -262,55 +261,54 @@ def _write_frame(path: Path, rows: Sequence[Any], build: Callable[[], pd.DataFra
     write_atomic(path, frame.to_csv(index=False))
 
 
-class StepsCsvBeside:
-    """steps.csv written by a process forked from this one (``write_steps_csv``), on another core
-    while this one goes on (a long simulation's summaries and other views: its 1.3 million rows,
-    docs/benchmarks.md#trace-20k). Calling it (once) waits for that process; where it failed,
-    steps.csv is written here then, raising what writing it raises. ``stop()`` stops it (nothing
-    is left: the file is written atomically). ``start`` gives None where nothing is worth
-    forking: fewer than ``BESIDE_STEPS`` steps, one core, no fork, or other threads alive (a
-    fork copies only this one)."""
+class StepsCsvChunks:
+    """steps.csv made a chunk of steps at a time while a simulation runs (by the processes that
+    write its JSONL lines beside it, kvplan.results.store.LinesBeside), into a temporary file that
+    ``finish`` puts in place. Each chunk's cells are ``csv_chunks``' of its own columns
+    (``step_columns``), and its rows' text equals the whole table's where every column holds the
+    same set of value types in every chunk as in the table (how pandas writes a cell depends on
+    the types of its column, and on nothing else: the module's docstring). So each chunk writes
+    its columns' type sets to a second file, and ``ready`` is False where they differ, where a
+    chunk has tenants or a value ``csv_chunks`` does not take (tables pandas builds), or where a
+    chunk is missing: steps.csv is then written whole, as without this. The caller gives the
+    chunks in order, each once, from step 0 on, and counts them."""
 
-    BESIDE_STEPS = 20_000
+    def __init__(self, run_dir: Path):
+        self.run_dir = run_dir
+        self.tmp = run_dir / ".steps.csv.chunks.tmp"
+        self.types = run_dir / ".steps.csv.types.tmp"
 
-    def __init__(self, run_dir: Path, steps: Sequence[StepRecord], pid: int):
-        self.run_dir, self.steps, self.pid = run_dir, steps, pid
+    def write(self, steps: StepRows, start: int, stop: int) -> None:
+        """Append steps ``start`` to ``stop`` (``start`` < ``stop``) as rows, with the header where
+        ``start`` is 0, and the chunk's type sets (``-``: a chunk not written)."""
+        chunk = steps[start:stop]
+        pieces = None
+        if not any(record_column(chunk, "tenant_ids")):
+            columns = step_columns(chunk)
+            pieces = csv_chunks(columns, as_object=("level",))
+        kinds = "-"
+        if pieces is not None:
+            with open(self.tmp, "a", encoding="utf-8") as handle:
+                for i, piece in enumerate(pieces):
+                    handle.write(piece if i or not start else piece.split("\n", 1)[1])  # the header, once
+            kinds = ";".join(",".join(sorted(t.__name__ for t in set(map(type, c)))) for c in columns.values())
+        with open(self.types, "a", encoding="utf-8") as handle:
+            handle.write(kinds + "\n")
 
-    @classmethod
-    def start(cls, run_dir: Path, steps: Sequence[StepRecord]) -> StepsCsvBeside | None:
-        if len(steps) < cls.BESIDE_STEPS or (os.cpu_count() or 1) < 2:
-            return None
-        if not hasattr(os, "fork") or threading.active_count() > 1:
-            return None
+    def ready(self, chunks: int) -> bool:
+        """Whether the ``chunks`` chunks given make steps.csv as the whole table's writer would."""
         try:
-            pid = os.fork()
+            kinds = self.types.read_text(encoding="utf-8").splitlines()
         except OSError:
-            return None
-        if pid == 0:  # the forked process: write it, leave without cleaning up
-            code = 1
-            try:
-                write_steps_csv(run_dir, steps)
-                code = 0
-            finally:
-                os._exit(code)
-        return cls(run_dir, steps, pid)
+            return False
+        return chunks > 0 and len(kinds) == chunks and len(set(kinds)) == 1 and kinds[0] != "-"
 
-    def __call__(self) -> None:
-        code = self._reap()
-        if code is not None and code != 0:
-            write_steps_csv(self.run_dir, self.steps)
+    def finish(self) -> None:
+        """Put the chunks' table in place as steps.csv (atomically); ``ready`` first."""
+        os.replace(self.tmp, self.run_dir / "steps.csv")
+        self.types.unlink(missing_ok=True)
 
-    def stop(self) -> None:
-        if self.pid:
-            try:
-                os.kill(self.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-            self._reap()
-
-    def _reap(self) -> int | None:
-        """The forked process's exit code once it has ended (None: waited for before)."""
-        if not self.pid:
-            return None
-        pid, self.pid = self.pid, 0
-        return os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+    def discard(self) -> None:
+        """Remove the temporary files (a table written otherwise)."""
+        self.tmp.unlink(missing_ok=True)
+        self.types.unlink(missing_ok=True)

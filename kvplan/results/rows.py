@@ -96,6 +96,10 @@ class StepRows(Sequence[StepRecord]):
         for column, more in zip(self._columns, columns):
             column.extend(more)
 
+    def columns(self) -> list[list[Any]]:
+        """Every field's list held, in field order (read them, never change them)."""
+        return self._columns
+
     def column(self, name: str) -> list[Any]:
         """Field ``name`` of every step, in order: the list held (read it, never change it).
 

@@ -52,7 +52,11 @@ def grown_blocks(run: Any) -> list[int]:
 
 
 def decode_run_records(
-    key: LevelKey, run: Any, sizes: Mapping[str, Sequence[int]], texts: FloatTexts | None = None
+    key: LevelKey,
+    run: Any,
+    sizes: Mapping[str, Sequence[int]],
+    texts: FloatTexts | None = None,
+    lines: bool = True,
 ) -> tuple[list[Sequence[Any]], list[str]] | None:
     """The StepRecord columns (one per field, in field order, each holding the run's steps in
     order) and JSON lines (newline included) of each step of ``run`` (an
@@ -62,6 +66,8 @@ def decode_run_records(
     line of them (``json.dumps`` of the fields, kvplan.results.store). None where a moving value is
     not of the type the template writes as json does (times: finite floats; counts and sizes: ints).
     ``texts``: where to keep the end times' reprs (for the token times of the requests, FloatTexts).
+    ``lines`` False: the columns only, and no lines ([]; a writer that makes them elsewhere from
+    the columns, kvplan.results.store.LinesBeside).
     """
     k, n, computed = len(run), len(run.computed), run.computed
     starts, ends = run.starts, run.ends
@@ -78,30 +84,35 @@ def decode_run_records(
     names = field_names(StepRecord)
     base = step_values(key, run[0], {name: sizes[name][0] for name in _SIZES})
     moving = {_AT[name] for name in MOVING}
-    try:
-        parts = [_PLACEHOLDERS[name] if i in moving else _KEYS[i] + _encoded(base[i]) for i, name in enumerate(names)]
-    except (TypeError, ValueError):  # a value json cannot write: the ordinary path says so
-        return None
-    # the resident tokens' array as n %d's (json writes an int list as its reprs, ", " between)
-    template = ("{" + ", ".join(parts) + "}\n").replace(_TOKENS, "[" + ", ".join(["%d"] * n) + "]")
+    if lines:
+        try:
+            parts = [
+                _PLACEHOLDERS[name] if i in moving else _KEYS[i] + _encoded(base[i]) for i, name in enumerate(names)
+            ]
+        except (TypeError, ValueError):  # a value json cannot write: the ordinary path says so
+            return None
     grown = grown_blocks(run)
     used = [run.used + g for g in grown]
     free = [run.free - g for g in grown]
     context = list(range(run.context0, run.context0 + n * k, n)) if n else [run.context0] * k
     first = run.first_index
     tokens = [tuple(map(j.__add__, computed)) for j in range(1, k + 1)]  # step j - 1: c_i + j
-    end_texts, start_texts = float_texts(ends, starts)
-    if texts is not None:
-        texts.add(ends, end_texts)
-    lines = [
-        template % (first + j, start, end, u, f, *toks, ideal, paged, whole, measured, u, ctx, ctx, ctx)
-        for j, start, end, u, f, toks, ideal, paged, whole, measured, ctx in zip(
-            range(k), start_texts, end_texts, used, free, tokens, *columns, context
-        )
-    ]
+    made: list[str] = []
+    if lines:
+        # the resident tokens' array as n %d's (json writes an int list as its reprs, ", " between)
+        template = ("{" + ", ".join(parts) + "}\n").replace(_TOKENS, "[" + ", ".join(["%d"] * n) + "]")
+        end_texts, start_texts = float_texts(ends, starts)
+        if texts is not None:
+            texts.add(ends, end_texts)
+        made = [
+            template % (first + j, start, end, u, f, *toks, ideal, paged, whole, measured, u, ctx, ctx, ctx)
+            for j, start, end, u, f, toks, ideal, paged, whole, measured, ctx in zip(
+                range(k), start_texts, end_texts, used, free, tokens, *columns, context
+            )
+        ]
     moved = dict(zip(MOVING, (list(range(first, first + k)), starts, ends, used, free, tokens, *columns, used)))
     moved.update(num_context_tokens=context, num_attended_tokens=context, num_decode_context_tokens=context)
-    return [moved[name] if name in moved else [base[i]] * k for i, name in enumerate(names)], lines
+    return [moved[name] if name in moved else [base[i]] * k for i, name in enumerate(names)], made
 
 
 def float_texts(ends: Sequence[float], starts: Sequence[float]) -> tuple[list[str], list[str]]:
@@ -188,3 +199,82 @@ def _encoded(value: Any) -> str:
 def _all_type(values: Sequence[Any], kind: type) -> bool:
     """Every value is exactly of type ``kind`` (a subclass, such as bool for int, is not)."""
     return set(map(type, values)) <= {kind}
+
+
+def column_lines(names: Sequence[str], columns: Sequence[Sequence[Any]]) -> list[str] | None:
+    """The JSON lines (newline included) of the records whose field ``names[i]`` holds
+    ``columns[i][j]`` in record j: ``json.dumps`` of each record's fields, made a column at a time
+    (a chunk of a simulation's kept steps, kvplan.results.store.LinesBeside). A column of one
+    value is written into the line's %-template once; each other value's text is made once per
+    distinct value (floats, strings) or per run of the same array object. None where a column
+    holds more than one type, a type other than exact int, float, str, None or tuple, or a float
+    that is not finite (json writes NaN / Infinity): make those lines one by one then.
+
+    Raises:
+        ValueError: no columns, or columns of different lengths.
+    """
+    if not columns or len({len(c) for c in columns}) != 1:
+        raise ValueError("column_lines: one or more columns of one length")
+    parts, moving = [], []
+    try:
+        for name, column in zip(names, columns):
+            key = json.dumps(name).replace("%", "%%") + ": "
+            made = _column_texts(column)
+            if made is None:
+                return None
+            fixed, texts = made
+            if texts is None:
+                parts.append(key + fixed.replace("%", "%%"))
+            else:  # "%d": the column's ints themselves (int.__repr__ is what %d writes of an exact int)
+                parts.append(key + (fixed or "%s"))
+                moving.append(texts)
+    except (TypeError, ValueError):  # a value json cannot write: the line by line path says so
+        return None
+    template = "{" + ", ".join(parts) + "}\n"
+    if not moving:
+        return [template % ()] * len(columns[0])
+    return list(map(template.__mod__, zip(*moving)))
+
+
+def _column_texts(column: Sequence[Any]) -> tuple[str, Sequence[Any] | None] | None:
+    """(the text of every value, None) for a column of one value; ("", each value's text) for
+    another column of one JSON type, ("%d", the column) for one of ints; None for a column
+    ``column_lines`` does not write."""
+    kinds = set(map(type, column))
+    if len(kinds) != 1:
+        return None
+    kind = kinds.pop()
+    first = column[0]
+    if kind is float:
+        if not all(map(math.isfinite, column)):
+            return None
+        if first and column.count(first) == len(column):  # a zero is written apart from its sign
+            return float.__repr__(first), None
+        distinct = set(column)
+        if 4 * len(distinct) > len(column):  # mostly distinct (a step's times): each made as it comes
+            return "", list(map(float.__repr__, column))
+        memo = {v: float.__repr__(v) for v in distinct}
+        memo.pop(0.0, None)  # 0.0 and -0.0: equal, written apart
+        texts = list(map(memo.get, column))
+        if None in texts:
+            texts = [float.__repr__(v) if t is None else t for t, v in zip(texts, column)]
+        return "", texts
+    if kind is type(None):
+        return "null", None
+    if kind is int:
+        if column.count(first) == len(column):
+            return int.__repr__(first), None
+        return "%d", column
+    if kind is str:
+        if column.count(first) == len(column):
+            return encode_basestring_ascii(first), None
+        memo = {v: encode_basestring_ascii(v) for v in set(column)}
+        return "", list(map(memo.__getitem__, column))
+    if kind is tuple:
+        texts, last, text = [], None, ""
+        for value in column:
+            if value is not last:
+                last, text = value, _ENCODE(value) if value else "[]"
+            texts.append(text)
+        return "", texts
+    return None

@@ -112,10 +112,9 @@ def finish_run(
     Raises:
         ReportInterrupted: Ctrl-C while doing so.
     """
-    from kvplan.results.csv_tables import StepsCsvBeside  # pandas: imported when a report is written
-
-    # a simulation's steps.csv (a million rows) on another core while the summaries are made
-    beside = StepsCsvBeside.start(run_dir, kept.steps) if kept is not None else None
+    # a simulation's steps.csv (a million rows): made while it ran (kept.steps_csv, put in place by
+    # the report; else the report writes it here), its last lines perhaps still being written
+    # (kept.writing: waited for once the summaries are made, whatever happens)
     try:
         data = load_run(run_dir) if kept is None else RunData(run_dir, result, kept.requests, kept.steps, [])
         result = summarize(result, data.requests, data.steps, data.server_samples)
@@ -124,11 +123,17 @@ def finish_run(
         save_result(run_dir, result)
         from kvplan.results.report.render import render_report
 
+        made = None
+        if kept is not None:
+            kept.written()
+            made = kept.steps_csv
         data = RunData(run_dir, result, data.requests, data.steps, data.server_samples)
-        render_report(run_dir, charts, data, steps_csv=beside)
+        render_report(run_dir, charts, data, steps_csv=made.finish if made is not None else None)
     except KeyboardInterrupt:
         raise ReportInterrupted(run_dir) from None
     finally:
-        if beside is not None:
-            beside.stop()  # waited for already, unless something above failed
+        if kept is not None:
+            kept.written()  # already, unless something above failed
+            if kept.steps_csv is not None:
+                kept.steps_csv.discard()  # put in place already, unless something above failed
     return run_dir

@@ -118,7 +118,7 @@ def render_report(
     """(Re)write summary.md, requests.csv, steps.csv and the PNGs of ``run_dir`` (``charts``
     False: no PNGs, the seconds a simulation spends otherwise; ``kvplan report`` draws them).
     ``data``: the run as just saved, when the caller holds it (else it is read from ``run_dir``).
-    ``steps_csv``: steps.csv is being written elsewhere (kvplan.results.csv_tables.StepsCsvBeside),
+    ``steps_csv``: steps.csv is made elsewhere (kvplan.results.csv_tables.StepsCsvChunks: it puts it in place),
     and this waits for it before the report is marked written (None: written here).
 
     Raises:

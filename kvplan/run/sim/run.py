@@ -169,7 +169,7 @@ def simulate(
         kept = {lv.key.id for lv in own}
         left_out = ", ".join(lv.key.id for lv in levels if lv.key.id not in kept)
         note(f"--replay: not simulated, as the measured run did not run them: {left_out}")
-    records = KeptRecords()  # the records in memory too: the report reads no file back
+    records = KeptRecords(finish_later=True)  # the records in memory too: the report reads no file back
     # the searches need none of the levels' records: on other cores while the levels run; one
     # target's search with two probes side by side where cores allow (kvplan.run.sim.ahead): on
     # two cores, once the levels are done (till then they hold one core, the search the other)

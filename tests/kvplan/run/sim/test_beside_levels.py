@@ -1,20 +1,21 @@
 """What a simulation does beside its levels and its summaries (kvplan.run.sim.run,
-kvplan.results.csv_tables.StepsCsvBeside): the setup's knee found by its capacity search on a
-forked process, and steps.csv written by a forked process while the summaries are made. The
-run folder is the one made without them: the knee as simulated_knees finds it on its own, and
-steps.csv as write_steps_csv writes it here from the records read back."""
+kvplan.results.store.LinesBeside, kvplan.results.csv_tables.StepsCsvChunks): the setup's knee
+found by its capacity search on a forked process, and the JSONL lines and steps.csv made a chunk
+at a time by forked processes, the last while the summaries are made. The run folder is the one
+made without them: the knee as simulated_knees finds it on its own, and steps.csv as
+write_steps_csv writes it here from the records read back."""
 
 from __future__ import annotations
 
 import os
-import threading
 from pathlib import Path
 
 import pytest
 
-from kvplan.results import csv_tables
-from kvplan.results.csv_tables import StepsCsvBeside, write_steps_csv
+from kvplan.results import store
+from kvplan.results.csv_tables import write_steps_csv
 from kvplan.results.run_result import load_run, read_result
+from kvplan.results.store import LinesBeside
 from kvplan.run.sim import run as sim_run
 from kvplan.run.sim.run import sample, simulate
 from kvplan.run.sim.search import simulated_knees
@@ -26,8 +27,8 @@ WORKLOADS = Path(__file__).resolve().parents[4] / "workloads"
 
 @pytest.fixture
 def forks(monkeypatch):
-    """The pids os.fork gave StepsCsvBeside (earlier tests may leave idle daemon threads alive: the
-    guard counts this thread alone here), any run's steps worth a process."""
+    """The pids os.fork gave (LinesBeside's chunks; the knee's search pool forks through
+    multiprocessing's own reference, not counted)."""
     made: list[int] = []
     real = os.fork
 
@@ -37,9 +38,16 @@ def forks(monkeypatch):
             made.append(pid)
         return pid
 
-    monkeypatch.setattr(csv_tables.os, "fork", fork)
-    monkeypatch.setattr(csv_tables.threading, "active_count", lambda: 1)
-    monkeypatch.setattr(StepsCsvBeside, "BESIDE_STEPS", 1)
+    monkeypatch.setattr(store.os, "fork", fork)
+    monkeypatch.setattr(LinesBeside, "__init__", _two_cores(LinesBeside.__init__))
+    return made
+
+
+def _two_cores(init):
+    def made(self, run_dir, kept):
+        init(self, run_dir, kept)
+        self.fork = hasattr(os, "fork")
+
     return made
 
 
@@ -50,36 +58,36 @@ def _written_here(run_dir: Path, tmp_path: Path) -> bytes:
     return (here / "steps.csv").read_bytes()
 
 
-def test_steps_csv_written_beside_is_the_one_written_here(forks, tmp_path):
+def test_steps_csv_made_in_chunks_is_the_one_written_here(forks, tmp_path):
+    """chat.yaml's steps, fewer than a chunk: the one chunk goes to a forked process when the
+    levels end, while the summaries are made; steps.csv is its table, put in place."""
     workload = load_workload(WORKLOADS / "chat.yaml")
     run_dir = simulate(workload, engine_setup(workload)[0], tmp_path / "sim", search=False)
-    assert len(forks) == 1  # steps.csv on a forked process
+    assert len(forks) == 1
     assert (run_dir / "steps.csv").read_bytes() == _written_here(run_dir, tmp_path)
     assert read_result(run_dir).report_written and (run_dir / "requests.csv").stat().st_size > 0
-    assert not [p for p in run_dir.iterdir() if p.name.endswith(".tmp")]
+    assert not [p for p in run_dir.iterdir() if p.name.startswith(".")]
 
 
-def test_a_failure_there_writes_steps_csv_here(forks, monkeypatch, tmp_path):
-    parent, real = os.getpid(), csv_tables.write_steps_csv
+def test_a_failure_there_writes_the_lines_and_steps_csv_here(forks, monkeypatch, tmp_path):
+    """The last chunk's process fails: its lines are written here, and steps.csv by the report."""
+    parent, real = os.getpid(), LinesBeside._write
 
-    def fails_there(run_dir, steps):
+    def fails_there(self, spans):
         if os.getpid() != parent:
             raise OSError("the forked process fails")
-        real(run_dir, steps)
+        real(self, spans)
 
-    monkeypatch.setattr(csv_tables, "write_steps_csv", fails_there)
+    monkeypatch.setattr(LinesBeside, "_write", fails_there)
     workload = load_workload(WORKLOADS / "chat.yaml")
     run_dir = simulate(workload, engine_setup(workload)[0], tmp_path / "sim", search=False)
     assert len(forks) == 1 and read_result(run_dir).report_written
     assert (run_dir / "steps.csv").read_bytes() == _written_here(run_dir, tmp_path)
-
-
-def test_with_other_threads_or_few_steps_nothing_is_forked(forks, monkeypatch, tmp_path):
-    monkeypatch.setattr(threading, "active_count", lambda: 2)
-    assert StepsCsvBeside.start(tmp_path, [object()]) is None  # type: ignore[list-item]
-    monkeypatch.setattr(threading, "active_count", lambda: 1)
-    monkeypatch.setattr(StepsCsvBeside, "BESIDE_STEPS", 2)
-    assert StepsCsvBeside.start(tmp_path, [object()]) is None and forks == []  # type: ignore[list-item]
+    assert not [p for p in run_dir.iterdir() if p.name.startswith(".")]
+    kv = read_result(run_dir).kv
+    assert kv is not None and kv.num_steps > 0
+    assert len((run_dir / "steps.jsonl").read_text().splitlines()) == kv.num_steps
+    assert len((run_dir / "requests.jsonl").read_text().splitlines()) == kv.num_requests
 
 
 @pytest.mark.parametrize("complete", [True, False])
