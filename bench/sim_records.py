@@ -22,8 +22,9 @@ import kvplan
 from kvplan.results.csv_tables import write_tables
 from kvplan.results.records import RequestRecord, StepRecord
 from kvplan.results.run_result import read_result
-from kvplan.results.store import KeptRecords, RunWriter, read_jsonl
+from kvplan.results.store import KeptRecords, read_jsonl
 from kvplan.results.summarize import summarize
+from kvplan.results.writing.run_writer import RunWriter
 
 SIZES = ("ideal_bytes", "paged_bytes", "contiguous_bytes", "measured_bytes")
 

@@ -263,7 +263,7 @@ def _write_frame(path: Path, rows: Sequence[Any], build: Callable[[], pd.DataFra
 
 class StepsCsvChunks:
     """steps.csv made a chunk of steps at a time while a simulation runs (by the processes that
-    write its JSONL lines beside it, kvplan.results.store.LinesBeside), into a temporary file that
+    write its JSONL lines beside it, kvplan.results.writing.run_writer.LinesBeside), into a temporary file that
     ``finish`` puts in place. Each chunk's cells are ``csv_chunks``' of its own columns
     (``step_columns``), and its rows' text equals the whole table's where every column holds the
     same set of value types in every chunk as in the table (how pandas writes a cell depends on

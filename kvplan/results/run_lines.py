@@ -67,7 +67,7 @@ def decode_run_records(
     not of the type the template writes as json does (times: finite floats; counts and sizes: ints).
     ``texts``: where to keep the end times' reprs (for the token times of the requests, FloatTexts).
     ``lines`` False: the columns only, and no lines ([]; a writer that makes them elsewhere from
-    the columns, kvplan.results.store.LinesBeside).
+    the columns, kvplan.results.writing.run_writer.LinesBeside).
     """
     k, n, computed = len(run), len(run.computed), run.computed
     starts, ends = run.starts, run.ends
@@ -204,7 +204,7 @@ def _all_type(values: Sequence[Any], kind: type) -> bool:
 def column_lines(names: Sequence[str], columns: Sequence[Sequence[Any]]) -> list[str] | None:
     """The JSON lines (newline included) of the records whose field ``names[i]`` holds
     ``columns[i][j]`` in record j: ``json.dumps`` of each record's fields, made a column at a time
-    (a chunk of a simulation's kept steps, kvplan.results.store.LinesBeside). A column of one
+    (a chunk of a simulation's kept steps, kvplan.results.writing.run_writer.LinesBeside). A column of one
     value is written into the line's %-template once; each other value's text is made once per
     distinct value (floats, strings) or per run of the same array object. None where a column
     holds more than one type, a type other than exact int, float, str, None or tuple, or a float

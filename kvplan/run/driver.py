@@ -208,7 +208,7 @@ class Backend(Protocol):
 
 # ---- records ------------------------------------------------------------------------------------
 class RecordWriter(Protocol):
-    """Where a Recorder writes its records: kvplan.results.store.RunWriter (the run's JSONL
+    """Where a Recorder writes its records: kvplan.results.writing.run_writer.RunWriter (the run's JSONL
     files), or memory (a simulated probe)."""
 
     def write_request(self, record: RequestRecord) -> None: ...
@@ -233,7 +233,7 @@ class Recorder:
     ):
         self.writer, self.level, self.kv_sizes, self.advance = writer, level, kv_sizes, advance
         # a decode run's sizes as columns (kvplan.run.estimate.KVPricing.run_bytes, where kv_sizes is
-        # its step_bytes) for a writer that takes a run at once (kvplan.results.store.RunWriter)
+        # its step_bytes) for a writer that takes a run at once (kvplan.results.writing.run_writer.RunWriter)
         run_bytes = getattr(getattr(kv_sizes, "__self__", None), "run_bytes", None)
         write_run = getattr(writer, "write_decode_run", None)
         self._write_run = (lambda key, run: write_run(key, run, run_bytes(run))) if run_bytes and write_run else None

@@ -20,8 +20,9 @@ from kvplan.errors import KvplanError
 from kvplan.results.run_result import RunData, RunResult, load_run, save_result
 from kvplan.results.stats.prefix_metrics import VARIANTS as PREFIX_VARIANTS
 from kvplan.results.stats.variants import mixed_variant
-from kvplan.results.store import KeptRecords, RunWriter, create_run_dir
+from kvplan.results.store import KeptRecords, create_run_dir
 from kvplan.results.summarize import summarize
+from kvplan.results.writing.run_writer import RunWriter
 from kvplan.run.driver import Backend, Level, Recorder, RunStopped, run_level
 from kvplan.run.progress import level_progress
 from kvplan.workload.schema import Workload

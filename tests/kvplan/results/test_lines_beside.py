@@ -1,4 +1,4 @@
-"""A simulation's JSONL lines made beside it (kvplan.results.store.LinesBeside: forked processes
+"""A simulation's JSONL lines made beside it (kvplan.results.writing.run_writer.LinesBeside: forked processes
 writing chunks of the kept records while the run goes on) are the lines a writer makes as each
 record comes (``flush`` True: RecordLines' and the decode runs' templates, the bytes of json.dumps):
 on the random simulated levels of test_decode_runs (hypothesis), with chunks of a few records so
@@ -13,11 +13,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from kvplan.results import store
 from kvplan.results.csv_tables import write_steps_csv
 from kvplan.results.records import LevelKey
 from kvplan.results.run_lines import column_lines
-from kvplan.results.store import KeptRecords, LinesBeside, RunWriter
+from kvplan.results.store import KeptRecords
+from kvplan.results.writing import run_writer
+from kvplan.results.writing.run_writer import LinesBeside, RunWriter
 from kvplan.run.driver import Level, Recorder, run_level
 from kvplan.run.estimate import KVPricing
 from kvplan.run.sim.backend import SimBackend
@@ -83,7 +84,7 @@ def test_chunks_are_forked_and_land_in_order(tmp_path, monkeypatch):
             forks.append(pid)
         return pid
 
-    monkeypatch.setattr(store.os, "fork", fork)
+    monkeypatch.setattr(run_writer.os, "fork", fork)
     monkeypatch.setattr(LinesBeside, "__init__", _two_cores(LinesBeside.__init__))
     here, beside = written(tmp_path / "here", long_case(), False), written(tmp_path / "beside", long_case(), True)
     assert beside == here
@@ -118,7 +119,7 @@ def test_a_failed_chunk_is_cut_off_and_written_again(tmp_path, monkeypatch):
 @pytest.mark.parametrize("chunk", [1, 7, 65_536])
 def test_without_fork_the_chunks_are_written_here(tmp_path, monkeypatch, chunk):
     monkeypatch.setattr(LinesBeside, "CHUNK", chunk)
-    monkeypatch.setattr(store.os, "fork", _no_fork)
+    monkeypatch.setattr(run_writer.os, "fork", _no_fork)
 
     def one_core(self, run_dir, kept):
         real(self, run_dir, kept)

@@ -13,7 +13,8 @@ from hypothesis import strategies as st
 
 from kvplan.results.records import LevelKey, RequestRecord, StepRecord, field_names, step_values
 from kvplan.results.rows import StepRows, by_level, column, pick
-from kvplan.results.store import RecordLines, RunWriter
+from kvplan.results.store import RecordLines
+from kvplan.results.writing.run_writer import RunWriter
 
 # what json.dumps wrote for each record, one line: the contract the files have always kept
 dumps_line = lambda r: json.dumps({n: getattr(r, n) for n in field_names(type(r))}) + "\n"  # noqa: E731

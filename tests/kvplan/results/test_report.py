@@ -20,8 +20,8 @@ from kvplan.results.run_result import (
     load_run,
     save_result,
 )
-from kvplan.results.store import RunWriter
 from kvplan.results.summarize import summarize
+from kvplan.results.writing.run_writer import RunWriter
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 CHARTS = ["kv_over_time.png", "latency_b.png", "throughput_goodput.png", "kv_estimate_vs_measured.png"]

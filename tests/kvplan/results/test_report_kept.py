@@ -8,8 +8,9 @@ import pandas as pd
 
 from kvplan.results.csv_tables import step_frame, step_row
 from kvplan.results.run_result import load_run, read_result
-from kvplan.results.store import KeptRecords, RunWriter
+from kvplan.results.store import KeptRecords
 from kvplan.results.summarize import summarize
+from kvplan.results.writing.run_writer import RunWriter
 from kvplan.run.sim.run import simulate
 from kvplan.run.sim.setups import engine_setup
 from kvplan.workload.file import load_workload

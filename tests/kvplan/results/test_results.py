@@ -19,8 +19,9 @@ from kvplan.results.run_result import (
     load_run,
     save_result,
 )
-from kvplan.results.store import RunWriter, write_atomic
+from kvplan.results.store import write_atomic
 from kvplan.results.summarize import summarize
+from kvplan.results.writing.run_writer import RunWriter
 
 
 def result(**fields):

@@ -12,7 +12,8 @@ from hypothesis import strategies as st
 from engine.outputs import DecodeRunSteps
 from kvplan.results.records import LevelKey, StepRecord, field_names, step_values
 from kvplan.results.run_lines import FloatTexts, decode_run_records, float_texts, grown_blocks
-from kvplan.results.store import KeptRecords, RunWriter
+from kvplan.results.store import KeptRecords
+from kvplan.results.writing.run_writer import RunWriter
 from kvplan.run.estimate import KVPricing
 
 dumps_line = lambda r: json.dumps({n: getattr(r, n) for n in field_names(type(r))}) + "\n"  # noqa: E731

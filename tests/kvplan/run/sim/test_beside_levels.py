@@ -1,5 +1,5 @@
 """What a simulation does beside its levels and its summaries (kvplan.run.sim.run,
-kvplan.results.store.LinesBeside, kvplan.results.csv_tables.StepsCsvChunks): the setup's knee
+kvplan.results.writing.run_writer.LinesBeside, kvplan.results.csv_tables.StepsCsvChunks): the setup's knee
 found by its capacity search on a forked process, and the JSONL lines and steps.csv made a chunk
 at a time by forked processes, the last while the summaries are made. The run folder is the one
 made without them: the knee as simulated_knees finds it on its own, and steps.csv as
@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from kvplan.results import store
 from kvplan.results.csv_tables import write_steps_csv
 from kvplan.results.run_result import load_run, read_result
-from kvplan.results.store import LinesBeside
+from kvplan.results.writing import run_writer
+from kvplan.results.writing.run_writer import LinesBeside
 from kvplan.run.sim import run as sim_run
 from kvplan.run.sim.run import sample, simulate
 from kvplan.run.sim.search import simulated_knees
@@ -38,7 +38,7 @@ def forks(monkeypatch):
             made.append(pid)
         return pid
 
-    monkeypatch.setattr(store.os, "fork", fork)
+    monkeypatch.setattr(run_writer.os, "fork", fork)
     monkeypatch.setattr(LinesBeside, "__init__", _two_cores(LinesBeside.__init__))
     return made
 

@@ -7,7 +7,8 @@ and the kept rows the report reads."""
 from hypothesis import HealthCheck, given, settings
 
 from kvplan.results.records import LevelKey
-from kvplan.results.store import KeptRecords, RunWriter
+from kvplan.results.store import KeptRecords
+from kvplan.results.writing.run_writer import RunWriter
 from kvplan.run.driver import Level, Recorder, run_level
 from kvplan.run.estimate import KVPricing
 from kvplan.run.sim.backend import SimBackend
@@ -43,7 +44,7 @@ def test_records_of_decode_runs_are_the_records_of_the_steps(tmp_path_factory, c
 def test_a_long_decode_level_writes_its_runs_at_once(tmp_path, monkeypatch):
     """Three requests of 60 output tokens: most steps are decode runs, each written at once (the
     fast path taken, counted), and the files are those of the steps one by one."""
-    import kvplan.results.store as store
+    import kvplan.results.writing.run_writer as store
     from kvplan.results import run_lines
     from kvplan.traffic.requests import SampledRequest
     from tests.kvplan.run.sim.test_decode_runs import facts
