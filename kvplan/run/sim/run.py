@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import signal
 from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
@@ -312,8 +313,11 @@ def search_beside(searches: list[Callable[[], list]]) -> Callable[[bool], list[l
     if jobs < 2 or "fork" not in multiprocessing.get_all_start_methods() or multiprocessing.current_process().daemon:
         return lambda complete: search_all(searches) if complete else None
     _SEARCHES[:] = searches
-    try:  # the pool forks its workers here, each with the searches as they are now
-        pool = multiprocessing.get_context("fork").Pool(min(len(searches), jobs))
+    try:  # the pool forks its workers here, each with the searches as they are now; Ctrl-C is this
+        # process's to handle (it stops them), not theirs: a worker that took it would print a traceback
+        pool = multiprocessing.get_context("fork").Pool(
+            min(len(searches), jobs), initializer=signal.signal, initargs=(signal.SIGINT, signal.SIG_IGN)
+        )
     finally:
         _SEARCHES.clear()
     pending = pool.map_async(_run_search, range(len(searches)), chunksize=1)

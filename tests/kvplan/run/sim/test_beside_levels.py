@@ -105,3 +105,20 @@ def test_the_knee_found_beside_the_levels_is_the_one_found_alone(monkeypatch, tm
         assert {b.name: b.knee for b in result.capacity[0].buckets} == alone
     else:
         assert result.status == "interrupted" and not result.capacity
+
+
+def _sigint_handler() -> list:
+    import signal
+
+    return [signal.getsignal(signal.SIGINT) is signal.SIG_IGN]
+
+
+def test_searches_beside_leave_ctrl_c_to_the_run(monkeypatch):
+    """The forked searches ignore Ctrl-C: the run stops them (collect(False)) and writes its report;
+    a search that took it would print its own traceback."""
+    import signal
+
+    monkeypatch.setattr(sim_run, "search_jobs", lambda: 2)
+    collect = sim_run.search_beside([_sigint_handler, _sigint_handler])
+    assert collect(True) == [[True], [True]]
+    assert signal.getsignal(signal.SIGINT) is not signal.SIG_IGN  # this process's own is untouched
