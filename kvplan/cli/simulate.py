@@ -144,9 +144,20 @@ def simulate(
         from kvplan.results.summary_json import summary_json
 
         print(json.dumps(summary_json(result), indent=2))
-        return
-    if not quiet:
-        from kvplan.results.report.render import print_summary
+    else:
+        if not quiet:
+            from kvplan.results.report.render import print_summary
 
-        print_summary(result, console)
-    console.print(f"report: {run_dir}", markup=False, highlight=False)
+            print_summary(result, console)
+        console.print(f"report: {run_dir}", markup=False, highlight=False)
+    if result.status == "interrupted":  # Ctrl-C: exits as SIGINT does, as kvplan loadtest, whatever it kept
+        from rich.console import Console
+
+        Console(stderr=True).print(
+            f"interrupted: the report keeps the requests that finished ({run_dir})",
+            style="yellow",
+            markup=False,
+            highlight=False,
+            soft_wrap=True,
+        )
+        raise typer.Exit(130)

@@ -122,3 +122,20 @@ def test_searches_beside_leave_ctrl_c_to_the_run(monkeypatch):
     collect = sim_run.search_beside([_sigint_handler, _sigint_handler])
     assert collect(True) == [[True], [True]]
     assert signal.getsignal(signal.SIGINT) is not signal.SIG_IGN  # this process's own is untouched
+
+
+@pytest.mark.parametrize("json_output", [False, True])
+def test_an_interrupted_simulate_exits_130_with_its_report(monkeypatch, tmp_path, json_output):
+    """Ctrl-C during the levels (run_levels says interrupted): the report of what finished is
+    written, and kvplan simulate exits 130 with one line, as kvplan loadtest does (docs/loadtest.md)."""
+    from tests.kvplan.cli_runner import run_cli
+
+    real = sim_run.run_levels
+    monkeypatch.setattr(sim_run, "run_levels", lambda *a, **k: (real(*a, **k), "interrupted")[1])
+    out = tmp_path / "sim"
+    args = ["simulate", str(WORKLOADS / "smoke.yaml"), "--out", str(out), *(["--json"] if json_output else ["--quiet"])]
+    code, stdout, stderr = run_cli(*args)
+    assert code == 130
+    assert f"interrupted: the report keeps the requests that finished ({out})" in " ".join(stderr.split())
+    assert read_result(out).status == "interrupted" and read_result(out).report_written
+    assert ('"status": "interrupted"' in stdout) if json_output else (f"report: {out}" in stdout)
