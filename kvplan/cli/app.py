@@ -8,6 +8,7 @@ it become the flag the user typed (``--kv-cache-dtype``).
 from __future__ import annotations
 
 import sys
+from typing import NoReturn
 
 import typer
 
@@ -74,6 +75,25 @@ def error_line(message: str) -> None:
     from rich.console import Console
 
     Console(stderr=True).print(f"error: {message}", style="red", markup=False, highlight=False, soft_wrap=True)
+
+
+def exit_interrupted(run_dir) -> NoReturn:
+    """A run stopped by Ctrl-C: one yellow line saying its report keeps what finished, then exit
+    130, as SIGINT does (docs/loadtest.md, "Progress, interruption, exit codes").
+
+    Raises:
+        typer.Exit: always, code 130.
+    """
+    from rich.console import Console
+
+    Console(stderr=True).print(
+        f"interrupted: the report keeps the requests that finished ({run_dir})",
+        style="yellow",
+        markup=False,
+        highlight=False,
+        soft_wrap=True,
+    )
+    raise typer.Exit(130)
 
 
 def typed_options(ctx: typer.Context, names) -> list[str]:

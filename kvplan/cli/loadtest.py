@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from kvplan.cli.app import error_line, make_console, warn
+from kvplan.cli.app import error_line, exit_interrupted, make_console, warn
 
 
 def loadtest(
@@ -56,13 +56,4 @@ def loadtest(
         error_line(f"stopped: {result.stop_reason}; the report keeps the requests that finished ({run_dir})")
         raise typer.Exit(1)
     if result.status == "interrupted":  # a stopped run exits as SIGINT does, whatever it kept
-        from rich.console import Console
-
-        Console(stderr=True).print(
-            f"interrupted: the report keeps the requests that finished ({run_dir})",
-            style="yellow",
-            markup=False,
-            highlight=False,
-            soft_wrap=True,
-        )
-        raise typer.Exit(130)
+        exit_interrupted(run_dir)

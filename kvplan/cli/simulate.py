@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from kvplan.cli.app import make_console, warn
+from kvplan.cli.app import exit_interrupted, make_console, warn
 
 
 def simulate(
@@ -151,13 +151,4 @@ def simulate(
             print_summary(result, console)
         console.print(f"report: {run_dir}", markup=False, highlight=False)
     if result.status == "interrupted":  # Ctrl-C: exits as SIGINT does, as kvplan loadtest, whatever it kept
-        from rich.console import Console
-
-        Console(stderr=True).print(
-            f"interrupted: the report keeps the requests that finished ({run_dir})",
-            style="yellow",
-            markup=False,
-            highlight=False,
-            soft_wrap=True,
-        )
-        raise typer.Exit(130)
+        exit_interrupted(run_dir)
