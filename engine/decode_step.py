@@ -84,9 +84,11 @@ class DecodeBatch:
     ``schedule`` and ``update`` take one step; ``settle`` brings every request forward and ends
     the batch (call it before the scheduler or anything else reads the running requests)."""
 
-    def __init__(self, scheduler: Scheduler):
+    def __init__(self, scheduler: Scheduler, residents: bool = True):
         self.scheduler = scheduler
         self.active = False
+        # residents False: a step's residents are left out (``((), ())``: none read them)
+        self._unread = None if residents else ((), ())
 
     def _start(self) -> bool:
         """Begin a batch of the running requests, if they qualify (else False, changing nothing)."""
@@ -211,12 +213,14 @@ class DecodeBatch:
             context + admitted.num_attended_tokens,  # a decode attends its whole context: c + 1 pairs
             s.num_prefix_queried_tokens - queried0,
             s.num_prefix_hit_tokens - hit0,
+            residents=self._unread,
         )
 
     def update(self, step: DecodeStep, token_id: int, now: float) -> DecodeStep:
         """``scheduler.update_from_output`` for ``step`` ended at ``now`` (every request samples
         ``token_id``, or its replayed reply's next token); returns ``step`` with its ``residents``,
-        the requests holding blocks after it and their computed tokens (``Scheduler.kv_residents``)."""
+        the requests holding blocks after it and their computed tokens (``Scheduler.kv_residents``);
+        ``step`` as it was in a batch that leaves them out (``residents`` False: ``((), ())``)."""
         s = self.scheduler
         bm, t = s.block_manager, self.t
         self.ends.append(now)
@@ -255,9 +259,11 @@ class DecodeBatch:
                     self.settle()
             else:
                 self.tail = after
-        ids = tuple(map(_REQUEST_ID, s.running))
         if self.tail is not None and (not s.running or s.running[-1] is not self.tail):
             self.settle()  # not a state the batch describes (the scheduler's steps will take it)
+        if self._unread is not None:
+            return step
+        ids = tuple(map(_REQUEST_ID, s.running))
         if not self.active:
             return step._replace(residents=(ids, tuple(r.num_computed_tokens for r in s.running)))
         decodes = ids[:-1] if self.tail is not None else ids

@@ -151,6 +151,7 @@ def summarize_level(
     plan: LevelSchedule | None = None,
     class_slos: Mapping[str, Slo] | None = None,
     arrival: ArrivalSettings | None = None,
+    latencies_only: bool = False,
 ) -> LevelSummary:
     """Summarise one level (one variant of it) from its own request and step records;
     ``num_planned``: the requests the level was to run (the bucket's num_requests). ``plan``: a
@@ -158,7 +159,10 @@ def summarize_level(
     window, are kept out of every statistic (kvplan.results.stats.steady). ``class_slos``: mix class ->
     its SLO, for the classes judged by their own (the others by ``slo``). ``arrival``: the bucket's
     open-loop arrival settings (None: Poisson), whose CVs an open-loop level gets from all its
-    requests, warm-up and cool-down included."""
+    requests, warm-up and cool-down included. ``latencies_only``: a simulated capacity probe's
+    summary (kvplan.run.sim.search), which is read for its SLO attainment, rates and TTFT / TPOT /
+    E2E stats only: no ITL stats (None) and no step fields (as of a level without steps: zeros),
+    the work of its thousands of token gaps and steps left out."""
     own_slos = class_slos or {}
     slo_of = lambda r: own_slos.get(r.request_class, slo)  # noqa: E731
     num_excluded, window = 0, None
@@ -172,7 +176,7 @@ def summarize_level(
     if plan is not None and not plan.is_plain and requests:
         t0 = min(r.arrival_time for r in requests)
         requests, num_excluded, window = plan.split(requests)
-        steps = window_steps(steps, t0, window) if window is not None else []
+        steps = window_steps(steps, t0, window) if window is not None and not latencies_only else []
         num_planned = None if plan.duration_s is not None else num_planned
         # rates over the window (start, end], from every request's tokens and completions in it (a
         # warm-up or cool-down request's too: the load they put on the engine is the window's
@@ -206,7 +210,7 @@ def summarize_level(
         ttft_ms=latency_stats([t for r in done if (t := ttft_s(r)) is not None]),  # all: done are completed
         ttfo_ms=latency_stats([t for r in done if (t := ttfo_s(r)) is not None]),
         tpot_ms=latency_stats([t for r in done if (t := tpot_s(r)) is not None]),
-        itl_ms=latency_stats(itls_s(done)),
+        itl_ms=None if latencies_only else latency_stats(itls_s(done)),
         e2e_ms=latency_stats([e2e_s(r) for r in done]),
         output_tokens_per_s=rate(out_tokens),
         total_tokens_per_s=rate(all_tokens),
@@ -214,7 +218,7 @@ def summarize_level(
         goodput_rps=rate(sum(good for _, good in served)),
         slo_attainment=(sum(meets_slo(r, slo_of(r)) for r in requests) / len(requests)) if requests else None,
         num_preempted_requests=sum(r.num_preemptions > 0 for r in requests),
-        **step_fields(steps),
+        **step_fields([] if latencies_only else steps),
         variant=key.variant,
         num_planned=num_planned,
         num_errors=len(errors),

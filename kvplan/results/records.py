@@ -44,9 +44,10 @@ class LevelKey:
         """``short c=8``: bucket and label (progress bars, chart annotations)."""
         return f"{self.bucket} {self.label}"
 
-    @property
+    @functools.cached_property
     def id(self) -> str:
-        """``short/closed/8`` (``/cached``): the stem of request ids and cache salts, unique per level."""
+        """``short/closed/8`` (``/cached``): the stem of request ids and cache salts, unique per level
+        (made once per key: every request of a level names it)."""
         return f"{self.bucket}/{self.mode}/{self.value:g}" + (f"/{self.variant}" if self.variant else "")
 
     @classmethod

@@ -75,3 +75,19 @@ def test_a_prices_file_takes_an_exponent(tmp_path):
         "prices:\n  H100-SXM: {usd_per_gpu_hour: 2.5e0, source: 'a https://x.example', date: '2026-11-30'}\n"
     )
     assert load_prices(path) == {"H100-SXM": GpuPrice("H100-SXM", 2.5, "a https://x.example", "2026-11-30")}
+
+
+def test_bundled_tables_read_on_libyaml_equal_the_python_loaders_reading():
+    """``load_data`` (libyaml's parser where PyYAML has it) gives every bundled table exactly as
+    YamlLoader gives it: the same values and types, exponents included."""
+    from pathlib import Path
+
+    from kvplan.yaml_input import YamlLoader
+
+    tables = sorted((Path(__file__).resolve().parents[2] / "kvplan").rglob("*.yaml"))
+    assert len(tables) >= 5
+    for table in tables:
+        text = table.read_text()
+        assert repr(load_data(text)) == repr(yaml.load(text, Loader=YamlLoader)), table
+    for text in ("a: 1e9", "a: 0.12.0", "a: .inf", "a: inf", "a: 1_000", "a: [1e+3, -2.5E-3, 1e9x]", "a: 2026-12-06"):
+        assert repr(load_data(text)) == repr(yaml.load(text, Loader=YamlLoader)), text

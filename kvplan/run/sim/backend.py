@@ -99,12 +99,15 @@ class SimBackend:
         decode_runs: bool = True,
         admission: Mapping[str, Any] | None = None,
         defer_hashes: bool = True,
+        residents: bool = True,
     ):
         self.scheduler = scheduler_for(facts, admission)
         self._ahead: tuple[Any, list[float], int] | None = None  # a run taken past arrivals: steps, checks, handed
         if defer_hashes:  # blocks hashed only where a lookup could tell (engine.deferred_hashes)
             self.scheduler.block_manager.defer_hashes()
-        self._batch = DecodeBatch(self.scheduler)  # steps whose running requests decode (engine.decode_step)
+        # steps whose running requests decode (engine.decode_step); residents False: a search probe's,
+        # whose batch steps leave out the KV residents (none read them; a level's records keep them)
+        self._batch = DecodeBatch(self.scheduler, residents)
         self.decode_runs = decode_runs  # take runs of pure decode steps together (engine.decode_run)
         self.clock = clock
         self.now_s = 0.0

@@ -175,7 +175,8 @@ class Prober:
         probe's (None: the bucket's requests once, as a load test's level); ``decide``: an
         attainment target at which a probe with a plan stops as soon as too many of its measured
         requests missed the SLO to meet it (its summary then covers the requests finished so far,
-        and its attainment is below the target); ``offsets``: a trace's arrival offsets, s, for an
+        and its attainment is below the target; with ``decide`` or ``stop_on_preemption``, no ITL nor step
+        fields: ``summarize_level``'s ``latencies_only``); ``offsets``: a trace's arrival offsets, s, for an
         open level replayed at them (kvplan.traffic.trace)."""
         bucket = self.workload.buckets[bucket_index]
         key = LevelKey(bucket.name, mode, value, self.knee_variant if variant is None else variant)
@@ -187,12 +188,9 @@ class Prober:
         slos = self.workload.class_slos.get(bucket.name)
         records = _Records(level, stop_on_preemption, self.workload.slo, decide, slos)
         try:
-            backend = (
-                self.make_backend()
-                if self.make_backend is not None
-                else SimBackend(self.facts, self.clock(), admission=self.workload.engine.admission.model_dump())
-            )
-            run_level(backend, level, records, self.workload.seed)
+            admit = self.workload.engine.admission.model_dump()  # no KV residents: a probe reads none
+            new = self.make_backend or (lambda: SimBackend(self.facts, self.clock(), admission=admit, residents=False))
+            run_level(new(), level, records, self.workload.seed)
         except _Preempted:
             return None
         except _Decided:  # summarised from the requests finished so far: its attainment is below target
@@ -200,7 +198,8 @@ class Prober:
         if decide is not None:
             self.scores[bucket_index, mode, value] = score(records.ratios, decide)
         planned = len(requests) if sessions else bucket.num_requests if plan is None else plan.num_requests
-        return summarize_level(key, records.requests, records.steps, self.workload.slo, planned, plan, slos)
+        lean, slo = decide is not None or stop_on_preemption, self.workload.slo  # lean: a search's probe
+        return summarize_level(key, records.requests, records.steps, slo, planned, plan, slos, latencies_only=lean)
 
     def preempts(self, bucket_index: int, concurrency: int) -> bool:
         """Whether ``concurrency`` in flight preempts: a closed-loop level of the bucket's requests,

@@ -44,7 +44,7 @@ from kvplan.sizing import dtypes
 from kvplan.sizing.gpus.silicon_db import available, database_versions, default_version, nvlink_domain, quiet
 from kvplan.sizing.gpus.silicon_marlin import MOE_KERNELS, take_marlin_experts
 from kvplan.sizing.gpus.silicon_models import bundled_configs, match_model, mla_modes, quant_method, quant_modes
-from kvplan.sizing.gpus.silicon_spec import engine_handle
+from kvplan.sizing.gpus.silicon_spec import engine_handle, warm_up
 
 BACKENDS = ("vllm", "sglang", "trtllm")
 SILICON_KV_DTYPES = ("auto", "bf16", "fp16", "fp8")  # the KV cache modes its databases measure
@@ -375,11 +375,7 @@ def _build_engine(
         handle = engine_handle(model, source.system, source.backend, source.version, identity)
         context, generation = _roles(model.context_ops), _roles(model.generation_ops)
         experts = take_marlin_experts(source, model, context, generation) if moe_kernel == "marlin" else None
-        # one probe of each kind now, so a shape or precision the data lacks fails here, not mid-run
-        handle.evaluate_generation_ops(generation["non_attention"] + generation["logits"], batch_size=8, s=1024)
-        handle.evaluate_generation_ops(generation["attention"], batch_size=8, s=1024)
-        handle.evaluate_context_ops(context["non_attention"], batch_size=1, s=1024, x=1024)
-        handle.evaluate_context_ops(context["attention"], batch_size=1, s=1024, prefix=0)
+        warm_up(handle, context, generation)  # a shape or precision the data lacks fails here, not mid-run
     return handle, context, generation, experts
 
 

@@ -284,3 +284,31 @@ def test_cost_models_on_one_engine_share_their_answers(first, then):
     for step in first + then:
         work = _work(*step)
         assert other.step_seconds(work) == alone.step_seconds(work)
+
+
+def test_the_first_probes_all_run_and_raise_the_first_error_in_their_order():
+    """An engine's first probes run side by side (kvplan.sizing.gpus.silicon_spec.first_calls): each
+    runs although another fails, and the error raised is the first probe's in the order given,
+    as one after another would raise it."""
+    import threading
+
+    from kvplan.sizing.gpus.silicon_spec import first_calls
+
+    ran, barrier = [], threading.Barrier(3, timeout=10)
+
+    def probe(i, error=None):
+        def run():
+            barrier.wait()  # all three at once: they run on threads of their own
+            ran.append(i)
+            if error is not None:
+                raise error
+
+        return run
+
+    with pytest.raises(KeyError, match="second"):
+        first_calls(probe(0), probe(1, KeyError("second")), probe(2, ValueError("third")))
+    assert sorted(ran) == [0, 1, 2]
+    ran.clear()
+    first_calls(probe(0), probe(1), probe(2))
+    assert sorted(ran) == [0, 1, 2]
+    assert not [t for t in threading.enumerate() if t.name.startswith("kvplan-silicon-warm-up")]  # all joined

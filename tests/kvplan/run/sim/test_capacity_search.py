@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from kvplan.results.metrics import step_fields
 from kvplan.run.sim import brackets, search
 from kvplan.run.sim.calibration import store as calibrations
 from kvplan.run.sim.cli_setup import setups_for
@@ -174,3 +175,28 @@ def test_the_steered_searches_give_the_plain_searches_answers_on_chat_yaml_with_
     if not gpu:
         assert steered[0] == {"short": 9, "long": 2}
         assert [b.max_concurrency.level for b in steered[1]] == [15, 2]
+
+
+def test_a_probe_summary_leaves_out_only_the_itl_and_the_step_fields(monkeypatch):
+    """A capacity probe's summary (``latencies_only``) equals the whole summary of the same
+    records in every field the search reads and every other request field; only the ITL stats
+    (None) and the step fields (as of no steps) are left out, and the whole one has them."""
+    workload, setup, prober = _prober(SMOKE, model="llama-3.1-8b", gpu="H100-SXM")
+    prober.clock = setup.clock
+    asked = []
+    summarize = search.summarize_level
+    monkeypatch.setattr(search, "summarize_level", lambda *a, **k: asked.append((a, k)) or summarize(*a, **k))
+    plan = prober.steady(4, 0)
+    lean = prober.level(0, "closed", 4, variant=prober.slo_variant, plan=plan, decide=0.95)
+    ((args, options),) = asked
+    assert options == {"latencies_only": True}
+    whole = summarize(*args)
+    assert whole.itl_ms is not None and whole.num_steps > 0 and whole.peak_used_blocks > 0
+    assert lean.itl_ms is None and lean.num_steps == 0 and lean.peak_used_blocks == 0
+    steps = set(step_fields([]))
+    assert lean.model_dump(exclude={"itl_ms", *steps}) == whole.model_dump(exclude={"itl_ms", *steps})
+    assert lean.slo_attainment == whole.slo_attainment and lean.ttft_ms == whole.ttft_ms  # what the search reads
+    # a level of a load test or `kvplan advise` (no decide, no stop at a preemption): the whole summary
+    asked.clear()
+    prober.level(0, "closed", 4)
+    assert asked[0][1] == {"latencies_only": False}

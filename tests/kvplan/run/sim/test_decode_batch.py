@@ -9,6 +9,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from engine import decode_step
+from kvplan.results.metrics import step_fields
 from kvplan.results.stats.steady import LevelSchedule
 from kvplan.traffic.requests import SampledRequest
 from tests.kvplan.run.sim.test_decode_runs import facts, run, same_summaries
@@ -48,6 +49,24 @@ def test_batched_decode_steps_equal_the_scheduler_step_by_step(case):
     same_summaries(fast, slow)
 
 
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(chat_levels())
+def test_a_probe_backend_leaves_out_the_residents_and_nothing_else(case):
+    """``SimBackend(residents=False)`` (a search probe's): every step as with the residents, but
+    for the two resident columns, empty in the batch's steps (the scheduler's steps and a decode
+    run's, built from its description, keep theirs); the same finished requests, pool and step
+    fields of the summary."""
+    lean, whole = run(*case, decode_runs=True, residents=False), run(*case, decode_runs=True)
+    residents = ("kv_resident_tokens", "kv_resident_request_ids")
+    for thin, full in zip(lean.steps, whole.steps, strict=True):
+        assert {k: v for k, v in thin.items() if k not in residents} == {
+            k: v for k, v in full.items() if k not in residents
+        }
+        assert all(thin[name] in ((), full[name]) for name in residents)
+    assert (lean.finished, lean.pool) == (whole.finished, whole.pool)
+    assert step_fields(lean.log) == step_fields(whole.log) == step_fields(whole.objects)
+
+
 def test_a_chat_level_is_stepped_by_the_batch_with_its_prefill_and_admissions(monkeypatch):
     """40 users of short requests (prompts of 20-59 tokens over a budget of 48, so a prompt is
     chunked behind the decodes) on a roomy pool: the batch takes most steps, among them steps
@@ -71,3 +90,8 @@ def test_a_chat_level_is_stepped_by_the_batch_with_its_prefill_and_admissions(mo
     assert len(taken) > 0.8 * len(slow.steps)
     assert sum(tail for tail, _ in taken) > 100  # a prefill chunk behind the decodes
     assert sum(n > 0 for _, n in taken) > 0.8 * len(taken)  # a chunk or an admission in most
+    # a search probe's backend (residents=False): the batch's steps leave the residents out
+    lean = run(*case, decode_runs=True, residents=False)
+    left_out = sum(s["kv_resident_tokens"] == () and s["num_used_blocks"] > 0 for s in lean.steps)
+    assert left_out >= len(taken) - 1  # the batch's steps (its last may end the level: none held)
+    assert all(s["kv_resident_tokens"] for s in fast.steps if s["num_used_blocks"])

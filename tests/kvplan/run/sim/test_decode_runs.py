@@ -166,11 +166,12 @@ def run(
     decode_runs: bool,
     jitter=None,
     by_step: bool = False,
+    residents: bool = True,
 ) -> _Capture:
     level = Level(LevelKey("b", mode, value, ""), 0, tuple(requests), plan)
     capture = _Capture(level)
     clock = (_StepByStepClock if by_step else ModelClock)(COST, lag, jitter=jitter)
-    backend = SimBackend(engine, clock, decode_runs=decode_runs, admission=admission)
+    backend = SimBackend(engine, clock, decode_runs=decode_runs, admission=admission, residents=residents)
     run_level(backend, level, capture, seed=0)
     capture.pool = pool_state(backend)
     capture.batches = [len(steps) for steps in capture.batches]
