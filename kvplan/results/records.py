@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, fields
+from dataclasses import MISSING, dataclass, fields
 from operator import attrgetter, itemgetter
 from typing import Any, Literal
 
@@ -212,6 +212,17 @@ def step_record(values: Sequence[Any]) -> StepRecord:
     return record
 
 
+def request_record(values: Mapping[str, Any]) -> RequestRecord:
+    """``RequestRecord(**values)`` made as ``step_record`` makes a StepRecord: its defaults, then
+    ``values`` (which must name every field without a default, and only fields), put in its
+    __dict__ at once (the frozen dataclass's __init__ sets its 28 fields one by one; a search
+    probe records thousands of requests, and those records were a fifth of its time)."""
+    record = object.__new__(RequestRecord)
+    record.__dict__.update(_REQUEST_DEFAULTS)
+    record.__dict__.update(values)
+    return record
+
+
 def field_names(record_type: type) -> tuple[str, ...]:
     """A record dataclass's field names, in order (read once per type: records are written by the
     thousand)."""
@@ -235,6 +246,9 @@ def _stats_layout(record_type: type, own: tuple[str, ...]) -> tuple[Callable[[An
     read = attrgetter(*mine) if len(mine) > 1 else (lambda stats: (getattr(stats, mine[0]),) if mine else ())
     at = {name: i for i, name in enumerate([*mine, *own])}
     return read, itemgetter(*(at[n] for n in names))
+
+
+_REQUEST_DEFAULTS = {f.name: f.default for f in fields(RequestRecord) if f.default is not MISSING}
 
 
 def level_fields(key: LevelKey) -> dict[str, Any]:

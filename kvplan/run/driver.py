@@ -33,7 +33,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from kvplan.results.records import LevelKey, Mode, RequestRecord, StepRecord, field_names, level_fields
+from kvplan.results.records import LevelKey, Mode, RequestRecord, StepRecord, field_names, level_fields, request_record
 from kvplan.results.stats.prefix_metrics import CACHED, UNCACHED, VARIANTS
 from kvplan.results.stats.steady import LevelSchedule
 from kvplan.results.stats.variants import alone_variant
@@ -254,21 +254,26 @@ class Recorder:
                 write_stats(key, stats, self.kv_sizes(stats))
             else:
                 self.writer.write_step(StepRecord.from_stats(key, stats, **self.kv_sizes(stats)))
+        level = level_fields(key) if finished else {}
         for out in finished:
             req, salt, submitted_at = self.submitted.pop(out.request_id)
+            # a Finished's __dict__ is its fields, each a RequestRecord's (tests/kvplan/results/test_record_lines.py)
+            done = out.__dict__ if type(out) is Finished else {n: getattr(out, n) for n in field_names(type(out))}
             self.writer.write_request(
-                RequestRecord(
-                    **{name: getattr(out, name) for name in field_names(type(out))},
-                    **level_fields(key),
-                    max_tokens=req.max_tokens,
-                    prefix_group=req.prefix_group,
-                    tenant=req.tenant,
-                    cache_salt=salt,
-                    request_class=req.request_class or "",
-                    session=req.session,
-                    turn=req.turn,
-                    tenant_name=req.admission_tenant,
-                    submit_time=submitted_at,
+                request_record(
+                    {
+                        **done,
+                        **level,
+                        "max_tokens": req.max_tokens,
+                        "prefix_group": req.prefix_group,
+                        "tenant": req.tenant,
+                        "cache_salt": salt,
+                        "request_class": req.request_class or "",
+                        "session": req.session,
+                        "turn": req.turn,
+                        "tenant_name": req.admission_tenant,
+                        "submit_time": submitted_at,
+                    }
                 )
             )
             self.advance(out, len(self.submitted))

@@ -4,6 +4,7 @@ field read as a column is the field read record by record (kvplan.results.record
 
 import json
 import math
+import pickle
 from dataclasses import fields
 
 import numpy as np
@@ -11,7 +12,7 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from kvplan.results.records import LevelKey, RequestRecord, StepRecord, field_names, step_values
+from kvplan.results.records import LevelKey, RequestRecord, StepRecord, field_names, request_record, step_values
 from kvplan.results.rows import StepRows, by_level, column, pick
 from kvplan.results.store import RecordLines
 from kvplan.results.writing.run_writer import RunWriter
@@ -98,6 +99,32 @@ def test_from_stats_is_the_constructor_record():
     with pytest.raises(AttributeError):  # frozen as ever
         built.step_index = 3  # type: ignore[misc]
     assert step_values(key, stats, sizes) == tuple(getattr(expected, f.name) for f in fields(StepRecord))
+
+
+@settings(max_examples=50, deadline=None)
+@given(st.data())
+def test_request_record_is_the_constructor_record(data):
+    """``request_record`` (the load driver's, kvplan.run.driver.Recorder) equals the dataclass's own
+    constructor on any subset of the optional fields; a Finished's fields are all RequestRecord's,
+    so its __dict__ can be handed over whole."""
+    from dataclasses import MISSING, asdict
+
+    from kvplan.run.driver import Finished
+
+    every = fields(RequestRecord)
+    required = {f.name: i for i, f in enumerate(every) if f.default is MISSING}
+    optional = [f.name for f in every if f.default is not MISSING]
+    given_optional = data.draw(st.lists(st.sampled_from(optional), unique=True))
+    values = {
+        **required,
+        **{name: data.draw(st.one_of(st.none(), st.integers(), st.text(max_size=3))) for name in given_optional},
+    }
+    built, expected = request_record(values), RequestRecord(**values)
+    assert built == expected and repr(built) == repr(expected) and asdict(built) == asdict(expected)
+    assert pickle.loads(pickle.dumps(built)) == expected and hash(built.key) == hash(expected.key)
+    with pytest.raises(AttributeError):  # frozen as ever
+        built.request_id = "x"  # type: ignore[misc]
+    assert {f.name for f in fields(Finished)} <= {f.name for f in every}
 
 
 def test_a_column_is_the_field_of_each_record():
