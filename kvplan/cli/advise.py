@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from kvplan.cli.app import make_console, warn
+from kvplan.cli.app import make_console, simulation_gc, warn
 
 
 def advise(
@@ -52,6 +52,7 @@ def advise(
     from kvplan.workload.file import load_workload
     from kvplan.workload.schema import Workload
 
+    simulation_gc()
     spec = load_workload(workload)
     warn(spec.warnings, spec.source)
     if spec.variants or any(b.variants for b in spec.buckets):

@@ -23,20 +23,25 @@ app = typer.Typer(
 )
 
 
-# The cyclic collector's thresholds for a command's process (CPython's default: 700, 10, 10). A
-# simulation allocates millions of small objects that live till its end (the kept step and request
-# records, a probe's requests) and makes few cycles; at the default, the collector ran 480 young
-# and 4 full collections of them in the long-output case of bench/sim_long_outputs.py, 0.83 s of
-# its 9 CPU-seconds, and 0.2 s with these (one young collection per 50,000 allocations).
+# The cyclic collector's thresholds for a simulating command's process (CPython's default: 700,
+# 10, 10). A simulation allocates millions of small objects that live till its end (the kept step
+# and request records, a probe's requests) and makes few cycles; at the default, the collector ran
+# 480 young and 4 full collections of them in the long-output case of bench/sim_long_outputs.py,
+# 0.83 s of its 9 CPU-seconds, and 0.2 s with these (one young collection per 50,000 allocations).
+# Not for a load test: a collection of that many young objects pauses its client's event loop.
 GC_THRESHOLDS = (50_000, 20, 20)
+
+
+def simulation_gc() -> None:
+    """Collect cycles at ``GC_THRESHOLDS`` for the rest of this process (``kvplan simulate``,
+    ``plan`` and ``advise``, whose work is simulation)."""
+    gc.set_threshold(*GC_THRESHOLDS)
 
 
 def main() -> None:
     """Console-script entry point. Bad input becomes one red line on stderr and exit 2, no
     traceback: a KvplanError, or a usage error typer raises (unknown option, a value of the wrong
-    type). A command's ``typer.Exit(code)`` becomes the exit code; Ctrl-C outside a load test, 130.
-    The process collects cycles at ``GC_THRESHOLDS``."""
-    gc.set_threshold(*GC_THRESHOLDS)
+    type). A command's ``typer.Exit(code)`` becomes the exit code; Ctrl-C outside a load test, 130."""
     try:
         code = app(standalone_mode=False, prog_name="kvplan")
     except KvplanError as err:

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from kvplan.cli.app import given_only_with, make_console, warn
+from kvplan.cli.app import given_only_with, make_console, simulation_gc, warn
 
 if TYPE_CHECKING:
     from kvplan.results.plan_result import ConfigResult
@@ -166,6 +166,7 @@ def plan(
     from kvplan.optimize import plan as planning
     from kvplan.optimize.plan_run import PlanRequest, plan_deployments
 
+    simulation_gc()
     given_only_with(ctx, _DISAGG_OPTIONS, "disagg", disagg)
     given_only_with(ctx, ("scale_up_s", "window_requests"), "window", window is not None)
     request = PlanRequest(

@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from kvplan.cli.app import exit_interrupted, make_console, warn
+from kvplan.cli.app import exit_interrupted, make_console, simulation_gc, warn
 
 
 def simulate(
@@ -106,6 +106,8 @@ def simulate(
     from kvplan.run.sim.cli_setup import setups_for
     from kvplan.run.sim.run import simulate as run_simulate
     from kvplan.workload.file import load_workload
+
+    simulation_gc()
 
     console = make_console()
     spec = load_workload(workload)

@@ -173,7 +173,8 @@ def simulate(
     records = KeptRecords(finish_later=True)  # the records in memory too: the report reads no file back
     # the searches need none of the levels' records: on other cores while the levels run; one
     # target's search with two probes side by side where cores allow (kvplan.run.sim.ahead): on
-    # two cores, once the levels are done (till then they hold one core, the search the other)
+    # two cores, once the levels are done (till then they hold one core, the search the other, and
+    # the second probe's process waits for them: kvplan.run.sim.ahead)
     levels_done = multiprocessing.RawValue("b", 0)  # shared with the forked searches
     jobs = search_jobs()
     ahead: bool | Callable[[], bool] = (

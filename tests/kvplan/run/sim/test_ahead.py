@@ -107,18 +107,67 @@ def test_a_capacity_search_with_probes_side_by_side_answers_as_one_after_another
     assert 0 < here[True] < here[False]
 
 
-def test_probes_ahead_as_a_call_go_side_by_side_only_while_it_says_so():
+def test_probes_ahead_as_a_call_wait_for_the_levels_in_their_forked_process():
+    """A search beside a simulation's levels: while ``ahead()`` says no (the levels hold the other
+    core), the second probe still goes to a forked process, which sleeps till the levels are done
+    (the flag is shared memory, as the simulation's is); asked while they still run, it is stopped
+    and simulated here. Once they are done it runs, while this process is still on the first."""
+    import multiprocessing
+
+    parent = os.getpid()
+    levels_done = multiprocessing.RawValue("b", 0)
     asked: list[tuple[str, float]] = []
 
     def simulate(mode, level):
         asked.append((mode, level))
-        return f"{mode}@{level}", None
+        if os.getpid() == parent and level == 10:
+            levels_done.value = 1  # the levels end while this process simulates the first
+            time.sleep(0.5)
+        return f"{mode}@{level} in {'here' if os.getpid() == parent else 'fork'} at {time.monotonic():.3f}", None
 
-    levels_done = [False]  # a search beside a simulation's levels: side by side once they are done
-    probes = Probes(simulate, {}, 0, ahead=lambda: levels_done[0])
+    probes = Probes(simulate, {}, 0, ahead=lambda: bool(levels_done.value))
     probes.both(("closed", 8), ("closed", 9))
-    assert probes == {} and not probes.pending and asked == []  # nothing simulated early
-    levels_done[0] = True
-    probes.both(("closed", 10), ("closed", 11))
-    assert asked == [("closed", 10)] and list(probes.pending) == [("closed", 11)]
-    assert probes.probe("closed", 11) == "closed@11" and asked == [("closed", 10)]
+    assert asked == [("closed", 8)] and probes.pending[("closed", 9)].gated
+    time.sleep(0.2)
+    assert not probes.pending[("closed", 9)].ready()  # asleep: not started while the levels run
+    assert probes.probe("closed", 9).startswith("closed@9 in here")  # stopped, and simulated here
+    assert asked == [("closed", 8), ("closed", 9)]
+    before = time.monotonic()
+    probes.both(("closed", 10), ("closed", 11))  # here: 10 ends the levels, then takes 0.5 s
+    after = time.monotonic()
+    result = probes.probe("closed", 11)
+    assert result.startswith("closed@11 in fork") and ("closed", 11) not in asked
+    assert before < float(result.rsplit(" ", 1)[1]) < after  # ran while this one was on the first
+    probes.both(("closed", 12), ("closed", 13))  # the levels done: not gated
+    assert not probes.pending[("closed", 13)].gated
+    assert probes.probe("closed", 13).startswith("closed@13 in fork")
+
+
+def test_a_forked_probe_waiting_for_the_levels_leaves_when_its_search_is_gone():
+    """A search stopped (its pool worker killed, as an interrupted run's are) before the levels end:
+    the probe its process forked, still waiting for them, leaves instead of running on alone."""
+    import signal
+
+    read, write = os.pipe()
+    worker = os.fork()
+    if worker == 0:  # the search's process: forks a gated probe, reports its pid, then waits to be killed
+        os.close(read)
+        _, pending = side_by_side(lambda: None, lambda: "never", gate=lambda: False)
+        os.write(write, str(pending.pid).encode())
+        time.sleep(60)
+        os._exit(0)
+    os.close(write)
+    probe = int(os.read(read, 64))
+    os.kill(worker, signal.SIGKILL)
+    os.waitpid(worker, 0)
+
+    def alive(pid: int) -> bool:  # a zombie no one has reaped yet has left too
+        try:
+            return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+        except OSError:
+            return False
+
+    deadline = time.monotonic() + 10
+    while alive(probe) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not alive(probe), "the waiting probe outlived its search"

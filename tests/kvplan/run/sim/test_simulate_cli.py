@@ -366,3 +366,24 @@ def test_a_bucket_no_request_of_which_fits_is_refused_before_its_prompts_are_dra
         f"error: {path}: buckets[0].input_tokens: the longest request (16000000 + 12 tokens) needs 4000003"
         " blocks of 4 tokens, the KV pool has 48; lower it or grow engine.num_blocks"
     )
+
+
+def test_simulate_collects_at_the_simulation_thresholds_and_other_commands_at_pythons(monkeypatch, tmp_path):
+    """``kvplan simulate`` (as ``plan`` and ``advise``) raises the collector's thresholds for its
+    process (kvplan.cli.app.GC_THRESHOLDS); other commands, a load test's among them (whose client
+    loop a large young collection would pause), keep CPython's; run_cli puts them back after."""
+    import gc
+    import importlib
+
+    cli_app = importlib.import_module("kvplan.cli.app")  # the module (kvplan.cli.app is also the Typer app's name)
+    before, seen = gc.get_threshold(), []
+    monkeypatch.setattr(cli_app.gc, "set_threshold", lambda *t: seen.append(t))
+    code, _, err = run_cli("estimate", "--model", "llama-3.1-8b", "--gpu", "H100-SXM")
+    assert code == 0, err
+    assert cli_app.GC_THRESHOLDS not in seen  # (run_cli's own putting back is the one call)
+    run_dir = tmp_path / "run"
+    code, _, err = run_cli(
+        "simulate", str(SMOKE), "--model", "llama-3.1-8b", "--gpu", "H100-SXM", "--out", str(run_dir), "--quiet"
+    )
+    assert code == 0, err
+    assert seen.count(cli_app.GC_THRESHOLDS) == 1 and cli_app.GC_THRESHOLDS[0] > before[0] == gc.get_threshold()[0]
