@@ -119,9 +119,15 @@ def test_searches_beside_leave_ctrl_c_to_the_run(monkeypatch):
     import signal
 
     monkeypatch.setattr(sim_run, "search_jobs", lambda: 2)
-    collect = sim_run.search_beside([_sigint_handler, _sigint_handler])
-    assert collect(True) == [[True], [True]]
-    assert signal.getsignal(signal.SIGINT) is not signal.SIG_IGN  # this process's own is untouched
+    # Python's own handler here, whatever this process inherited (a job started in the background
+    # by a shell without job control starts with SIGINT ignored)
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        collect = sim_run.search_beside([_sigint_handler, _sigint_handler])
+        assert collect(True) == [[True], [True]]
+        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # this process's own is untouched
+    finally:
+        signal.signal(signal.SIGINT, before)
 
 
 @pytest.mark.parametrize("json_output", [False, True])
