@@ -28,15 +28,15 @@ from __future__ import annotations
 
 import hashlib
 from array import array
-from collections import OrderedDict
 from collections.abc import Mapping, Sequence
-from itertools import islice, repeat
+from itertools import repeat
 from types import MappingProxyType
 from typing import Any
 
 from engine import deferred_hashes as deferred
 from engine.block_hash import _hash_bytes, hash_block  # noqa: F401 - hash_block: imported from here too
 from engine.block_view import Blocks
+from engine.free_queue import FreeQueue
 from engine.offload.tiers import Offload
 from engine.request import Request
 
@@ -75,7 +75,7 @@ class BlockManager:
         # The free queue is the never-used ids [_next_unused, num_blocks) in order, then the freed
         # ones in the order they were freed: built in O(1) however large the pool.
         self._next_unused = 0
-        self._free: OrderedDict[int, None] = OrderedDict()
+        self._free = FreeQueue()  # engine.free_queue: list slices, not a block at a time
         self._cached: dict[bytes, int] = {}
         # Tables are tuples, replaced when they grow (every block_size tokens), so readers can
         # keep them; block_tables is the read-only view of all of them.
@@ -240,7 +240,7 @@ class BlockManager:
         if num_old <= 0 or not self._cached:
             return set()
         block_hash_of = self._block_hash
-        return {h for block_id in islice(self._free, num_old) if (h := block_hash_of[block_id]) is not None}
+        return {h for block_id in self._free.front(num_old) if (h := block_hash_of[block_id]) is not None}
 
     def num_takeable_without_eviction(self) -> int:
         """Blocks the free queue gives before the first cached one (whose take evicts it)."""
@@ -286,7 +286,7 @@ class BlockManager:
             return False
         for block_id in cached_block_ids:
             if refs[block_id] == 0:
-                del self._free[block_id]
+                self._free.remove(block_id)
             refs[block_id] += 1
         self._tables[request_id] = (*cached_block_ids, *self._take_free(num_new))
         return True
@@ -304,7 +304,7 @@ class BlockManager:
             return False
         for block_id in device:
             if refs[block_id] == 0:
-                del self._free[block_id]
+                self._free.remove(block_id)
             refs[block_id] += 1
         assert self.offload is not None
         payloads = self.offload.read_sources(loads)
@@ -354,10 +354,8 @@ class BlockManager:
         num_old = num - num_fresh
         if num_old <= 0:
             return (*range(first, first + num_fresh),)
-        free = self._free
-        old = [*islice(free, num_old)]  # the least recently freed
+        old = self._free.take(num_old)  # the least recently freed
         for block_id in old:
-            del free[block_id]
             refs[block_id] = 1
         hashes = [*map(block_hash_of.__getitem__, old)]
         if hashes.count(None) < num_old:  # some are cached: evicted in the queue's order
@@ -383,11 +381,12 @@ class BlockManager:
         self._num_checked.pop(request_id, None)
         if (chain := self._open.pop(request_id, None)) is not None:
             chain.open = False  # preempted or done: from now on it hashes (its deferred blocks stay)
-        refs, queue = self._refs, self._free
+        refs, joined = self._refs, []
         for block_id in reversed(self._tables.pop(request_id, ())):
             left = refs[block_id] - 1
             refs[block_id] = left
             if not left:
-                queue[block_id] = None  # tail of the request joins first
+                joined.append(block_id)  # tail of the request joins first
+        self._free.extend(joined)
         if forget:
             self._hashes.pop(request_id, None)

@@ -94,14 +94,17 @@ def cached_sample(
 ) -> SampledBuckets:
     """``sample_buckets(workload, tokenizer(), vocab_size, check)``, from the cache when it holds it
     (the tokenizer is built only when it does not). Random prompts (drawn in milliseconds) and a
-    trace's (built as each request is sent: kvplan.traffic.trace.TracePrompt) are never cached;
+    trace's (built as each request is sent: kvplan.traffic.trace.TracePrompt) are never cached,
+    nor is a tokenizer built for them where nothing is text (random token ids, no sessions; a
+    trace): loading one took a quarter of a second of ``kvplan simulate``'s set-up.
     ``check`` sees random buckets' longest lengths before their prompts are drawn.
 
     Raises:
         KvplanError: what sample_buckets raises.
     """
     if workload.dataset.kind in ("random", "trace"):
-        return prompts.sample_buckets(workload, tokenizer(), vocab_size, check)
+        text = workload.dataset.kind == "random" and workload.dataset.sessions is not None
+        return prompts.sample_buckets(workload, tokenizer() if text else None, vocab_size, check)
     path = cache_root() / "samples" / f"{sample_key(workload, vocab_size, tokenizer_id)}.json"
     try:
         data = json.loads(path.read_text())

@@ -43,6 +43,29 @@ def test_a_trace_is_not_kept_in_the_sample_cache(tmp_path, monkeypatch):
     monkeypatch.setenv("KVPLAN_CACHE", str(tmp_path / "cache"))
     write_trace(tmp_path / "t.jsonl")
     workload = load_workload(write_workload(tmp_path))
-    sampled = cached_sample(workload, lambda: None, VOCAB, [])
+    sampled = cached_sample(workload, _no_tokenizer, VOCAB, [])
     assert sampled.requests == sample_trace(workload, VOCAB).requests
+    assert not (tmp_path / "cache").exists()
+
+
+def _no_tokenizer():
+    raise AssertionError("a tokenizer was built for prompts that hold no text")
+
+
+def test_random_prompts_build_no_tokenizer(tmp_path, monkeypatch):
+    """Random token ids (shared random prefixes too) need no tokenizer: none is built, and the
+    requests are those sample_buckets draws without one."""
+    from kvplan.traffic.prompts import sample_buckets
+
+    monkeypatch.setenv("KVPLAN_CACHE", str(tmp_path / "cache"))
+    path = tmp_path / "r.yaml"
+    path.write_text(
+        "name: r\nseed: 3\ndataset: random\nshared_prefix: {num_tokens: 32, num_prefixes: 2}\n"
+        "buckets:\n  - {name: b, input_tokens: [40, 90], output_tokens: 8, concurrency: [2], num_requests: 6}\n"
+    )
+    workload = load_workload(path)
+    sampled = cached_sample(workload, _no_tokenizer, VOCAB, [])
+    assert sampled.requests == sample_buckets(workload, None, VOCAB).requests
+    requests = sampled.requests["b"]
+    assert len(requests) == 6 and len({r.prompt_token_ids[:32] for r in requests}) == 2  # the 2 random prefixes
     assert not (tmp_path / "cache").exists()
