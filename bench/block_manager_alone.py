@@ -5,8 +5,10 @@ SIMULATED_TOKEN_ID) decode in stretches of 112 steps: each stretch takes the blo
 grow into (``append_blocks``, in one call), offers their filled blocks to the prefix cache
 (``cache_computed_blocks``) and frees each finished request (``free``), admitting a new one in
 its place (``find_cached_prefix`` then ``allocate``), until ``--requests`` have finished. Block
-size 16, a pool of ``--blocks``. Prints the seconds and the pool's end state (evictions, free and
-used blocks, the free queue's head), which must be equal on any two trees. Times the engine it imports: put a
+size 16, a pool of ``--blocks``; ``--defer``: with deferred block hashes
+(``BlockManager.defer_hashes``, on in every simulation: the random prompts' blocks are entered in
+the cache unhashed). Prints the seconds and the pool's end state (evictions, free and used blocks,
+the free queue's head), which must be equal on any two trees. Times the engine it imports: put a
 tree first on PYTHONPATH (e.g. a ``git archive`` of main beside your worktree).
 
     PYTHONPATH=TREE .venv/bin/python bench/block_manager_alone.py --blocks 400000 --requests 800
@@ -28,9 +30,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--blocks", type=int, default=400_000, help="blocks in the pool")
     parser.add_argument("--requests", type=int, default=800, help="finished requests to stop at")
+    parser.add_argument("--defer", action="store_true", help="defer block hashes, as the simulator does")
     args = parser.parse_args()
     rng = random.Random(0)
     bm = BlockManager(args.blocks, BLOCK, True)
+    if args.defer:
+        bm.defer_hashes()
     made = 0
     prompts = [tuple(rng.randrange(32000) for _ in range(PROMPT)) for _ in range(args.requests + 2 * USERS)]
 
