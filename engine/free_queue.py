@@ -5,16 +5,17 @@ at once), allocation takes from the front (a new request's prompt blocks at once
 hit takes one block out of the middle, and lookups read the front in order. An ``OrderedDict``
 does all four in O(1), but a block at a time at some 100-200 ns each (CPython's linked nodes), and
 a long request moves hundreds of blocks: a 1,024 + 8,192-token request at block size 16 holds 576,
-and the block moves were a third of a long-output capacity probe's time
-(docs/benchmarks.md#issue-35-s23). A plain dict is no better: iterating from its front after many
-deletions there walks every deleted entry until the next resize.
+and the block manager's loops over blocks were 30 % of a long-output capacity probe's samples, the
+queue's inserts alone 12 % (docs/benchmarks.md#issue-35-s23). A plain dict is no better: iterating
+from its front after many deletions there walks every deleted entry until the next resize.
 
 Here the queue is a list of block ids with a head index, so joins and takes are list slices (a
 few ns a block); a block taken out of the middle stays in the list, marked *stale* (a count per
 block id), and is skipped where the front reaches it. A block can be freed again after it was
 taken out, so the list may hold a block id several times: only its last occurrence is live (the
 stale ones come first), which is why the marks count occurrences rather than flag ids. The list
-drops the passed head once it is more than half the list (amortised O(1) a block).
+drops the passed head once it is more than half the list, and is rebuilt of its live ids once its
+stale occurrences outnumber them twice (both amortised O(1) a block).
 """
 
 from __future__ import annotations
@@ -69,9 +70,14 @@ class FreeQueue:
         self._len += len(block_ids)
 
     def remove(self, block_id: int) -> None:
-        """Take ``block_id`` (in the queue) out of it, wherever it is."""
+        """Take ``block_id`` (in the queue) out of it, wherever it is. Where stale occurrences
+        outnumber twice the live ids (and ``COMPACT_AT``), the list is rebuilt of the live ones:
+        a prefix block hit and freed again by every request would otherwise grow it without bound
+        while the front is never reached (a pool that still has never-used blocks)."""
         self._stale[block_id] = self._stale.get(block_id, 0) + 1
         self._len -= 1
+        if len(self._ids) - self._head - self._len > 2 * self._len + COMPACT_AT:
+            self._ids, self._head, self._stale = [*self], 0, {}
 
     def take(self, num: int) -> list[int]:
         """The first ``num`` ids (0 <= num <= len), taken off the front, in order."""

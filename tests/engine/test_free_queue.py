@@ -64,3 +64,16 @@ def test_a_block_freed_again_after_a_hit_is_live_once_at_its_new_place():
     assert queue.take(2) == [0, 2]
     assert list(queue) == [1] and queue.take(1) == [1] and len(queue) == 0
     assert queue.take(0) == [] and list(queue) == []
+
+
+def test_a_block_hit_and_freed_again_forever_keeps_the_list_bounded():
+    """A shared prefix's block, hit and freed again by every request while the front is never
+    reached: the list is rebuilt of its live ids, not grown by one stale id a request."""
+    queue = FreeQueue()
+    queue.extend(range(10))
+    for _ in range(100_000):
+        queue.remove(3)
+        queue.append(3)
+    assert len(queue._ids) <= 3 * len(queue) + free_queue.COMPACT_AT + 1
+    assert list(queue) == [0, 1, 2, 4, 5, 6, 7, 8, 9, 3]
+    assert queue.take(10) == [0, 1, 2, 4, 5, 6, 7, 8, 9, 3] and len(queue) == 0 and queue.front(10) == []
