@@ -13,6 +13,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, NamedTuple, overload
 
+from engine.frozen import fast_init
 from engine.request import Request
 
 if TYPE_CHECKING:
@@ -49,6 +50,7 @@ class ScheduledRequest(NamedTuple):
         return self.num_computed_tokens + len(self.token_ids)
 
 
+@fast_init  # built once a step or request (engine.frozen)
 @dataclass(frozen=True)
 class SchedulerOutput:
     """What to run this step, in batch order, and what the scheduler did to make room.
@@ -91,6 +93,7 @@ class SchedulerOutput:
         return len(self.scheduled) - self.num_decode_tokens
 
 
+@fast_init  # built once a step or request (engine.frozen)
 @dataclass(frozen=True)
 class StepStats:
     """One engine step, as the load driver records it.

@@ -100,8 +100,13 @@ class Affinity:
 
 
 def judge_chunk(chunk: list[tuple[int, Any]]) -> list[tuple[int, Any]]:
-    """Every job of ``chunk`` judged, with its index (what a pool worker or Ray task runs)."""
-    return [(i, judge(job)) for i, job in chunk]
+    """Every job of ``chunk`` judged, with its index (what a pool worker or Ray task runs); the
+    step times asked kept on disk (kvplan.sizing.gpus.silicon_memo: a worker has no atexit)."""
+    from kvplan.sizing.gpus.silicon_memo import keep_step_times
+
+    judged = [(i, judge(job)) for i, job in chunk]
+    keep_step_times()
+    return judged
 
 
 def _ignore_sigint() -> None:

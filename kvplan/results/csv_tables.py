@@ -27,9 +27,7 @@ import os
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import fields
 from pathlib import Path
-from typing import Any
-
-import pandas as pd
+from typing import TYPE_CHECKING, Any
 
 from kvplan.results import metrics
 from kvplan.results.records import RequestRecord, StepRecord
@@ -37,6 +35,9 @@ from kvplan.results.rows import StepRows
 from kvplan.results.rows import column as record_column
 from kvplan.results.stats.shed import TENANT_COLUMNS, tenant_step_cells
 from kvplan.results.store import write_atomic
+
+if TYPE_CHECKING:
+    import pandas as pd  # imported where a table needs it (0.4 s here): most never do
 
 _PLAIN = frozenset({int, float, str, bool, type(None)})
 _NUMERIC = frozenset({int, float, type(None)})
@@ -222,6 +223,8 @@ def step_columns(steps: Sequence[StepRecord]) -> dict[str, list]:
 def step_frame(steps: Sequence[StepRecord]) -> pd.DataFrame:
     """steps.csv's rows (``step_row``) as a frame; built column by column where no step has tenants
     (``step_columns``), row by row otherwise."""
+    import pandas as pd
+
     if any(record_column(steps, "tenant_ids")):
         return pd.DataFrame([step_row(s) for s in steps])
     return pd.DataFrame(step_columns(steps))
@@ -234,9 +237,20 @@ def write_tables(
     False: requests.csv only, steps.csv made elsewhere: ``StepsCsvChunks``)."""
     if steps_csv:
         write_steps_csv(run_dir, steps)
-    _write_frame(
-        run_dir / "requests.csv", requests, lambda: pd.DataFrame([request_row(r) for r in requests]), RequestRecord
-    )
+    rows = [request_row(r) for r in requests]
+    chunks = None
+    if rows:  # every row has request_row's keys, in its order; the level column as pandas' object
+        chunks = csv_chunks({name: [row[name] for row in rows] for name in rows[0]}, as_object=("level",))
+    if chunks is not None:
+        write_atomic(run_dir / "requests.csv", chunks)
+    else:
+        _write_frame(run_dir / "requests.csv", requests, lambda: _frame(rows), RequestRecord)
+
+
+def _frame(rows: list[dict[str, Any]]) -> pd.DataFrame:
+    import pandas as pd
+
+    return pd.DataFrame(rows)
 
 
 def write_steps_csv(run_dir: Path, steps: Sequence[StepRecord]) -> None:
@@ -253,6 +267,8 @@ def write_steps_csv(run_dir: Path, steps: Sequence[StepRecord]) -> None:
 
 
 def _write_frame(path: Path, rows: Sequence[Any], build: Callable[[], pd.DataFrame], kind: type) -> None:
+    import pandas as pd
+
     frame = build() if rows else pd.DataFrame(columns=[f.name for f in fields(kind)])
     if rows:  # concurrency N stays an integer next to open-loop rates (one column would be float)
         frame["level"] = pd.Series(record_column(rows, "level"), dtype=object)

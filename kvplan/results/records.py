@@ -15,6 +15,8 @@ from dataclasses import MISSING, dataclass, fields
 from operator import attrgetter, itemgetter
 from typing import Any, Literal
 
+from engine.frozen import fast_init
+
 Mode = Literal["closed", "open"]
 
 
@@ -56,6 +58,7 @@ class LevelKey:
         return cls(record.bucket, record.mode, record.level, record.variant)
 
 
+@fast_init  # built once a step or request (engine.frozen)
 @dataclass(frozen=True)
 class RequestRecord:
     """One finished request of one load level.
@@ -111,6 +114,7 @@ class RequestRecord:
         return LevelKey.of(self)
 
 
+@fast_init  # built once a step or request (engine.frozen)
 @dataclass(frozen=True)
 class StepRecord:
     """One engine step (its ``StepStats``, field for field) with its level and four KV sizes.

@@ -33,6 +33,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from engine.frozen import fast_init
 from kvplan.results.records import LevelKey, Mode, RequestRecord, StepRecord, field_names, level_fields, request_record
 from kvplan.results.stats.prefix_metrics import CACHED, UNCACHED, VARIANTS
 from kvplan.results.stats.steady import LevelSchedule
@@ -140,6 +141,7 @@ def round_salt(salt: str, index: int, num_requests: int) -> str:
 
 
 # ---- what crosses the backend boundary ----------------------------------------------------------
+@fast_init  # built once a step or request (engine.frozen)
 @dataclass(frozen=True)
 class Submission:
     """A request for a backend: run ``prompt_token_ids`` for exactly ``max_tokens`` output tokens
@@ -159,6 +161,7 @@ class Submission:
     tenant: str | None = None
 
 
+@fast_init  # built once a step or request (engine.frozen)
 @dataclass(frozen=True)
 class Finished:
     """A finished request as a backend reports it; times on the backend's clock (seconds).

@@ -31,7 +31,10 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from engine.frozen import fast_init
 
+
+@fast_init  # built once a step or request (engine.frozen)
 @dataclass(frozen=True)
 class StepWork:
     """The work of one engine step (engine.outputs.SchedulerOutput's counts):

@@ -36,6 +36,7 @@ from kvplan.run.sim.backend import SimBackend
 from kvplan.run.sim.facts import simulated_facts, simulated_run_info
 from kvplan.run.sim.search import resolve_auto, search_capacity, simulated_knees, with_knees
 from kvplan.run.sim.setups import SimSetup
+from kvplan.sizing.gpus.silicon_memo import keep_step_times
 from kvplan.traffic.requests import SampledBuckets
 from kvplan.traffic.samples import cached_sample
 from kvplan.traffic.tokenizer import tokenize_function, tokenizer_identity
@@ -199,6 +200,8 @@ def simulate(
         )
     finally:
         levels_done.value = 1
+        if collect is not None and status == "complete":  # the report's modules (pandas: 0.4 s) while
+            import kvplan.results.report.summary  # noqa: F401  # the searches finish, not after them
         found = collect(status == "complete") if collect is not None else None  # unfinished: none
     if knees is None:  # the setup's search found them (every bucket's answer holds its knee)
         knees = (
@@ -260,7 +263,9 @@ _SEARCHES: list[Callable[[], list]] = []  # what a forked worker of search_all r
 
 
 def _run_search(index: int) -> list:
-    return _SEARCHES[index]()
+    found = _SEARCHES[index]()
+    keep_step_times()  # a forked worker's new step times (kvplan.sizing.gpus.silicon_memo): no atexit there
+    return found
 
 
 def search_jobs() -> int:

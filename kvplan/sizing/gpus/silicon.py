@@ -17,12 +17,11 @@ each step the scheduler actually scheduled (kvplan.run.sim.cost.StepWork), never
 
 The composition mirrors aiconfigurator's own mixed step (``Engine::mixed_step_latency``: shared
 non-attention ops, context attention, decode attention), fed with the step's own counts. The
-two scales and three overheads per backend (what the kernels alone leave out: the serving loop,
-the gaps between each layer's kernel launches, sampling, detokenising and streaming) are fitted
-on measured H100 serving runs
-(bench/silicon_check.py, ``data/silicon_fit.yaml``). Each distinct shape is asked once: the
-shapes are rounded to 1/128 of an octave above 128 (at most 0.8 % off) and the answers memoised,
-so a step costs microseconds after the first few.
+two scales and three overheads per backend (what the kernels alone leave out: the serving loop, the
+gaps between each layer's kernel launches, sampling, detokenising and streaming) are fitted on measured
+H100 serving runs (bench/silicon_check.py, ``data/silicon_fit.yaml``). Each distinct shape is asked once:
+the shapes are rounded to 1/128 of an octave above 128 (at most 0.8 % off) and the answers memoised (on
+disk too: kvplan.sizing.gpus.silicon_memo), so a step costs microseconds after the first few.
 
 Coverage: a GPU whose speed table entry names a ``silicon_system`` with a database for the
 backend, and a model whose config has the shape of one of aiconfigurator's bundled model configs
@@ -43,8 +42,9 @@ from kvplan.errors import KvplanError
 from kvplan.sizing import dtypes
 from kvplan.sizing.gpus.silicon_db import available, database_versions, default_version, nvlink_domain, quiet
 from kvplan.sizing.gpus.silicon_marlin import MOE_KERNELS, take_marlin_experts
+from kvplan.sizing.gpus.silicon_memo import LazyHandle, StepMemo
 from kvplan.sizing.gpus.silicon_models import bundled_configs, match_model, mla_modes, quant_method, quant_modes
-from kvplan.sizing.gpus.silicon_spec import engine_handle, warm_up
+from kvplan.sizing.gpus.silicon_spec import engine_handle, memo_file, warm_up
 
 BACKENDS = ("vllm", "sglang", "trtllm")
 SILICON_KV_DTYPES = ("auto", "bf16", "fp16", "fp8")  # the KV cache modes its databases measure
@@ -348,13 +348,14 @@ def _sum(entries: list[tuple]) -> float:
 def _engine(
     source: SiliconSource, tp: int, ep: int, dp: int, modes_items: Any, moe_kernel: str = "auto"
 ) -> tuple[Any, dict, dict, Any, dict[tuple, float]]:
-    """A target's engine, its ops by role, Marlin experts (or None) and shared memo, once a process."""
-    return (*_build_engine(source, tp, ep, dict(modes_items), dp, moe_kernel), {})
+    """A target's engine, its ops by role, Marlin experts (or None) and shared memo, once a process
+    (the memo kept on disk where the engine is: kvplan.sizing.gpus.silicon_memo)."""
+    return _build_engine(source, tp, ep, dict(modes_items), dp, moe_kernel)
 
 
 def _build_engine(
     source: SiliconSource, tp: int, ep: int, modes: dict[str, str], dp: int = 1, moe_kernel: str = "auto"
-) -> tuple[Any, dict, dict, Any]:
+) -> tuple[Any, dict, dict, Any, StepMemo]:
     from aiconfigurator_core.sdk import common, config
     from aiconfigurator_core.sdk.models import get_model
 
@@ -372,11 +373,15 @@ def _build_engine(
         model = get_model(source.model_path, model_config, source.backend)
         # kept on disk across processes (Marlin's experts read the model's ops as the build leaves them)
         identity = {**asdict(source), "tp": tp, "ep": ep, "dp": dp, "modes": modes} if moe_kernel != "marlin" else None
-        handle = engine_handle(model, source.system, source.backend, source.version, identity)
+        memo = StepMemo(memo_file(identity) if identity is not None else None)
         context, generation = _roles(model.context_ops), _roles(model.generation_ops)
+        build = lambda: engine_handle(model, source.system, source.backend, source.version, identity)  # noqa: E731
+        if memo.kept:  # warmed up by the process that kept it: built only for a shape it lacks
+            return LazyHandle(build), context, generation, None, memo
+        handle = build()
         experts = take_marlin_experts(source, model, context, generation) if moe_kernel == "marlin" else None
         warm_up(handle, context, generation)  # a shape or precision the data lacks fails here, not mid-run
-    return handle, context, generation, experts
+    return handle, context, generation, experts, memo
 
 
 def _roles(ops: list[Any]) -> dict[str, list[int]]:

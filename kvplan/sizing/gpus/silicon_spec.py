@@ -40,6 +40,13 @@ def spec_file(identity: dict[str, Any]) -> Path:
     return listing.with_name(f"engine-{hashlib.sha256(text.encode()).hexdigest()[:24]}.bin")
 
 
+def memo_file(identity: dict[str, Any]) -> Path:
+    """Where the step times of the engine of ``identity`` are kept (kvplan.sizing.gpus.silicon_memo):
+    beside its spec, under the same key."""
+    spec = spec_file(identity)
+    return spec.with_name("steps-" + spec.name.removeprefix("engine-").removesuffix(".bin") + ".bin")
+
+
 def stored_handle(identity: dict[str, Any]) -> Any | None:
     """The ``EngineHandle`` of ``identity`` from its kept spec bytes; None where none is kept, the
     file is not one this module wrote whole, or its systems folder is gone (then build it)."""

@@ -49,7 +49,7 @@ def read_gguf_config(path: Path) -> tuple[dict[str, Any], str, dict[str, str]]:
         KvplanError: not a readable GGUF file, or metadata without the architecture, block count or
             embedding length (named by their GGUF keys).
     """
-    header = read_gguf_header(path)
+    header = read_gguf_header(path, texts=False)  # the tokenizer's strings: only their count is read
 
     def raw(key: str) -> Any:
         return header.metadata.get(key)

@@ -163,3 +163,62 @@ def test_columns_fixed_over_a_chunk_are_pandas_bytes(values, chunk_rows):
     string doubled there), beside moving ones, and chunks where every column is fixed: pandas' bytes."""
     cols = {f"c{i}": column for i, column in enumerate(values)}
     assert "".join(csv_chunks(cols, chunk_rows=chunk_rows)) == pandas_text(cols)
+
+
+OPTIONAL_TIME = st.one_of(st.none(), st.floats(0, 1e4))
+
+
+@st.composite
+def request_records(draw):
+    """Requests of every kind a run writes: finished, rejected (no latency), aborted before a
+    token; levels as concurrencies and rates; fields set in some rows only."""
+    from kvplan.results.records import RequestRecord
+
+    records = []
+    for i in range(draw(st.integers(1, 6))):
+        arrival = draw(st.floats(0, 100))
+        times = tuple(sorted(draw(st.lists(st.floats(arrival, arrival + 50), max_size=4))))
+        records.append(
+            RequestRecord(
+                request_id=draw(st.sampled_from([f"r{i}", f"a,b{i}", f'q"{i}'])),
+                bucket=draw(st.sampled_from(["short", "long doc"])),
+                mode=draw(st.sampled_from(["closed", "open"])),
+                level=draw(st.sampled_from([4, 2.5, 1, 0.1 + 0.2])),
+                arrival_time=arrival,
+                first_scheduled_time=draw(OPTIONAL_TIME),
+                finish_time=arrival + 60,
+                token_times=times,
+                num_prompt_tokens=draw(st.integers(1, 9000)),
+                num_output_tokens=len(times),
+                max_tokens=draw(st.integers(1, 9000)),
+                finish_reason=draw(st.sampled_from(["stop", "length", "rejected", "abort", "error"])),
+                finish_detail=draw(st.sampled_from(["", "HTTP 500: boom, again"])),
+                num_preemptions=draw(st.integers(0, 3)),
+                prefix_group=draw(st.one_of(st.none(), st.integers(0, 4))),
+                tenant=draw(st.one_of(st.none(), st.integers(0, 2))),
+                cache_salt=draw(st.one_of(st.none(), st.just("t1"))),
+                sent_time=draw(OPTIONAL_TIME),
+                session=draw(st.one_of(st.none(), st.integers(0, 3))),
+                turn=draw(st.one_of(st.none(), st.integers(1, 3))),
+                first_output_time=draw(OPTIONAL_TIME),
+                tenant_name=draw(st.one_of(st.none(), st.just("gold"))),
+                kv_transfer_s=draw(OPTIONAL_TIME),
+            )
+        )
+    return records
+
+
+@settings(max_examples=150, deadline=None)
+@given(request_records())
+def test_requests_csv_as_pandas_wrote_it(tmp_path_factory, records):
+    """requests.csv written by csv_chunks (no pandas) equals what pandas wrote of the same rows:
+    ``DataFrame(rows)`` with the level column as object (kvplan.results.csv_tables.write_tables)."""
+    from kvplan.results.csv_tables import request_row
+
+    folder = tmp_path_factory.mktemp("requests")
+    rows = [request_row(r) for r in records]
+    assert csv_chunks({k: [row[k] for row in rows] for k in rows[0]}, as_object=("level",)) is not None  # not pandas
+    write_tables(folder, records, [], steps_csv=False)
+    frame = pd.DataFrame([request_row(r) for r in records])
+    frame["level"] = pd.Series([r.level for r in records], dtype=object)
+    assert (folder / "requests.csv").read_text() == frame.to_csv(index=False)

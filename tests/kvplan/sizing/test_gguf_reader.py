@@ -9,6 +9,7 @@ import pytest
 
 from kvplan.errors import KvplanError
 from kvplan.sizing.models.gguf_reader import read_gguf_header
+from kvplan.sizing.models.gguf_spec import read_gguf_config
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "gguf"
 
@@ -61,6 +62,23 @@ def test_smollm2_header_reads_as_gguf_py_reads_it():
         and len(header.metadata["tokenizer.ggml.merges"]) == 48900
     )
     assert header.metadata["llama.block_count"] == 30 and header.metadata["llama.attention.head_count_kv"] == 3
+    # without decoding the tokenizer's strings (read_gguf_config's way): each array of strings as
+    # that many Nones, every other value and name the same, and the same config
+    lean = read_gguf_header(path, texts=False)
+    assert lean.tensor_names == header.tensor_names and lean.metadata.keys() == header.metadata.keys()
+    for key, value in header.metadata.items():
+        strings = isinstance(value, list) and value and isinstance(value[0], str)
+        assert lean.metadata[key] == ([None] * len(value) if strings else value), key
+    assert read_gguf_config(path)[0]["vocab_size"] == 49152
+
+
+def test_strings_left_undecoded_are_still_checked_against_the_end_of_the_file(tmp_path):
+    path = DATA / "gguf_key192_value128.gguf"
+    assert read_gguf_header(path, texts=False).metadata.keys() == read_gguf_header(path).metadata.keys()
+    cut = tmp_path / "cut.gguf"
+    cut.write_bytes(path.read_bytes()[:100])
+    with pytest.raises(KvplanError, match="not a readable GGUF file"):
+        read_gguf_header(cut, texts=False)
 
 
 def test_bad_files_are_one_line_errors(tmp_path):
