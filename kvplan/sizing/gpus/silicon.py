@@ -376,8 +376,8 @@ def _build_engine(
         memo = StepMemo(memo_file(identity) if identity is not None else None)
         context, generation = _roles(model.context_ops), _roles(model.generation_ops)
         build = lambda: engine_handle(model, source.system, source.backend, source.version, identity)  # noqa: E731
-        if memo.kept:  # warmed up by the process that kept it: built only for a shape it lacks
-            return LazyHandle(build), context, generation, None, memo
+        if memo.kept:  # a shape it lacks builds the engine then, warmed up (its tables loaded side by side)
+            return LazyHandle(build, lambda h: warm_up(h, context, generation)), context, generation, None, memo
         handle = build()
         experts = take_marlin_experts(source, model, context, generation) if moe_kernel == "marlin" else None
         warm_up(handle, context, generation)  # a shape or precision the data lacks fails here, not mid-run

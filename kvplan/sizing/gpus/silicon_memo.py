@@ -5,13 +5,16 @@ and keeps the answer in a memo shared by every cost model of that target in a pr
 answers depend only on the engine, which depends only on the target and the package's data (the
 kept spec's key: kvplan.sizing.gpus.silicon_spec), so the memo is kept beside the spec, under
 the same key: ``$KVPLAN_CACHE/aiconfigurator/steps-<key>.bin``. A later process that finds it
-reads the answers asked before and builds the engine only when it is asked a shape the file
-lacks (``LazyHandle``). The 100-configuration plan of docs/plan.md asks about 6,000 shapes of
-each of its 20 targets (GPU kind x tp); a file is read in a few ms, against 0.1-0.4 s to build a
-target's engine and load its tables (docs/benchmarks.md#silicon-memo).
+reads the answers asked before and builds the engine (and warms it up) only when it is asked a
+shape the file lacks (``LazyHandle``): then in each process that asks one (a run's forked
+searches too), where the engine used to be built once before they forked. The 100-configuration
+plan of docs/plan.md asks about 6,000 shapes of each of its 20 targets (GPU kind x tp); a file is
+read in a few ms, against 0.1-0.4 s to build a target's engine and load its tables
+(docs/benchmarks.md#silicon-memo).
 
 The file is written only after the engine answered the warm-up (kvplan.sizing.gpus.silicon_spec
-``warm_up``), so a kept memo means the target's data covers it: its warm-up is not repeated. The
+``warm_up``), so a kept memo means the target's data covers it: a run that finds one does not warm
+up before it starts (a shape or precision the data lacks was found by the run that kept it). The
 answers are the engine's floats, written by ``marshal`` (exact; a file of another Python's
 marshal version is not read), so every step time is the same with or without the file
 (tests/kvplan/sizing/test_silicon_memo.py). ``keep_step_times()`` writes every memo of this
@@ -97,14 +100,18 @@ atexit.register(keep_step_times)
 
 
 class LazyHandle:
-    """An engine handle built by ``build()`` when first used (an attribute read), for a target
-    whose kept memo may answer every shape asked."""
+    """An engine handle built by ``build()`` when first used (an attribute read), then given to
+    ``then`` (kvplan.sizing.gpus.silicon_spec ``warm_up``: its tables loaded side by side), for a
+    target whose kept memo may answer every shape asked."""
 
-    def __init__(self, build: Callable[[], Any]):
+    def __init__(self, build: Callable[[], Any], then: Callable[[Any], Any] = lambda handle: None):
         self._build: Callable[[], Any] | None = build
+        self._then = then
         self._handle: Any = None
 
     def __getattr__(self, name: str) -> Any:
         if self._build is not None:
-            self._handle, self._build = self._build(), None
+            handle, self._build = self._build(), None
+            self._then(handle)
+            self._handle = handle
         return getattr(self._handle, name)

@@ -16,7 +16,7 @@ from kvplan.sizing.gpus.silicon_memo import LazyHandle, StepMemo
 
 ROOT = Path(__file__).resolve().parents[3]
 # step times of a dense and a MoE target in a fresh process; "kept": the engine may not be built
-# nor warmed up there; "lazy": it may be built (a new shape) but not warmed up
+# nor warmed up there
 SCRIPT = """
 import json, sys
 from kvplan.run.sim.cost import StepWork
@@ -25,10 +25,8 @@ from kvplan.sizing.models.model_source import load_model_config
 mode, shapes = sys.argv[1], sys.argv[2]
 def refuse(*args, **kwargs):
     raise AssertionError("built or warmed up the engine")
-if mode != "fresh":
-    silicon.warm_up = refuse
 if mode == "kept":
-    silicon.engine_handle = refuse
+    silicon.warm_up = silicon.engine_handle = refuse
 works = [StepWork(0, 8, 0, 8 * 1153, 8 * 1153, 8 * 1153), StepWork(1024, 0, 1, 1024, 1024 * 1025 // 2),
          StepWork(700, 63, 2, 700 + 63 * 4000, 700 * 701 // 2 + 63 * 4000, 63 * 4000)]
 if shapes == "more":  # a decode shape the first works do not ask
@@ -63,7 +61,7 @@ def test_a_later_process_answers_from_the_kept_step_times(tmp_path):
     memos = sorted((tmp_path / "kept" / "aiconfigurator").glob("steps-*.bin"))
     assert len(memos) == 2  # one per target, beside the kept engines
     assert step_times(tmp_path / "kept", "kept") == first  # no engine built, the same floats
-    grown = step_times(tmp_path / "kept", "lazy", "more")  # a new shape: the engine built, not warmed up
+    grown = step_times(tmp_path / "kept", "lazy", "more")  # a new shape: the engine built then
     assert grown == fresh and {k: v[:3] for k, v in grown.items() if "run" not in k} == {
         k: v for k, v in first.items() if "run" not in k
     }
@@ -104,6 +102,8 @@ def test_lazy_handle_builds_once_when_first_used():
         built.append(1)
         return Engine()
 
-    handle = LazyHandle(build)
-    assert built == []
+    warmed = []
+    handle = LazyHandle(build, warmed.append)
+    assert built == [] and warmed == []
     assert handle.evaluate(3) == 6 and handle.evaluate(4) == 8 and built == [1]
+    assert len(warmed) == 1 and isinstance(warmed[0], Engine)  # warmed up once, the engine itself
