@@ -77,8 +77,19 @@ class FakeServer:
         return self
 
     def stop(self) -> None:
-        self.loop.call_soon_threadsafe(self._server.close)
-        self.loop.call_soon_threadsafe(self.loop.stop)
+        """Close the listening socket, end every open connection's handler (cancelled, its writer
+        closed while the loop still runs: a handler left pending on a kept-alive connection was
+        destroyed with the stopped loop, a warning at the end of the suite), then stop the loop."""
+
+        async def shut() -> None:
+            self._server.close()
+            handlers = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+            for task in handlers:
+                task.cancel()
+            await asyncio.gather(*handlers, return_exceptions=True)
+            self.loop.stop()
+
+        asyncio.run_coroutine_threadsafe(shut(), self.loop)
         self._thread.join(5)
 
     def _run(self) -> None:
