@@ -31,12 +31,12 @@ mode="disagg")`` with the row's pools) from its own venv (``--peer-python``; mad
 folder with ``pip install aiconfigurator==0.12.0`` when not given; ``--no-peer`` skips it).
 
     flock /tmp/kvplan-cpu.lock .venv/bin/python bench/silicon_disagg_check.py [--limit N] [--jobs 2] \
-        [--dp-only] [--save rows.jsonl] [--row-seconds S]
+        [--dp-only | --no-dp] [--save rows.jsonl] [--row-seconds S]
 
 ``--row-seconds S`` gives up on a row after S seconds of simulation (listed with that reason: the
 largest closed loops, C x 10 requests of up to 8,192 output tokens at C up to 8,192, take far
 longer on this 2-CPU machine); ``--dp-only`` checks the rows that use attention data parallelism
-in either pool; ``--save`` writes each row's results (kvplan's and the peer's) as a JSON line as
+in either pool, ``--no-dp`` the others; ``--save`` writes each row's results (kvplan's and the peer's) as a JSON line as
 it finishes, and ``--report`` prints the table and medians of such a file (a run cut short
 included) without simulating.
 """
@@ -282,6 +282,7 @@ def main() -> None:
     parser.add_argument("--no-peer", action="store_true")
     parser.add_argument("--jobs", type=int, default=2)
     parser.add_argument("--dp-only", action="store_true", help="the rows with attention data parallelism only")
+    parser.add_argument("--no-dp", action="store_true", help="the rows without attention data parallelism only")
     parser.add_argument("--save", type=Path, help="write each row's results here as a JSON line as it finishes")
     parser.add_argument("--report", type=Path, help="print the report of a --save file; simulate nothing")
     parser.add_argument("--row-seconds", type=int, default=0, help="give up on a row after this many seconds")
@@ -289,6 +290,8 @@ def main() -> None:
     rows = load_rows()
     if args.dp_only:
         rows = [r for r in rows if uses_dp(r)]
+    if args.no_dp:
+        rows = [r for r in rows if not uses_dp(r)]
     if args.report:
         saved = [json.loads(line) for line in args.report.read_text().splitlines() if line.strip()]
         ours = {o["id"]: o for o in saved if o.get("who") == "kvplan"}

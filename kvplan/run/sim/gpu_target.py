@@ -311,6 +311,14 @@ def disagg_setup(workload: Workload, entry: Any, target: str) -> SimSetup:
     tp. Its ``facts`` (fit checks, the search's top) are the decode pool's with the smaller pool
     of the two and ``max_num_seqs`` x the decode workers.
 
+    A pool timed by measured silicon takes aiconfigurator-core's operation times as they are
+    (``SiliconFit()``: scales 1, no overheads), not the backend's correction in
+    ``data/silicon_fit.yaml``: that was fitted on aggregated H100 serving runs, where it also
+    absorbs how each backend's own scheduler mixes prefill and decode, which a pool that runs
+    one phase does not do; on the 64 disaggregated runs without attention DP of the check set
+    the corrected times were further off (median |error| TTFT 53.5 % and TPOT 15.7 %, against
+    46.3 % and 11.9 %; docs/simulate.md, "Against measured disaggregated runs").
+
     Raises:
         KvplanError: what gpu_setup raises, a pool's tp or ep named ``disagg.<pool>.tp`` (plan_setups
             puts the entry's ``plan[i]`` in front).
@@ -318,6 +326,7 @@ def disagg_setup(workload: Workload, entry: Any, target: str) -> SimSetup:
     from kvplan.run.sim.disagg import DisaggBackend
     from kvplan.sizing import kv_math
     from kvplan.sizing.gpus.links import lookup_link
+    from kvplan.sizing.gpus.silicon import SiliconFit
 
     disagg = entry.disagg
     link = lookup_link(disagg.link, "disagg.link")
@@ -340,6 +349,7 @@ def disagg_setup(workload: Workload, entry: Any, target: str) -> SimSetup:
                 ep=pool.ep or entry.ep,
                 dp=pool.dp or entry.dp,
                 moe_kernel=entry.moe_kernel,
+                silicon_fit=SiliconFit(),  # the operation times alone (docstring)
             )
         except KvplanError as err:
             if err.field in ("tp", "ep", "dp"):

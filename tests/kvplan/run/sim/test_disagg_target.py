@@ -110,3 +110,27 @@ def test_first_token_from_decode_as_vllms_proxy_streams_it():
     # a max_tokens-1 request is handed off too: its one token from its decode worker's one step
     (only,) = backend.decode[1].steps
     assert one.num_output_tokens == 1 and one.token_times == (only.end_time,) and one.kv_transfer_s > 0
+
+
+def test_pools_take_the_operation_times_without_the_aggregated_fit():
+    """A disaggregated pool on measured silicon is timed by aiconfigurator-core's operation times
+    alone (scales 1, no overheads); the aggregated entry on the same GPU keeps the backend's fit.
+    Hand arithmetic from data/silicon_fit.yaml's vLLM line: aggregated decode step = decode_scale x
+    ops / 1000 + step overhead + layer overhead x 32 layers + sequence overhead x n, so the pool's
+    step is that with the overheads taken off and the scale divided out."""
+    pytest.importorskip("aiconfigurator_core")
+    from kvplan.run.sim.gpu_target import gpu_setup
+    from kvplan.sizing.gpus.silicon import SiliconFit, SiliconStepCost, silicon_fit
+
+    workload = parse_workload(__import__("yaml").safe_load(WORKLOAD))
+    pools = disagg_setup(workload, workload.plan[1], "plan[1]").make_backend()
+    aggregated = gpu_setup(workload, "llama-3.1-8b", "H100-SXM", 1).clock().cost
+    fit = silicon_fit("vllm")
+    assert isinstance(aggregated, SiliconStepCost) and aggregated.fit == fit and fit.decode_scale != 1
+    for worker in (pools.prefill[0], pools.decode[0], pools.decode[1]):
+        assert isinstance(worker.clock.cost, SiliconStepCost) and worker.clock.cost.fit == SiliconFit()
+    n, context = 8, 8 * 1500
+    work = StepWork(0, n, 0, context, context, context)
+    pool_s = pools.decode[0].clock.cost.step_seconds(work)
+    overheads = fit.step_overhead_s + fit.layer_overhead_s * 32 + fit.seq_overhead_s * n
+    assert pool_s == pytest.approx((aggregated.step_seconds(work) - overheads) / fit.decode_scale, rel=1e-9)
