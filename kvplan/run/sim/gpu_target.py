@@ -317,7 +317,7 @@ def disagg_setup(workload: Workload, entry: Any, target: str) -> SimSetup:
     absorbs how each backend's own scheduler mixes prefill and decode, which a pool that runs
     one phase does not do; on the 64 disaggregated runs without attention DP of the check set
     the corrected times were further off (median |error| TTFT 53.5 % and TPOT 15.7 %, against
-    46.3 % and 11.9 %; docs/simulate.md, "Against measured disaggregated runs").
+    46.3 % and 11.9 %; docs/simulate.md, "Pools on the operation times alone").
 
     Raises:
         KvplanError: what gpu_setup raises, a pool's tp or ep named ``disagg.<pool>.tp`` (plan_setups
@@ -380,7 +380,11 @@ def disagg_setup(workload: Workload, entry: Any, target: str) -> SimSetup:
             "max_num_seqs": y * dec.facts.max_num_seqs,
         }
     )
-    info = dec.cost_model.model_copy(update={"description": f"{shape}; {dec.cost_model.description}"})
+    label = dec.cost_model.step_times  # the report's step times: say that the pools take no fit
+    label += ", unfitted" if label.startswith("silicon") else ""
+    info = dec.cost_model.model_copy(
+        update={"description": f"{shape}; {dec.cost_model.description}", "step_times": label}
+    )
     notes = pre.notes + dec.notes
     if workload.engine.offload.is_on:
         notes += (f"{target}: a disaggregated target is simulated without engine.offload's tiers",)
