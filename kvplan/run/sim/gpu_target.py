@@ -385,7 +385,7 @@ def disagg_setup(workload: Workload, entry: Any, target: str) -> SimSetup:
     info = dec.cost_model.model_copy(
         update={"description": f"{shape}; {dec.cost_model.description}", "step_times": label}
     )
-    notes = pre.notes + dec.notes
+    notes = tuple(dict.fromkeys(pre.notes + dec.notes))  # both pools on one GPU: one note, not two
     if workload.engine.offload.is_on:
         notes += (f"{target}: a disaggregated target is simulated without engine.offload's tiers",)
     return replace(dec, facts=facts, cost_model=info, notes=notes, make_backend=backend, disagg=shape, tp=tp_d)

@@ -137,3 +137,14 @@ def test_pools_take_the_operation_times_without_the_aggregated_fit():
     pool_s = pools.decode[0].clock.cost.step_seconds(work)
     overheads = fit.step_overhead_s + fit.layer_overhead_s * 32 + fit.seq_overhead_s * n
     assert pool_s == pytest.approx((aggregated.step_seconds(work) - overheads) / fit.decode_scale, rel=1e-9)
+
+
+def test_pools_that_fall_back_to_the_roofline_say_so_once(tmp_path):
+    """Both pools on an L4 (no aiconfigurator-core data, or none installed): the roofline note is
+    one line for the entry, not one per pool."""
+    workload = tmp_path / "w.yaml"
+    workload.write_text(WORKLOAD.replace(DISAGG, DISAGG.replace("H100-SXM", "L4")))
+    code, out, err = run_cli("simulate", str(workload), "--out", str(tmp_path / "run"), "--json")
+    assert code == 0, err
+    lines = [line for line in err.splitlines() if "plan[1]" in line and "timed by the roofline" in line]
+    assert len(lines) == 1, err
