@@ -108,6 +108,10 @@ def setups_for(
         dp=dp,
         tokenize_us_per_token=tokenize_us_per_token,
     )
+    if workload.engine.disagg is not None:  # the bundled engine's pools: a GPU target is one replica
+        note = "engine.disagg not simulated: --model/--gpu simulates one aggregated replica; for a"
+        note += " disaggregated GPU target give a plan: entry with disagg: (docs/simulate.md, Disaggregated targets)"
+        setup = replace(setup, notes=(*setup.notes, note))
     return _unplanned(setup, workload, "--model/--gpu"), (), None
 
 

@@ -148,3 +148,16 @@ def test_pools_that_fall_back_to_the_roofline_say_so_once(tmp_path):
     assert code == 0, err
     lines = [line for line in err.splitlines() if "plan[1]" in line and "timed by the roofline" in line]
     assert len(lines) == 1, err
+
+
+def test_a_gpu_target_of_a_disaggregated_engine_says_it_runs_one_aggregated_replica(tmp_path):
+    """``--model/--gpu`` on a workload whose engine is disaggregated (workloads/disagg.yaml) simulates
+    one aggregated replica of the model on the GPU: a line says so, instead of silence."""
+    from pathlib import Path
+
+    disagg = Path(__file__).resolve().parents[4] / "workloads" / "disagg.yaml"
+    code, out, err = run_cli(
+        "simulate", str(disagg), "--model", "llama-3.1-8b", "--gpu", "H100-SXM", "--out", str(tmp_path / "run")
+    )
+    assert code == 0, err
+    assert "engine.disagg not simulated: --model/--gpu simulates one aggregated replica" in err, err
