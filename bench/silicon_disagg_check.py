@@ -36,9 +36,9 @@ folder with ``pip install aiconfigurator==0.12.0`` when not given; ``--no-peer``
 ``--row-seconds S`` gives up on a row after S seconds of simulation (listed with that reason: the
 largest closed loops, C x 10 requests of up to 8,192 output tokens at C up to 8,192, take far
 longer on this 2-CPU machine); ``--dp-only`` checks the rows that use attention data parallelism
-in either pool, ``--no-dp`` the others; ``--save`` writes each row's results (kvplan's and the peer's) as a JSON line as
-it finishes, and ``--report`` prints the table and medians of such a file (a run cut short
-included) without simulating.
+in either pool, ``--no-dp`` the others; ``--save`` writes each row's results (kvplan's and the
+peer's) as a JSON line as it finishes, and ``--report`` prints the table and medians of such a
+file (a run cut short included) without simulating.
 """
 
 from __future__ import annotations
