@@ -25,6 +25,7 @@ import io
 import math
 import os
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -106,7 +107,7 @@ def _row_template(chunk: list[Sequence[Any]], known: Sequence[type | None] = ())
             formats.append("%d")
         elif kinds == {float}:
             formats.append("%r")
-        elif kinds == {str} and all(map(_unquoted, set(column))):
+        elif kinds == {str} and all(map(unquoted, set(column))):
             formats.append("%s")
         else:
             return None
@@ -153,7 +154,7 @@ def _float_texts(chunk: list[Sequence[Any]], positions: list[int]) -> list[Seque
     return out
 
 
-def _unquoted(text: str) -> bool:
+def unquoted(text: str) -> bool:
     """Whether the csv writer writes ``text`` as it is, beside another cell (no quotes, no escapes)."""
     out = io.StringIO()
     csv.writer(out, lineterminator="\n").writerow([text, ""])
@@ -191,13 +192,19 @@ def request_row(rec: RequestRecord) -> dict[str, Any]:
     return row
 
 
-_STEP_SKIPPED = ("kv_resident_tokens", "kv_resident_request_ids", *TENANT_COLUMNS)
+# the step fields steps.csv leaves out (each step's arrays): ``step_row`` adds counts of them
+STEP_CSV_SKIPPED = ("kv_resident_tokens", "kv_resident_request_ids", *TENANT_COLUMNS)
+# steps.csv's columns (without tenants), in order: ``step_row``'s keys
+STEP_CSV_COLUMNS = (
+    *(f.name for f in fields(StepRecord) if f.name not in STEP_CSV_SKIPPED),
+    *("num_kv_requests", "kv_resident_tokens", "kv_cache_usage"),
+)
 
 
 def step_row(rec: StepRecord) -> dict[str, Any]:
     """The steps.csv row: resident tokens summed, KV usage added, per-tenant counts as columns of
     their own (kvplan.results.stats.shed.tenant_step_cells)."""
-    row = {f.name: getattr(rec, f.name) for f in fields(rec) if f.name not in _STEP_SKIPPED}
+    row = {f.name: getattr(rec, f.name) for f in fields(rec) if f.name not in STEP_CSV_SKIPPED}
     row.update(tenant_step_cells(rec))
     row["num_kv_requests"] = len(rec.kv_resident_tokens)
     row["kv_resident_tokens"] = sum(rec.kv_resident_tokens)
@@ -209,7 +216,7 @@ def step_columns(steps: Sequence[StepRecord]) -> dict[str, list]:
     """steps.csv's columns for steps without tenants: ``step_row``'s keys in its order, each
     column read in one pass (no dict per step)."""
     columns: dict[str, list] = {
-        f.name: record_column(steps, f.name) for f in fields(StepRecord) if f.name not in _STEP_SKIPPED
+        f.name: record_column(steps, f.name) for f in fields(StepRecord) if f.name not in STEP_CSV_SKIPPED
     }
     resident = record_column(steps, "kv_resident_tokens")
     columns["num_kv_requests"] = list(map(len, resident))
@@ -277,47 +284,77 @@ def _write_frame(path: Path, rows: Sequence[Any], build: Callable[[], pd.DataFra
     write_atomic(path, frame.to_csv(index=False))
 
 
+def step_csv_rows(steps: StepRows) -> tuple[str | None, str]:
+    """(steps.csv's rows of ``steps`` without the header, their columns' type sets: each column's
+    type names, sorted, joined by ",", the columns by ";"), by ``csv_chunks`` of ``step_columns``,
+    as the whole table's writer makes them where its columns hold these type sets; (None, "-")
+    where pandas must build the table (a step has tenants, or a value csv_chunks does not take)."""
+    if any(record_column(steps, "tenant_ids")):
+        return None, "-"
+    columns = step_columns(steps)
+    pieces = csv_chunks(columns, as_object=("level",))
+    if pieces is None:
+        return None, "-"
+    rows = "".join(pieces).split("\n", 1)[1]  # without the header
+    return rows, ";".join(",".join(sorted(t.__name__ for t in set(map(type, c)))) for c in columns.values())
+
+
+def _dtype(types: frozenset[str], as_object: bool) -> str:
+    """The dtype pandas gives a column of values of these type names (the module docstring)."""
+    if as_object or not types <= {"int", "float", "NoneType"} or types == {"NoneType"}:
+        return "object"
+    return "int64" if types == {"int"} else "float64"
+
+
 class StepsCsvChunks:
-    """steps.csv made a chunk of steps at a time while a simulation runs (by the processes that
+    """steps.csv made a piece of steps at a time while a simulation runs (by the processes that
     write its JSONL lines beside it, kvplan.results.writing.run_writer.LinesBeside), into a temporary file that
-    ``finish`` puts in place. Each chunk's cells are ``csv_chunks``' of its own columns
-    (``step_columns``), and its rows' text equals the whole table's where every column holds the
-    same set of value types in every chunk as in the table (how pandas writes a cell depends on
-    the types of its column, and on nothing else: the module's docstring). So each chunk writes
-    its columns' type sets to a second file, and ``ready`` is False where they differ, where a
-    chunk has tenants or a value ``csv_chunks`` does not take (tables pandas builds), or where a
-    chunk is missing: steps.csv is then written whole, as without this. The caller gives the
-    chunks in order, each once, from step 0 on, and counts them."""
+    ``finish`` puts in place. Each piece's rows come with its columns' type sets
+    (kvplan.results.writing.step_texts), kept in a second file: a piece's text equals the whole
+    table's rows where each of its columns was written for the dtype pandas gives the whole column
+    (how pandas writes a cell depends on that dtype and on nothing else: the module's docstring),
+    from the union of the pieces' type sets; a piece of None alone is empty in any dtype. So
+    ``ready`` is False where a piece's dtype differs, where a piece has tenants or a value
+    ``csv_chunks`` does not take (type sets ``-``: tables pandas builds), or where a piece is
+    missing: steps.csv is then written whole, as without this. The caller gives the pieces in
+    order, each once, from step 0 on, and counts them."""
 
     def __init__(self, run_dir: Path):
         self.run_dir = run_dir
         self.tmp = run_dir / ".steps.csv.chunks.tmp"
         self.types = run_dir / ".steps.csv.types.tmp"
 
-    def write(self, steps: StepRows, start: int, stop: int) -> None:
-        """Append steps ``start`` to ``stop`` (``start`` < ``stop``) as rows, with the header where
-        ``start`` is 0, and the chunk's type sets (``-``: a chunk not written)."""
-        chunk = steps[start:stop]
-        pieces = None
-        if not any(record_column(chunk, "tenant_ids")):
-            columns = step_columns(chunk)
-            pieces = csv_chunks(columns, as_object=("level",))
-        kinds = "-"
-        if pieces is not None:
-            with open(self.tmp, "a", encoding="utf-8") as handle:
-                for i, piece in enumerate(pieces):
-                    handle.write(piece if i or not start else piece.split("\n", 1)[1])  # the header, once
-            kinds = ";".join(",".join(sorted(t.__name__ for t in set(map(type, c)))) for c in columns.values())
-        with open(self.types, "a", encoding="utf-8") as handle:
-            handle.write(kinds + "\n")
+    @contextmanager
+    def appending(self) -> Iterator[Callable[[str | None, str, bool], None]]:
+        """A function ``put(rows, types, first)`` that appends a piece's rows (``step_texts``'; None:
+        none) with the header where ``first`` (the table's first piece), and its type sets, to the
+        files held open till the block ends."""
+        with open(self.tmp, "a", encoding="utf-8") as rows_file, open(self.types, "a", encoding="utf-8") as kinds:
 
-    def ready(self, chunks: int) -> bool:
-        """Whether the ``chunks`` chunks given make steps.csv as the whole table's writer would."""
+            def put(rows: str | None, types: str, first: bool) -> None:
+                if rows is not None:
+                    rows_file.write((",".join(STEP_CSV_COLUMNS) + "\n" if first else "") + rows)
+                kinds.write(types + "\n")
+
+            yield put
+
+    def ready(self, pieces: int) -> bool:
+        """Whether the ``pieces`` pieces given make steps.csv as the whole table's writer would."""
         try:
-            kinds = self.types.read_text(encoding="utf-8").splitlines()
+            lines = self.types.read_text(encoding="utf-8").splitlines()
         except OSError:
             return False
-        return chunks > 0 and len(kinds) == chunks and len(set(kinds)) == 1 and kinds[0] != "-"
+        if pieces <= 0 or len(lines) != pieces or "-" in lines:
+            return False
+        sets = [[frozenset(cell.split(",")) for cell in line.split(";")] for line in lines]
+        if {len(s) for s in sets} != {len(STEP_CSV_COLUMNS)}:
+            return False
+        for i, name in enumerate(STEP_CSV_COLUMNS):
+            column = [s[i] for s in sets]
+            whole = _dtype(frozenset().union(*column), name == "level")
+            if any(_dtype(t, name == "level") != whole and t != {"NoneType"} for t in column):
+                return False
+        return True
 
     def finish(self) -> None:
         """Put the chunks' table in place as steps.csv (atomically); ``ready`` first."""

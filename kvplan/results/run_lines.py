@@ -23,7 +23,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Mapping, Sequence
-from itertools import accumulate
+from itertools import accumulate, chain, repeat
 from json.encoder import encode_basestring_ascii
 from typing import Any
 
@@ -204,7 +204,7 @@ def _all_type(values: Sequence[Any], kind: type) -> bool:
 def column_lines(names: Sequence[str], columns: Sequence[Sequence[Any]]) -> list[str] | None:
     """The JSON lines (newline included) of the records whose field ``names[i]`` holds
     ``columns[i][j]`` in record j: ``json.dumps`` of each record's fields, made a column at a time
-    (a chunk of a simulation's kept steps, kvplan.results.writing.run_writer.LinesBeside). A column of one
+    (a chunk of a simulation's kept steps, kvplan.results.writing.step_texts). A column of one
     value is written into the line's %-template once; each other value's text is made once per
     distinct value (floats, strings) or per run of the same array object. None where a column
     holds more than one type, a type other than exact int, float, str, None or tuple, or a float
@@ -215,31 +215,42 @@ def column_lines(names: Sequence[str], columns: Sequence[Sequence[Any]]) -> list
     """
     if not columns or len({len(c) for c in columns}) != 1:
         raise ValueError("column_lines: one or more columns of one length")
-    parts, moving = [], []
+    made = []
     try:
-        for name, column in zip(names, columns):
-            key = json.dumps(name).replace("%", "%%") + ": "
-            made = _column_texts(column)
-            if made is None:
-                return None
-            fixed, texts = made
+        for column in columns:
+            texts = column_texts(column)
             if texts is None:
-                parts.append(key + fixed.replace("%", "%%"))
-            else:  # "%d": the column's ints themselves (int.__repr__ is what %d writes of an exact int)
-                parts.append(key + (fixed or "%s"))
-                moving.append(texts)
+                return None
+            made.append(texts)
     except (TypeError, ValueError):  # a value json cannot write: the line by line path says so
         return None
+    return lines_of(names, made, len(columns[0]))
+
+
+ColumnTexts = tuple[type, str, Sequence[Any] | None]  # (its one type, fixed text or "%d" or "", each value's text)
+
+
+def lines_of(names: Sequence[str], made: Sequence[ColumnTexts], rows: int) -> list[str]:
+    """The ``rows`` JSON lines of columns ``names`` whose ``column_texts`` are ``made``."""
+    parts, moving = [], []
+    for name, (_, fixed, texts) in zip(names, made):
+        key = json.dumps(name).replace("%", "%%") + ": "
+        if texts is None:
+            parts.append(key + fixed.replace("%", "%%"))
+        else:  # "%d": the column's ints themselves (int.__repr__ is what %d writes of an exact int)
+            parts.append(key + (fixed or "%s"))
+            moving.append(texts)
     template = "{" + ", ".join(parts) + "}\n"
     if not moving:
-        return [template % ()] * len(columns[0])
+        return [template % ()] * rows
     return list(map(template.__mod__, zip(*moving)))
 
 
-def _column_texts(column: Sequence[Any]) -> tuple[str, Sequence[Any] | None] | None:
-    """(the text of every value, None) for a column of one value; ("", each value's text) for
-    another column of one JSON type, ("%d", the column) for one of ints; None for a column
-    ``column_lines`` does not write."""
+def column_texts(column: Sequence[Any]) -> ColumnTexts | None:
+    """A column's JSON texts (``json.dumps`` of each value), with its one type: (type, the text of
+    every value, None) for a column of one value; (type, "", each value's text) for another column
+    of one JSON type, (int, "%d", the column) for one of ints; None for a column of several types,
+    of another type, or with a float json writes as NaN / Infinity."""
     kinds = set(map(type, column))
     if len(kinds) != 1:
         return None
@@ -249,32 +260,43 @@ def _column_texts(column: Sequence[Any]) -> tuple[str, Sequence[Any] | None] | N
         if not all(map(math.isfinite, column)):
             return None
         if first and column.count(first) == len(column):  # a zero is written apart from its sign
-            return float.__repr__(first), None
+            return float, float.__repr__(first), None
         distinct = set(column)
         if 4 * len(distinct) > len(column):  # mostly distinct (a step's times): each made as it comes
-            return "", list(map(float.__repr__, column))
+            return float, "", list(map(float.__repr__, column))
         memo = {v: float.__repr__(v) for v in distinct}
         memo.pop(0.0, None)  # 0.0 and -0.0: equal, written apart
         texts = list(map(memo.get, column))
         if None in texts:
             texts = [float.__repr__(v) if t is None else t for t, v in zip(texts, column)]
-        return "", texts
+        return float, "", texts
     if kind is type(None):
-        return "null", None
+        return kind, "null", None
     if kind is int:
         if column.count(first) == len(column):
-            return int.__repr__(first), None
-        return "%d", column
+            return int, int.__repr__(first), None
+        return int, "%d", column
     if kind is str:
         if column.count(first) == len(column):
-            return encode_basestring_ascii(first), None
+            return str, encode_basestring_ascii(first), None
         memo = {v: encode_basestring_ascii(v) for v in set(column)}
-        return "", list(map(memo.__getitem__, column))
+        return str, "", list(map(memo.__getitem__, column))
     if kind is tuple:
-        texts, last, text = [], None, ""
-        for value in column:
-            if value is not last:
-                last, text = value, _ENCODE(value) if value else "[]"
-            texts.append(text)
-        return "", texts
+        return tuple, "", _tuple_texts(column)
     return None
+
+
+def _tuple_texts(column: Sequence[tuple]) -> list[str]:
+    """json.dumps of each tuple: of exact ints (a step's resident tokens, a new tuple each step) from
+    the tuple's own repr, "(1, 2)" or "(1,)" made "[1, 2]" and "[1]" in C; else json's, once per run
+    of the same tuple object (a decode run's resident request ids)."""
+    if set(map(type, chain.from_iterable(column))) <= {int}:  # not a bool, which json writes as true
+        texts = map(str.replace, map(tuple.__repr__, column), repeat(",)"), repeat(")"))
+        texts = map(str.replace, texts, repeat("("), repeat("["))
+        return list(map(str.replace, texts, repeat(")"), repeat("]")))
+    made, last, text = [], None, ""
+    for value in column:
+        if value is not last:
+            last, text = value, _ENCODE(value) if value else "[]"
+        made.append(text)
+    return made

@@ -9,15 +9,15 @@ import math
 import os
 import signal
 from collections.abc import Iterable, Mapping, Sequence
+from contextlib import nullcontext
 from itertools import islice
 from pathlib import Path
 from typing import Any
 
 from kvplan.results.records import LevelKey, RequestRecord, StepRecord, step_values
-from kvplan.results.run_lines import FloatTexts, column_lines, decode_run_records
+from kvplan.results.run_lines import FloatTexts, decode_run_records
 from kvplan.results.store import (
     REQUESTS_FILE,
-    STEP_FIELDS,
     STEPS_FILE,
     KeptRecords,
     RecordLines,
@@ -164,6 +164,9 @@ class LinesBeside:
 
     def __init__(self, run_dir: Path, kept: KeptRecords):
         from kvplan.results.csv_tables import StepsCsvChunks  # before any fork: the chunks import nothing
+        from kvplan.results.writing.step_texts import step_texts
+
+        self.step_texts = step_texts
 
         self.paths = (run_dir / STEPS_FILE, run_dir / REQUESTS_FILE)
         self.kept = kept
@@ -211,7 +214,7 @@ class LinesBeside:
     def _start(self, fork: bool) -> None:
         spans = ((self.done[0], len(self.kept.steps)), (self.done[1], len(self.kept.requests)))
         self.done = (spans[0][1], spans[1][1])
-        self.csv_chunks += spans[0][1] > spans[0][0]
+        self.csv_chunks += -(-(spans[0][1] - spans[0][0]) // RunWriter.CHUNK_LINES)  # the pieces of steps.csv
         if spans[0][1] == spans[0][0] and spans[1][1] == spans[1][0]:
             return  # nothing new
         if fork:
@@ -255,17 +258,16 @@ class LinesBeside:
     def _write(self, spans: tuple[tuple[int, int], ...]) -> None:
         (s0, s1), (r0, r1) = spans
         if s1 > s0:
-            with open(self.paths[0], "a", encoding="utf-8") as handle:
+            table = self.csv.appending() if self.csv is not None else nullcontext(None)
+            with open(self.paths[0], "a", encoding="utf-8") as handle, table as put:
                 for start in range(s0, s1, RunWriter.CHUNK_LINES):
                     columns = [
                         column[start : min(s1, start + RunWriter.CHUNK_LINES)] for column in self.kept.steps.columns()
                     ]
-                    made = column_lines(STEP_FIELDS, columns)
-                    if made is None:  # a column of several types, or not finite: line by line
-                        made = list(map(RecordLines(StepRecord).line_of, zip(*columns)))
-                    handle.write("".join(made))
-            if self.csv is not None:
-                self.csv.write(self.kept.steps, s0, s1)
+                    made, rows, types = self.step_texts(columns)
+                    handle.write(made)
+                    if put is not None:
+                        put(rows, types, start == 0)
         if r1 > r0:
             # the requests' token times are the ends of the steps they came in: each repr made once
             texts, ends = FloatTexts(), self.kept.steps.column("end_time")[max(0, s1 - 2 * FloatTexts.GENERATION) : s1]
