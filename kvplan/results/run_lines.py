@@ -215,6 +215,15 @@ def column_lines(names: Sequence[str], columns: Sequence[Sequence[Any]]) -> list
     """
     if not columns or len({len(c) for c in columns}) != 1:
         raise ValueError("column_lines: one or more columns of one length")
+    made = columns_texts(columns)
+    return None if made is None else lines_of(names, made, len(columns[0]))
+
+
+ColumnTexts = tuple[type, str, Sequence[Any] | None]  # (its one type, fixed text or "%d" or "", each value's text)
+
+
+def columns_texts(columns: Sequence[Sequence[Any]]) -> list[ColumnTexts] | None:
+    """Each column's ``column_texts``, or None where one has none (or json cannot write a value)."""
     made = []
     try:
         for column in columns:
@@ -224,10 +233,7 @@ def column_lines(names: Sequence[str], columns: Sequence[Sequence[Any]]) -> list
             made.append(texts)
     except (TypeError, ValueError):  # a value json cannot write: the line by line path says so
         return None
-    return lines_of(names, made, len(columns[0]))
-
-
-ColumnTexts = tuple[type, str, Sequence[Any] | None]  # (its one type, fixed text or "%d" or "", each value's text)
+    return made
 
 
 def lines_of(names: Sequence[str], made: Sequence[ColumnTexts], rows: int) -> list[str]:

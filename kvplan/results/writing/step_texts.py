@@ -24,7 +24,7 @@ from typing import Any
 from kvplan.results.csv_tables import STEP_CSV_SKIPPED, step_csv_rows, unquoted
 from kvplan.results.records import StepRecord, field_names
 from kvplan.results.rows import StepRows
-from kvplan.results.run_lines import ColumnTexts, column_texts, lines_of
+from kvplan.results.run_lines import ColumnTexts, columns_texts, lines_of
 from kvplan.results.store import RecordLines
 
 _NAMES = field_names(StepRecord)
@@ -41,7 +41,7 @@ def step_texts(columns: Sequence[Sequence[Any]]) -> tuple[str, str | None, str]:
     columns hold these type sets (``StepsCsvChunks.ready``); rows None (type sets "-") where
     pandas must build the table: a step has tenants, or a value ``csv_tables.csv_chunks`` does not
     take."""
-    made = _texts(columns)
+    made = columns_texts(columns)
     rows = len(columns[0])
     if made is None:
         lines = "".join(map(RecordLines(StepRecord).line_of, zip(*columns)))
@@ -51,20 +51,6 @@ def step_texts(columns: Sequence[Sequence[Any]]) -> tuple[str, str | None, str]:
     if csv is not None:
         return lines, *csv
     return lines, *step_csv_rows(StepRows.of_columns(columns))
-
-
-def _texts(columns: Sequence[Sequence[Any]]) -> list[ColumnTexts] | None:
-    """Each column's ``column_texts``, or None where one has none (or json cannot write a value)."""
-    made = []
-    try:
-        for column in columns:
-            texts = column_texts(column)
-            if texts is None:
-                return None
-            made.append(texts)
-    except (TypeError, ValueError):  # a value json cannot write: the line by line path says so
-        return None
-    return made
 
 
 def _csv_rows(columns: Sequence[Sequence[Any]], made: Sequence[ColumnTexts], rows: int) -> tuple[str, str] | None:

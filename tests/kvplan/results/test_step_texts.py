@@ -78,9 +78,10 @@ def step_columns_drawn(draw):
 
 def _csv_rows_made(columns) -> bool:
     """Whether the rows came from the lines' texts (the fast path), not from csv_chunks."""
-    from kvplan.results.writing.step_texts import _csv_rows, _texts
+    from kvplan.results.run_lines import columns_texts
+    from kvplan.results.writing.step_texts import _csv_rows
 
-    made = _texts(columns)
+    made = columns_texts(columns)
     return made is not None and _csv_rows(columns, made, len(columns[0])) is not None
 
 
