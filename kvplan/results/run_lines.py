@@ -96,7 +96,8 @@ def decode_run_records(
     free = [run.free - g for g in grown]
     context = list(range(run.context0, run.context0 + n * k, n)) if n else [run.context0] * k
     first = run.first_index
-    tokens = [tuple(map(j.__add__, computed)) for j in range(1, k + 1)]  # step j - 1: c_i + j
+    # step j - 1: c_i + j for each request i, the tuples made by zip in C
+    tokens = list(zip(*[range(c + 1, c + k + 1) for c in computed])) if n else [()] * k
     made: list[str] = []
     if lines:
         # the resident tokens' array as n %d's (json writes an int list as its reprs, ", " between)
