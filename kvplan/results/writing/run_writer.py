@@ -5,6 +5,7 @@ forked processes while the run goes on (docs/benchmarks.md#trace-20k)."""
 
 from __future__ import annotations
 
+import gc
 import math
 import os
 import signal
@@ -194,6 +195,7 @@ class LinesBeside:
                 self._reap(block=True)
             self._start(fork=later and self.fork)
         finally:
+            gc.unfreeze()  # the records kept are the collector's again (``_start``)
             if self._child is None:
                 self.wait()
             else:
@@ -217,6 +219,11 @@ class LinesBeside:
         self.csv_chunks += -(-(spans[0][1] - spans[0][0]) // RunWriter.CHUNK_LINES)  # the pieces of steps.csv
         if spans[0][1] == spans[0][0] and spans[1][1] == spans[1][0]:
             return  # nothing new
+        # The records kept so far live till the run ends, and hold no cycle: the cyclic collector
+        # leaves them (and what else is alive now) till ``close`` gives them back. On the
+        # 20,000-request trace its collections took 2.3 of the main process's 28 CPU-s, walking
+        # them; a forked chunk's collections touch none of their pages either (Python's gc.freeze).
+        gc.freeze()
         if fork:
             sizes = [p.stat().st_size if p.exists() else 0 for p in self.paths]
             try:

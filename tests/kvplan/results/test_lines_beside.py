@@ -209,3 +209,25 @@ def test_column_lines_by_hand():
     assert column_lines(["i"], [[1, 1.0]]) is None
     assert column_lines(["f"], [[float("inf")]]) is None
     assert column_lines(["b"], [[True]]) is None
+
+
+def test_kept_records_are_frozen_while_the_run_goes_on(tmp_path, monkeypatch):
+    """Each chunk freezes what is alive (the kept records: the cyclic collector leaves them till
+    the run ends) before it forks; closing gives them back, so nothing stays frozen after, and
+    the files are those written as the records came."""
+    import gc
+
+    monkeypatch.setattr(LinesBeside, "CHUNK", 5)
+    monkeypatch.setattr(LinesBeside, "__init__", _two_cores(LinesBeside.__init__))
+    counts, real_freeze = [], gc.freeze
+
+    def freeze():
+        real_freeze()
+        counts.append(gc.get_freeze_count())
+
+    monkeypatch.setattr(run_writer.gc, "freeze", freeze)
+    assert gc.get_freeze_count() == 0
+    here, beside = written(tmp_path / "here", long_case(), False), written(tmp_path / "beside", long_case(), True)
+    assert beside == here
+    assert len(counts) >= 2 and all(n > 0 for n in counts)  # frozen at each chunk, records and all
+    assert gc.get_freeze_count() == 0
