@@ -162,6 +162,9 @@ class LinesBeside:
     """
 
     CHUNK = 65_536
+    # the young collections' threshold while records are kept (``_start``): what they would walk
+    # is mostly records kept since the last chunk, which the next chunk freezes instead
+    YOUNG = 1_000_000
 
     def __init__(self, run_dir: Path, kept: KeptRecords):
         from kvplan.results.csv_tables import StepsCsvChunks  # before any fork: the chunks import nothing
@@ -176,6 +179,7 @@ class LinesBeside:
         self._child: tuple[int, tuple[tuple[int, int], ...], list[int]] | None = None  # pid, spans, sizes before
         self.csv: StepsCsvChunks | None = StepsCsvChunks(run_dir)  # None: steps.csv left to the report
         self.csv_chunks = 0
+        self._collector: tuple[int, ...] | None = None  # gc's thresholds before the first chunk froze records
 
     def poll(self) -> None:
         """Start the next chunk where one is due and no chunk's process is running."""
@@ -195,7 +199,10 @@ class LinesBeside:
                 self._reap(block=True)
             self._start(fork=later and self.fork)
         finally:
-            gc.unfreeze()  # the records kept are the collector's again (``_start``)
+            gc.unfreeze()  # the records kept are the collector's again, at its thresholds (``_start``)
+            if self._collector is not None:
+                gc.set_threshold(*self._collector)
+                self._collector = None
             if self._child is None:
                 self.wait()
             else:
@@ -223,7 +230,11 @@ class LinesBeside:
         # leaves them (and what else is alive now) till ``close`` gives them back. On the
         # 20,000-request trace its collections took 2.3 of the main process's 28 CPU-s, walking
         # them; a forked chunk's collections touch none of their pages either (Python's gc.freeze).
+        # Between chunks the young collections wait for YOUNG objects (the comment there).
         gc.freeze()
+        if self._collector is None:
+            self._collector = gc.get_threshold()
+            gc.set_threshold(max(self.YOUNG, self._collector[0]), *self._collector[1:])
         if fork:
             sizes = [p.stat().st_size if p.exists() else 0 for p in self.paths]
             try:

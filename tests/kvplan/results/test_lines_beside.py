@@ -213,8 +213,8 @@ def test_column_lines_by_hand():
 
 def test_kept_records_are_frozen_while_the_run_goes_on(tmp_path, monkeypatch):
     """Each chunk freezes what is alive (the kept records: the cyclic collector leaves them till
-    the run ends) before it forks; closing gives them back, so nothing stays frozen after, and
-    the files are those written as the records came."""
+    the run ends) before it forks; closing gives them back and the collector's thresholds, so
+    nothing stays frozen after, and the files are those written as the records came."""
     import gc
 
     monkeypatch.setattr(LinesBeside, "CHUNK", 5)
@@ -227,7 +227,8 @@ def test_kept_records_are_frozen_while_the_run_goes_on(tmp_path, monkeypatch):
 
     monkeypatch.setattr(run_writer.gc, "freeze", freeze)
     assert gc.get_freeze_count() == 0
+    before = gc.get_threshold()
     here, beside = written(tmp_path / "here", long_case(), False), written(tmp_path / "beside", long_case(), True)
     assert beside == here
     assert len(counts) >= 2 and all(n > 0 for n in counts)  # frozen at each chunk, records and all
-    assert gc.get_freeze_count() == 0
+    assert gc.get_freeze_count() == 0 and gc.get_threshold() == before
