@@ -58,11 +58,21 @@ TARGET = ["--model", "llama-3.1-8b", "--gpu", "H100-SXM", "--tp", "1"]
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--requests", type=int, default=20_000)
-    parser.add_argument("--keep", type=Path, default=None, help="write the trace and the run here (else a temp folder)")
+    parser.add_argument(
+        "--keep", type=Path, default=None, help="write the trace and the run here (else a temp folder, removed after)"
+    )
     args = parser.parse_args()
-    folder = args.keep or Path(tempfile.mkdtemp(prefix="sim_trace_20k-"))
-    folder.mkdir(parents=True, exist_ok=True)
-    made = generate(folder / "t20k.jsonl", args.requests, 0, 0.2)
+    if args.keep is None:  # the run folder is 2 GB: removed after, unless kept
+        with tempfile.TemporaryDirectory(prefix="sim_trace_20k-") as tmp:
+            run(Path(tmp), args.requests)
+    else:
+        args.keep.mkdir(parents=True, exist_ok=True)
+        run(args.keep, args.requests)
+
+
+def run(folder: Path, requests: int) -> None:
+    """Write the trace and the workload into ``folder``, simulate them there, print the answers."""
+    made = generate(folder / "t20k.jsonl", requests, 0, 0.2)
     (folder / "t20k.yaml").write_text(WORKLOAD)
     run_dir = folder / f"run-{dt.datetime.now():%H%M%S}"
     kvplan = str(Path(sys.executable).parent / "kvplan")
