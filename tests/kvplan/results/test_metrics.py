@@ -1,6 +1,9 @@
 """Metrics on hand-made timestamps, every expected value worked out by hand (times in seconds)."""
 
+import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from kvplan.results import metrics
 from kvplan.results.metrics import Slo
@@ -208,3 +211,28 @@ def test_a_session_levels_achieved_rate_counts_sessions_as_its_requested_rate_do
     summary = metrics.summarize_level(LevelKey("b", "open", 2.0), records, [], Slo())
     assert summary.requested_rate == 2.0
     assert summary.achieved_rate == pytest.approx(2.0)
+
+
+ODD_COUNT = st.sampled_from([0, 2**53, 2**64, -(2**63), 3.5])
+
+
+def _count_lists(n: int):
+    clean = st.lists(st.integers(0, 70_000), min_size=n, max_size=n)
+    mixed = st.lists(st.one_of(st.integers(0, 70_000), ODD_COUNT), min_size=n, max_size=n)
+    return st.tuples(*(st.one_of(clean, clean, clean, mixed) for _ in range(3)))
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.integers(0, 12).flatmap(_count_lists))
+def test_kv_usage_is_each_steps_quotient_as_python_divides(columns):
+    """peak and mean KV cache usage from arrays equal those from Python's division step by step
+    (ints past 2**53, or a float, take the step-by-step path); by hand: held 3 of 4 blocks is the
+    peak 0.75, used 1 of 4 and a step with no blocks average 0.125."""
+    from kvplan.results.metrics import _kv_usage
+
+    used, held, totals = columns
+    got = _kv_usage(used, held, totals)
+    assert got["peak_kv_usage"] == max((h / t for h, t in zip(held, totals) if t), default=0.0)
+    mean = float(np.mean([u / t if t else 0.0 for u, t in zip(used, totals)])) if used else 0.0
+    assert got["mean_kv_usage"] == mean and type(got["mean_kv_usage"]) is float
+    assert _kv_usage([1, 2], [3, 2], [4, 0]) == {"peak_kv_usage": 0.75, "mean_kv_usage": 0.125}
