@@ -11,7 +11,8 @@ stopped once the search is done; nothing waits for it).
 Which levels go side by side: the two ends of a steered search's guessed answer (the failing
 end is simulated first, the holding one next when the guess is right: kvplan.run.sim.brackets.
 steered), and the rate search's first two rates (its start, and twice it up to the saturation
-rate, which it asks next when the start holds). Where the forked process fails (no fork, an error
+rate, which it asks next when the start holds; or the saturation rate and the start, where the
+saturation rate is asked first). Where the forked process fails (no fork, an error
 in it), the level is simulated here when asked, as without this.
 
 Before the levels are done (``ahead`` a call that says no: a search beside a simulation's

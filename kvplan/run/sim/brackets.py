@@ -57,13 +57,17 @@ def beyond(ok: Callable[[int], bool], low: int, cap: int, precision: float) -> t
 
 
 def highest_rate(
-    ok: Callable[[float], bool], start: float, top: float | None = None
+    ok: Callable[[float], bool], start: float, top: float | None = None, top_first: bool = False
 ) -> tuple[float | None, float | None]:
     """(the highest rate with ok(rate) to within RATE_PRECISION, the lowest rate above it seen
     failing), from ``start`` (requests/s). Rates are rounded to 4 significant digits, the way a
     workload would name them. ``top``: no rate above it is tried; when even ``top`` holds, it is
-    the answer (with nothing above)."""
+    the answer (with nothing above). ``top_first``: ``top`` is asked before ``start`` (where it
+    likely holds: then no rate below it is asked); when it fails, the search goes on from ``start``
+    as without it."""
     rnd = round_rate
+    if top_first and top is not None and ok(top):
+        return top, None
     rate = rnd(start if top is None else min(start, top))
     if ok(rate):
         low, high = rate, None

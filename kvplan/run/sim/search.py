@@ -31,9 +31,11 @@ test's metrics, so a probe is exactly the level a load test or ``kvplan simulate
   E2E bounds 1.5 times the P95 there, ``queue_cannot_bind``; the rate by doubling or halving from the
   request rate the highest good concurrency serves, up to the saturation rate, what
   ``max_num_seqs`` in flight serve, since past it the queue grows without bound; then to within
-  ``RATE_PRECISION``). The lowest level seen failing above each answer is kept
-  (``above_concurrency``, ``above_request_rate``), so the edge shows; an answer at a limit says so
-  (``concurrency_bound: max_num_seqs``, ``request_rate_bound: saturation``). ``burst_meets_slo``
+  ``RATE_PRECISION``; where ``max_num_seqs`` users and a queue behind them meet the SLO, the
+  saturation rate is asked first, and is the answer when it meets). The lowest level seen failing
+  above each answer is kept (``above_concurrency``, ``above_request_rate``), so the edge shows; an
+  answer at a limit says so (``concurrency_bound: max_num_seqs``, ``request_rate_bound:
+  saturation``). ``burst_meets_slo``
   (no rate is too high) only when the SLO holds at the scheduler's own limit and bounds no latency
   that a growing queue raises (TPOT only: neither TTFT nor E2E). When not even concurrency 1 meets
   it, no rate does either (at a rate low enough that requests never meet, each runs alone, as at
@@ -302,9 +304,13 @@ class Prober:
         # the rate the highest good concurrency sustains is near the highest good rate: start there
         start = best.requests_per_s or 1.0
         first = round_rate(min(start, saturation))  # the rates it asks first: side by side
-        probes.both(("open", first), ("open", min(round_rate(2 * first), saturation)))
+        # where a queue behind max_num_seqs busy meets the SLO, the saturation rate (the highest
+        # the search may answer) likely does too: asked first, it is then the answer alone
+        top_first = concurrency >= top and first < saturation
+        asks = (saturation, first) if top_first else (first, min(round_rate(2 * first), saturation))
+        probes.both(("open", asks[0]), ("open", asks[1]))
         # not steered: at 2 % apart, rates are not monotone enough (their warm-up and count differ)
-        rate, above_r = highest_rate(lambda r: meets("open", r), start, top=saturation)
+        rate, above_r = highest_rate(lambda r: meets("open", r), start, top=saturation, top_first=top_first)
         return BucketCapacity(
             name=name,
             knee=knee,

@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
+import yaml
 
 from kvplan.results.metrics import step_fields
 from kvplan.run.sim import brackets, search
@@ -140,6 +141,44 @@ def test_a_queue_that_cannot_bind_is_searched_at_its_limit_first_with_the_same_a
     assert first.concurrency_bound == "max_users"
     # the steered doubling goes to the limit too, where Little's law puts the edge (far past it)
     assert probed_first == probed_steered == [top, 8 * top] and closed == [top, 2 * top, 4 * top, 8 * top]
+
+
+@pytest.mark.parametrize("ttft_ms", [150.0, 170.0, 300.0, 500.0])
+def test_the_saturation_rate_asked_first_gives_the_rate_searchs_answers(monkeypatch, tmp_path, ttft_ms):
+    """smoke.yaml with outputs of 4-48 tokens on an H100 (max_num_seqs 16), where queues past 16
+    users meet the TTFT bound (20, 22, 30 and 40 users). At 300 and 500 ms the saturation rate,
+    asked first, meets it: the one rate simulated, where the search from the rate those users
+    sustain asks two. At 170 ms it fails, and the search goes on from that rate as before (the same
+    rates, saturation first). At 150 ms those users sustain the saturation rate itself: nothing
+    changes. Every answer equals the search's without the saturation rate first."""
+    doc = yaml.safe_load(SMOKE.read_text())
+    doc["buckets"][0]["output_tokens"] = [4, 48]
+    doc["engine"]["num_blocks"] = 4096
+    doc["slo"]["ttft_ms"] = ttft_ms
+    (path := tmp_path / "w.yaml").write_text(yaml.safe_dump(doc))
+    workload, setup, _ = _prober(path, model="llama-3.1-8b", gpu="H100-SXM")
+    sampled = sample(workload, setup.facts).requests
+    rates: list[float] = []
+    level = Prober.level
+
+    def counted(self, bucket_index, mode, value, *args, **kwargs):
+        rates.append(value) if mode == "open" else None
+        return level(self, bucket_index, mode, value, *args, **kwargs)
+
+    monkeypatch.setattr(Prober, "level", counted)
+    (first,) = search.search_capacity(workload, setup.facts, sampled, setup.clock, 0.95, {})
+    asked, rates[:] = list(rates), []
+    plain_rate = brackets.highest_rate
+    monkeypatch.setattr(search, "highest_rate", lambda ok, start, top, top_first: plain_rate(ok, start, top))
+    (plain,) = search.search_capacity(workload, setup.facts, sampled, setup.clock, 0.95, {})
+    assert first == plain and first.max_concurrency.level > setup.facts.max_num_seqs
+    saturation = max(rates)  # the search's top, which the plain one asks second (or first, at 150 ms)
+    if ttft_ms >= 300.0:
+        assert first.request_rate_bound == "saturation" and asked == [saturation] and len(rates) == 2
+    elif ttft_ms == 170.0:
+        assert first.request_rate_bound is None and asked == [saturation, *rates[:-1]] and rates[-1] == saturation
+    else:
+        assert asked == rates and rates[0] == saturation
 
 
 @pytest.mark.smollm2

@@ -55,6 +55,23 @@ def test_the_rate_search_goes_no_higher_than_its_top():
     assert _highest_rate(ok, 1.0, top=10.0) == (10.0, None) and max(asked) == 10.0
 
 
+@pytest.mark.parametrize("limit", [9.5, 10.0, 30.0, 0.5])
+def test_the_top_asked_first_is_the_answer_alone_when_it_holds_else_the_search_goes_on_as_without(limit):
+    """ok(r) = r <= limit, from 9.8 to a top of 10: where 10 holds, it is the only rate asked;
+    where it fails, the answer and the rates asked after it are the plain search's."""
+    asked: dict[bool, list[float]] = {True: [], False: []}
+
+    def search(first: bool):
+        ok = lambda r: asked[first].append(r) or r <= limit  # noqa: E731
+        return _highest_rate(ok, 9.8, top=10.0, top_first=first)
+
+    assert search(True) == search(False)
+    if limit >= 10.0:
+        assert asked[True] == [10.0] and asked[False] == [9.8, 10.0]
+    else:
+        assert asked[True] == [10.0, *asked[False]]
+
+
 def test_no_rate_meets_it_when_even_the_lowest_fails():
     found, _ = _highest_rate(lambda r: False, 1.0)
     assert found is None
