@@ -4,7 +4,6 @@ arithmetic of replicas and cost recomputed by hand, and bad input one line."""
 
 import json
 import math
-import tempfile
 from pathlib import Path
 
 import pytest
@@ -15,6 +14,7 @@ from kvplan.run.sim.search import Prober
 from kvplan.sizing.gpus.prices import load_prices
 from kvplan.workload.file import load_workload
 from tests.kvplan.cli_runner import run_cli
+from tests.kvplan.scratch import scratch
 
 ROOT = Path(__file__).resolve().parents[3]
 CHAT = ROOT / "workloads" / "chat.yaml"
@@ -22,7 +22,7 @@ RATE = 20.0
 
 
 def plan_json(*args: str) -> dict:
-    run_dir = Path(tempfile.mkdtemp(prefix="kvplan-plan-")) / "run"
+    run_dir = scratch("kvplan-plan-") / "run"
     code, out, err = run_cli("plan", str(CHAT), *args, "--json", "--jobs", "2", "--out", str(run_dir))
     assert code == 0, err
     return json.loads(out)

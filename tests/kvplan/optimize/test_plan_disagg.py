@@ -6,13 +6,13 @@ not (a loose TPOT: one pool serves both); bad settings one line, exit 2."""
 
 import json
 import math
-import tempfile
 from pathlib import Path
 
 import pytest
 
 from kvplan.sizing.gpus.prices import load_prices
 from tests.kvplan.cli_runner import run_cli
+from tests.kvplan.scratch import scratch
 
 WORKLOAD = """name: docs-and-chats
 seed: 0
@@ -37,7 +37,7 @@ ARGS += ("--prefill-workers", "1", "--decode-workers", "1", "--jobs", "2")
 
 
 def workload(slo: str) -> Path:
-    path = Path(tempfile.mkdtemp(prefix="kvplan-disagg-")) / "w.yaml"
+    path = scratch("kvplan-disagg-") / "w.yaml"
     path.write_text(WORKLOAD.format(slo=slo, plan=UNIT))
     return path
 

@@ -6,12 +6,12 @@ are one line, exit 2."""
 
 import json
 import math
-import tempfile
 from pathlib import Path
 
 import pytest
 
 from tests.kvplan.cli_runner import run_cli
+from tests.kvplan.scratch import scratch
 
 WORKLOAD = """name: prefixes
 seed: 0
@@ -36,7 +36,7 @@ ARGS = ("--model", "llama-3.1-8b", "--gpus", "L4", "--tp", "1", "--jobs", "2")
 
 
 def workload(host_gib: float = 0, caching: bool = True) -> Path:
-    path = Path(tempfile.mkdtemp(prefix="kvplan-offload-")) / "w.yaml"
+    path = scratch("kvplan-offload-") / "w.yaml"
     offload = f"  offload: {{host_gib: {host_gib}}}\n" if host_gib else ""
     text = WORKLOAD.format(offload=offload, caching=str(caching).lower())
     if not caching:  # shared_prefix needs prefix caching: plain prompts
