@@ -168,12 +168,21 @@ def summarize_level(
     num_excluded, window = 0, None
     arrivals = level_arrival(key, requests, arrival)  # before a steady-state plan splits the requests
     done = [r for r in requests if completed(r)]
-    span = (max(r.finish_time for r in requests) - min(r.arrival_time for r in requests)) if requests else 0.0
-    rate = (lambda n: n / span) if span > 0 else (lambda n: None)
-    out_tokens = sum(r.num_output_tokens for r in done)
-    all_tokens = sum(r.num_output_tokens + r.num_prompt_tokens for r in done)
-    served = [(r, meets_slo(r, slo_of(r))) for r in done]
-    if plan is not None and not plan.is_plain and requests:
+    goods: dict[int, bool] = {}  # id(record) -> whether it meets its SLO, each judged once
+
+    def good(r: RequestRecord) -> bool:
+        found = goods.get(id(r))
+        if found is None:
+            found = goods[id(r)] = meets_slo(r, slo_of(r))
+        return found
+
+    if plan is None or plan.is_plain or not requests:
+        span = (max(r.finish_time for r in requests) - min(r.arrival_time for r in requests)) if requests else 0.0
+        rate = (lambda n: n / span) if span > 0 else (lambda n: None)
+        out_tokens = sum(r.num_output_tokens for r in done)
+        all_tokens = sum(r.num_output_tokens + r.num_prompt_tokens for r in done)
+        served = [(r, good(r)) for r in done]
+    else:
         t0 = min(r.arrival_time for r in requests)
         requests, num_excluded, window = plan.split(requests)
         steps = window_steps(steps, t0, window) if window is not None and not latencies_only else []
@@ -189,7 +198,7 @@ def summarize_level(
         out_tokens = sum(bisect_right(r.token_times, end) - bisect_right(r.token_times, start) for r in done)
         prefilled = sum(r.num_prompt_tokens for r in done if r.token_times and start < r.token_times[0] <= end)
         all_tokens = out_tokens + prefilled
-        served = [(r, good) for r, good in served if start < r.finish_time <= end]
+        served = [(r, good(r)) for r in done if start < r.finish_time <= end]
         done = [r for r in requests if completed(r)]
     errors = [r for r in requests if r.finish_reason == "error"]
     # sent as the level's rate counts them: requests, or in a session level sessions (their first turns)
@@ -216,7 +225,7 @@ def summarize_level(
         total_tokens_per_s=rate(all_tokens),
         requests_per_s=rate(len(served)),
         goodput_rps=rate(sum(good for _, good in served)),
-        slo_attainment=(sum(meets_slo(r, slo_of(r)) for r in requests) / len(requests)) if requests else None,
+        slo_attainment=(sum(map(good, requests)) / len(requests)) if requests else None,
         num_preempted_requests=sum(r.num_preemptions > 0 for r in requests),
         **step_fields([] if latencies_only else steps),
         variant=key.variant,
