@@ -6,10 +6,16 @@ Each simulated capacity probe gets a score: its requests' SLO ratios (a request'
 TTFT / TTFT bound, TPOT / TPOT bound and E2E / E2E bound; infinite for one that did not complete)
 at the attainment target's quantile, so that the probe meets the SLO at that attainment about
 where its score is 1 or less. Between a level that meets it and one that misses, the edge is where
-the line through their scores crosses 1 (the secant). Past ``max_num_seqs`` users with only levels
-that meet it, each user more waits ``1 / X`` s longer (Little's law, X the requests/s of the
-highest level that meets it), so the edge is where the TTFT or E2E P95 grows to its bound; else,
-with levels on one side only, the score is taken as growing in proportion to the level.
+the line through their scores crosses 1 (the secant). Past the edge a queue builds, and its wait,
+so the score, grows in proportion to the users (Little's law): where two levels fail with scores
+above 1, the line through the lowest two crosses 1 at the edge. A level that fails far past the
+SLO (a score above ``FAR_SCORE``) bends the secant through it down to the level that holds (the
+scores are convex there), so where it is more than twice that level, the guess is at least their
+geometric mean: a nearer failing level, from which the line through the two failing ones follows.
+Past ``max_num_seqs`` users with only levels that meet it, each user more waits ``1 / X`` s longer
+(Little's law, X the requests/s of the highest level that meets it), so the edge is where the TTFT
+or E2E P95 grows to its bound; else, with levels on one side only, the score is taken as growing in
+proportion to the level.
 
 Requests all of one length (prompt and output) run in waves past ``max_num_seqs``: they start and
 finish together, so the queue's wait grows in steps of one E2E per ``max_num_seqs`` users, a
@@ -30,6 +36,7 @@ from kvplan.results.records import RequestRecord
 from kvplan.results.stats.latency import completed, e2e_s, tpot_s, ttft_s
 
 QUEUE_MARGIN = 1.5  # the limit is probed first where its predicted P95 x 1.5 is within the SLO
+FAR_SCORE = 4.0  # a failing level this far past the SLO is taken as overloaded: its queue sets its score
 
 
 def slo_ratio(r: RequestRecord, slo: Slo) -> float:
@@ -75,14 +82,34 @@ def expected_edge(
         edge = _queue_edge(held, summaries[held], slo, waves)
         if failed is None or (edge is not None and edge < failed):
             return edge
+    line = _queue_line(known, scores, held)
+    if line is not None:
+        return line
     if held is not None and failed is not None:
         low, high = scores.get(held, math.nan), scores.get(failed, math.nan)
         if not (math.isfinite(low) and math.isfinite(high) and high > low):
             return None
-        return held + (1.0 - low) * (failed - held) / (high - low)
+        secant = held + (1.0 - low) * (failed - held) / (high - low)
+        if high > FAR_SCORE and failed > 2 * held:  # a far overloaded level: a second one, nearer
+            return max(secant, math.sqrt(held * failed))
+        return secant
     one = held if held is not None else failed  # one side only: the score in proportion to the level
     ratio = math.nan if one is None else scores.get(one, math.nan)
     return one / ratio if one is not None and math.isfinite(ratio) and ratio > 0 else None
+
+
+def _queue_line(known: Mapping[float, bool], scores: Mapping[float, float], held: float | None) -> float | None:
+    """Where the line through the two lowest failing levels' scores (both finite, above 1, rising)
+    crosses 1, when that lies above ``held`` (or 0) and below both: past the edge a queue's wait
+    grows in proportion to the users (Little's law), and so do the scores; None otherwise."""
+    failing = sorted(v for v, k in known.items() if not k)[:2]
+    if len(failing) < 2:
+        return None
+    (f1, f2), (s1, s2) = failing, (scores.get(failing[0], math.nan), scores.get(failing[1], math.nan))
+    if not (math.isfinite(s1) and math.isfinite(s2) and 1.0 < s1 < s2):
+        return None
+    edge = f1 - (s1 - 1.0) * (f2 - f1) / (s2 - s1)
+    return edge if (held or 0.0) < edge < f1 else None
 
 
 def _queue_edge(held: float, at: LevelSummary, slo: Slo, waves: bool) -> float | None:

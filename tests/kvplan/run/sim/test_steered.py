@@ -145,6 +145,59 @@ def test_the_expected_edge_is_the_secant_between_a_level_that_holds_and_one_that
     assert edges.expected_edge({3.0: False}, {3.0: math.inf}, {}, slo) is None  # no score: no guess
 
 
+def test_two_failing_levels_put_the_edge_where_the_line_through_their_scores_crosses_1():
+    slo = Slo(ttft_ms=2000)
+    # 100 scores 5, 200 scores 15: 0.1 a user, so 1 at 100 - 4 / 0.1 = 60, above the 10 that holds
+    failing = {100: False, 200: False}
+    assert edges.expected_edge({10: True, **failing}, {10: 0.3, 100: 5.0, 200: 15.0}, {}, slo, 256) == 60
+    assert edges.expected_edge(failing, {100: 5.0, 200: 15.0}, {}, slo, 256) == 60  # no level holds yet
+    # the line's 60 below a level that holds (70): the secant through 70 and 100 instead
+    assert edges.expected_edge({70: True, **failing}, {70: 0.7, 100: 5.0, 200: 15.0}, {}, slo, 256) == pytest.approx(
+        70 + 0.3 * 30 / 4.3
+    )
+
+
+def test_a_far_overloaded_level_puts_the_guess_at_least_at_the_geometric_mean():
+    slo = Slo(ttft_ms=2000)
+    # 10 scores 0.25, 1,000 scores 96 (above FAR_SCORE, over twice 10): the secant's 17.8 is low
+    assert edges.FAR_SCORE == 4.0
+    assert edges.expected_edge({10: True, 1000: False}, {10: 0.25, 1000: 96.0}, {}, slo, 1024) == pytest.approx(100)
+    # not over twice the level that holds, or not that far: the secant
+    secant = 40 + 0.2 * 20 / 4.2
+    assert edges.expected_edge({40: True, 60: False}, {40: 0.8, 60: 5.0}, {}, slo, 64) == pytest.approx(secant)
+    assert edges.expected_edge({10: True, 1000: False}, {10: 0.25, 1000: 3.0}, {}, slo, 1024) == pytest.approx(
+        10 + 0.75 * 990 / 2.75
+    )
+
+
+def test_on_scores_that_bend_up_past_the_edge_the_guesses_find_it_in_fewer_levels(monkeypatch):
+    """A 4-decode-worker unit's shape (kvplan plan --disagg, 8,000 / 1,000 tokens): the scores stay
+    near 0.3 up to about 56 users, then a queue builds and they grow by 0.1 a user. The steered
+    search from 1,024 answers as the plain bisection, from 5 levels; with the secant alone, 12."""
+    slo = Slo(ttft_ms=2000)
+    score = lambda u: 0.25 + 0.009 * u if u <= 57 else 1.0 + 0.1 * (u - 57)  # noqa: E731
+
+    def levels() -> tuple[tuple, list]:
+        known: dict[float, bool] = {}
+        scores: dict[float, float] = {}
+        asked: list[float] = []
+
+        def ok(u: float) -> bool:
+            asked.append(u)
+            scores[u] = score(u)
+            return scores[u] <= 1.0
+
+        search = lambda test: highest_int(test, 1024, 1.1)  # noqa: E731
+        return steered(search, ok, known, lambda: edges.expected_edge(known, scores, {}, slo, 1024)), asked
+
+    answer, asked = levels()
+    assert answer == highest_int(lambda u: score(u) <= 1.0, 1024, 1.1) == (56, 60)
+    monkeypatch.setattr(edges, "FAR_SCORE", math.inf)
+    monkeypatch.setattr(edges, "_queue_line", lambda *args: None)
+    secant_answer, secant_asked = levels()
+    assert secant_answer == answer and len(asked) == 5 and len(secant_asked) == 12
+
+
 def test_past_max_num_seqs_the_edge_is_where_littles_law_puts_the_queue_at_the_bound():
     stats = LatencyStats(count=100, mean=400.0, p50=300.0, p90=450.0, p95=500.0, p99=800.0)
     at = SimpleNamespace(requests_per_s=40.0, ttft_ms=stats, e2e_ms=None)
