@@ -168,7 +168,7 @@ def summarize_level(
     num_excluded, window = 0, None
     arrivals = level_arrival(key, requests, arrival)  # before a steady-state plan splits the requests
     done = [r for r in requests if completed(r)]
-    goods: dict[int, bool] = {}  # id(record) -> whether it meets its SLO, each judged once
+    goods: dict[int, bool] = {}  # id(record) -> whether it meets its SLO, each judged once here
 
     def good(r: RequestRecord) -> bool:
         found = goods.get(id(r))

@@ -31,7 +31,7 @@ test's metrics, so a probe is exactly the level a load test or ``kvplan simulate
   E2E bounds 1.5 times the P95 there, ``queue_cannot_bind``; the rate by doubling or halving from the
   request rate the highest good concurrency serves, up to the saturation rate, what
   ``max_num_seqs`` in flight serve, since past it the queue grows without bound; then to within
-  ``RATE_PRECISION``; where ``max_num_seqs`` users and a queue behind them meet the SLO, the
+  ``RATE_PRECISION``; where more users than ``max_num_seqs`` (a queue) meet the SLO, the
   saturation rate is asked first, and is the answer when it meets). The lowest level seen failing
   above each answer is kept (``above_concurrency``, ``above_request_rate``), so the edge shows; an
   answer at a limit says so (``concurrency_bound: max_num_seqs``, ``request_rate_bound:
@@ -306,7 +306,7 @@ class Prober:
         first = round_rate(min(start, saturation))  # the rates it asks first: side by side
         # where a queue behind max_num_seqs busy meets the SLO, the saturation rate (the highest
         # the search may answer) likely does too: asked first, it is then the answer alone
-        top_first = concurrency >= top and first < saturation
+        top_first = concurrency > top and first < saturation
         asks = (saturation, first) if top_first else (first, min(round_rate(2 * first), saturation))
         probes.both(("open", asks[0]), ("open", asks[1]))
         # not steered: at 2 % apart, rates are not monotone enough (their warm-up and count differ)
