@@ -28,18 +28,17 @@ test's metrics, so a probe is exactly the level a load test or ``kvplan simulate
   within ``CONCURRENCY_PRECISION``, and when even ``max_num_seqs`` users meet it, on past it,
   where more users only wait in the queue, by doubling up to ``MAX_USERS x max_num_seqs`` and
   bisection, or that limit first where Little's law predicts the queue leaves the SLO's TTFT and
-  E2E bounds 1.5 times the P95 there, ``queue_cannot_bind``; the rate by doubling or halving from the
-  request rate the highest good concurrency serves, up to the saturation rate, what
+  E2E bounds 1.5 times the P95 there, ``queue_cannot_bind``; the rate by doubling or halving from
+  the request rate the highest good concurrency serves, up to the saturation rate, what
   ``max_num_seqs`` in flight serve, since past it the queue grows without bound; then to within
-  ``RATE_PRECISION``; where more users than ``max_num_seqs`` (a queue) meet the SLO, the
-  saturation rate is asked first, and is the answer when it meets). The lowest level seen failing
-  above each answer is kept (``above_concurrency``, ``above_request_rate``), so the edge shows; an
-  answer at a limit says so (``concurrency_bound: max_num_seqs``, ``request_rate_bound:
-  saturation``). ``burst_meets_slo``
-  (no rate is too high) only when the SLO holds at the scheduler's own limit and bounds no latency
-  that a growing queue raises (TPOT only: neither TTFT nor E2E). When not even concurrency 1 meets
-  it, no rate does either (at a rate low enough that requests never meet, each runs alone, as at
-  concurrency 1).
+  ``RATE_PRECISION``; where more users than ``max_num_seqs`` (a queue) meet the SLO, the saturation
+  rate is asked first, the answer when it meets). The lowest level seen failing above each answer
+  is kept (``above_concurrency``, ``above_request_rate``), so the edge shows; an answer at a limit
+  says so (``concurrency_bound: max_num_seqs``, ``request_rate_bound: saturation``).
+  ``burst_meets_slo`` (no rate is too high) only when the SLO holds at the scheduler's own limit
+  and bounds no latency that a growing queue raises (TPOT only: neither TTFT nor E2E). When not
+  even concurrency 1 meets it, no rate does either (at a rate low enough that requests never meet,
+  each runs alone, as at concurrency 1).
 
 The knee and concurrency searches are steered (kvplan.run.sim.brackets.steered): they simulate
 the levels where the edge is expected (kvplan.run.sim.edges: the pool's arithmetic, the probes'
@@ -281,9 +280,8 @@ class Prober:
         concurrency, above_c = steer("closed", lambda ok: highest_int(ok, top, precision))
         queue_bound = slo.ttft_ms is not None or slo.e2e_ms is not None
         if concurrency == top and queue_bound:
-            # users past max_num_seqs wait in the queue: search on, doubling, to where the wait
-            # breaks the SLO (at most MAX_USERS x max_num_seqs users); where the queue cannot
-            # predictably bind, the limit first: if it meets, so does every level below it
+            # users past max_num_seqs wait in the queue: doubling to where the wait breaks the SLO (at most
+            # MAX_USERS x max_num_seqs); where it cannot predictably bind, that limit first (if it meets, all below do)
             cap = MAX_USERS * top
             if queue_cannot_bind(probe("closed", top), cap - top, slo) and meets("closed", cap):
                 concurrency, above_c = cap, None
@@ -293,19 +291,16 @@ class Prober:
             return BucketCapacity(name=name, knee=knee, above_concurrency=_point(probe("closed", 1)))
         best = probe("closed", concurrency)
         e2e_s = (best.e2e_ms.mean / 1e3) if best.e2e_ms is not None else 0.0
-        # saturation: what the scheduler's limit (max_num_seqs in flight) serves, requests/s; above
-        # it the queue grows without bound, so no higher rate is sustainable
+        # saturation: what max_num_seqs in flight serve, requests/s; past it the queue grows without bound
         saturation = round_rate(probe("closed", top).requests_per_s or best.requests_per_s or 1.0)
         if concurrency == top and not queue_bound:
             # only TPOT bound: a growing queue never breaks it, so no rate is too high
             return BucketCapacity(
                 name=name, knee=knee, max_concurrency=_point(best), burst_meets_slo=True, concurrency_bound=BOUND
             )
-        # the rate the highest good concurrency sustains is near the highest good rate: start there
-        start = best.requests_per_s or 1.0
+        start = best.requests_per_s or 1.0  # what the best concurrency sustains, near the best rate: start there
         first = round_rate(min(start, saturation))  # the rates it asks first: side by side
-        # where a queue behind max_num_seqs busy meets the SLO, the saturation rate (the highest
-        # the search may answer) likely does too: asked first, it is then the answer alone
+        # a queue behind max_num_seqs busy meets the SLO: so likely does the saturation rate, the answer if so
         top_first = concurrency > top and first < saturation
         asks = (saturation, first) if top_first else (first, min(round_rate(2 * first), saturation))
         probes.both(("open", asks[0]), ("open", asks[1]))
