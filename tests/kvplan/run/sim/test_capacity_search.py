@@ -39,6 +39,19 @@ def _prober(path: Path, **gpu):
     return workload, setup, Prober(workload, setup.facts, knee_clock, sample(workload, setup.facts).requests)
 
 
+def _levels_asked(monkeypatch) -> list[tuple[str, float]]:
+    """(mode, level) of every level Prober simulates from now on, in order (Prober.level wrapped)."""
+    asked: list[tuple[str, float]] = []
+    level = Prober.level
+
+    def counted(self, bucket_index, mode, value, *args, **kwargs):
+        asked.append((mode, value))
+        return level(self, bucket_index, mode, value, *args, **kwargs)
+
+    monkeypatch.setattr(Prober, "level", counted)
+    return asked
+
+
 def _scan(prober: Prober, bucket_index: int) -> int | None:
     """The exhaustive scan: every concurrency from 1 to max_num_seqs, the first that preempts."""
     return next((c for c in range(1, prober.facts.max_num_seqs + 1) if prober.preempts(bucket_index, c)), None)
@@ -121,26 +134,20 @@ def test_a_queue_that_cannot_bind_is_searched_at_its_limit_first_with_the_same_a
     workload, setup, _ = _prober(SMOKE, model="llama-3.1-8b", gpu="H100-SXM")
     workload = workload.model_copy(update={"slo": workload.slo.model_copy(update={"ttft_ms": 1e6})})
     sampled = sample(workload, setup.facts).requests
-    closed: list[float] = []
-    level = Prober.level
-
-    def counted(self, bucket_index, mode, value, *args, **kwargs):
-        closed.append(value) if mode == "closed" else None
-        return level(self, bucket_index, mode, value, *args, **kwargs)
-
-    monkeypatch.setattr(Prober, "level", counted)
+    asked = _levels_asked(monkeypatch)
+    closed = lambda: [v for m, v in asked if m == "closed"]  # noqa: E731
     (first,) = search.search_capacity(workload, setup.facts, sampled, setup.clock, 0.95, {})
-    probed_first, closed[:] = list(closed), []
+    probed_first, asked[:] = closed(), []
     monkeypatch.setattr(search, "queue_cannot_bind", lambda *args: False)
     (doubled,) = search.search_capacity(workload, setup.facts, sampled, setup.clock, 0.95, {})
-    probed_steered, closed[:] = list(closed), []
+    probed_steered, asked[:] = closed(), []
     monkeypatch.setattr(search, "steered", lambda plain, ok, known, guess, **_: plain(ok))  # the plain searches
     (plain,) = search.search_capacity(workload, setup.facts, sampled, setup.clock, 0.95, {})
     top = setup.facts.max_num_seqs
     assert first == doubled == plain and first.max_concurrency.level == 8 * top
     assert first.concurrency_bound == "max_users"
     # the steered doubling goes to the limit too, where Little's law puts the edge (far past it)
-    assert probed_first == probed_steered == [top, 8 * top] and closed == [top, 2 * top, 4 * top, 8 * top]
+    assert probed_first == probed_steered == [top, 8 * top] and closed() == [top, 2 * top, 4 * top, 8 * top]
 
 
 @pytest.mark.parametrize("ttft_ms", [150.0, 170.0, 300.0, 500.0])
@@ -158,19 +165,13 @@ def test_the_saturation_rate_asked_first_gives_the_rate_searchs_answers(monkeypa
     (path := tmp_path / "w.yaml").write_text(yaml.safe_dump(doc))
     workload, setup, _ = _prober(path, model="llama-3.1-8b", gpu="H100-SXM")
     sampled = sample(workload, setup.facts).requests
-    rates: list[float] = []
-    level = Prober.level
-
-    def counted(self, bucket_index, mode, value, *args, **kwargs):
-        rates.append(value) if mode == "open" else None
-        return level(self, bucket_index, mode, value, *args, **kwargs)
-
-    monkeypatch.setattr(Prober, "level", counted)
+    levels = _levels_asked(monkeypatch)
     (first,) = search.search_capacity(workload, setup.facts, sampled, setup.clock, 0.95, {})
-    asked, rates[:] = list(rates), []
+    asked, levels[:] = [v for m, v in levels if m == "open"], []
     plain_rate = brackets.highest_rate
     monkeypatch.setattr(search, "highest_rate", lambda ok, start, top, top_first: plain_rate(ok, start, top))
     (plain,) = search.search_capacity(workload, setup.facts, sampled, setup.clock, 0.95, {})
+    rates = [v for m, v in levels if m == "open"]
     assert first == plain and first.max_concurrency.level > setup.facts.max_num_seqs
     saturation = max(rates)  # the search's top, which the plain one asks second (or first, at 150 ms)
     if ttft_ms >= 300.0:
@@ -192,19 +193,13 @@ def test_the_steered_searches_give_the_plain_searches_answers_on_chat_yaml_with_
     monkeypatch.setattr(calibrations, "default_for", lambda workload: xeon)
     workload, setup, _ = _prober(CHAT, **gpu)
     sampled = sample(workload, setup.facts).requests
-    counted: list[tuple] = []
-    level = Prober.level
-
-    def counting(self, bucket_index, mode, value, *args, **kwargs):
-        counted.append((mode, value))
-        return level(self, bucket_index, mode, value, *args, **kwargs)
+    counted = _levels_asked(monkeypatch)
 
     def answers():
         knees = search.simulated_knees(workload, setup.facts, sampled)
         found = search.search_capacity(workload, setup.facts, sampled, setup.clock, 0.95, knees)
         return knees, found, list(counted)
 
-    monkeypatch.setattr(Prober, "level", counting)
     steered = answers()
     counted[:] = []
     monkeypatch.setattr(search, "steered", lambda plain, ok, known, guess, **_: plain(ok))
