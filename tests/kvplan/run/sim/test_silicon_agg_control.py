@@ -1,0 +1,68 @@
+"""bench/silicon_agg_control.py's rows: the filter its docstring states, on a CSV written here in
+the source's columns (aiconfigurator-core's silicon_sample.csv)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pandas as pd
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[4]))
+
+from bench.silicon_agg_control import load_rows  # noqa: E402
+
+KEPT = {
+    "id": "kept",
+    "silicon_data_source": "db-dump/2026-04-27; config_id=1; silicon_concurrency=4",
+    "backend": "sglang",
+    "model_path": "deepseek-ai/DeepSeek-R1",
+    "system": "b200_sxm",
+    "precision": "fp8",
+    "mode": "agg",
+    "isl": 1024,
+    "osl": 1024,
+    "batch_size": 4.0,
+    "tp_size": 8.0,
+    "attention_dp_size": float("nan"),  # blank: taken as 1
+    "moe_tp_size": 8.0,
+    "moe_ep_size": float("nan"),  # blank: 1
+    "silicon_ttft_ms": 183.0,
+    "silicon_tpot_ms": 8.75,
+}
+# each breaks one rule of the filter
+LEFT_OUT = {
+    "disagg": {"mode": "disagg"},
+    "other model": {"model_path": "Qwen/Qwen3-32B"},
+    "other GPU": {"system": "h100_sxm"},
+    "fp4": {"precision": "fp4"},
+    "attention DP": {"attention_dp_size": 8.0},
+    "tp 4": {"tp_size": 4.0},
+    "ISL 4000": {"isl": 4000},
+    "OSL 8192": {"osl": 8192},
+    "128 users": {"batch_size": 128.0},
+    "other source": {"silicon_data_source": "source_file=2026-04-06.csv; model=DeepSeek-R1"},
+    "no TTFT": {"silicon_ttft_ms": float("nan")},
+}
+
+
+def test_the_filter_keeps_one_row_per_measurement(tmp_path: Path) -> None:
+    rows = [KEPT, {**KEPT, "id": "kept again"}]  # the same measurement under a second id
+    rows += [{**KEPT, "id": name, **change} for name, change in LEFT_OUT.items()]
+    rows.append({**KEPT, "id": "h200 trtllm", "backend": "trtllm", "system": "h200_sxm", "moe_ep_size": 8.0})
+    path = tmp_path / "silicon_sample.csv"
+    pd.DataFrame(rows).to_csv(path, index=False)
+
+    got = load_rows(path)
+
+    assert [r["id"] for r in got] == ["kept", "h200 trtllm"]  # sorted by backend, GPU
+    first = got[0]
+    assert (first["preset"], first["gpu"], first["tp"], first["moe_ep_size"], first["batch_size"]) == (
+        "deepseek-v3",
+        "B200",
+        8,
+        1,
+        4,
+    )
+    assert (first["weight_dtype"], first["silicon_ttft_ms"], first["silicon_tpot_ms"]) == ("fp8", 183.0, 8.75)
+    assert (got[1]["gpu"], got[1]["moe_ep_size"]) == ("H200", 8)
