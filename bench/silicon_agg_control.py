@@ -16,18 +16,23 @@ TPOT on B200 with TensorRT-LLM, which no column explains); one row per measureme
 repeats runs under a second id). Each row is simulated twice, with the backend's silicon fit
 (kvplan/sizing/data/silicon_fit.yaml, fitted on H100 rows: how ``kvplan simulate`` times an
 aggregated replica) and with the operation times alone (how a disaggregated pool is timed:
-docs/simulate.md). Prints each row and each backend's median |error| and median signed error
-(predicted / measured - 1) of mean TTFT and TPOT, the date and the machine.
+docs/simulate.md). The peer, in the same run: aiconfigurator's own aggregated estimate of each row
+(``cli_estimate(..., mode="agg")`` with the row's system, parallelism and quant modes) from its own
+venv (``--peer-python``; made in a temporary folder with ``pip install aiconfigurator==0.12.0`` when
+not given; ``--no-peer`` skips it). Prints each row and each backend's median |error| and median
+signed error (predicted / measured - 1) of mean TTFT and TPOT, the date and the machine.
 
-    .venv/bin/python bench/silicon_agg_control.py [--jobs 2] [--csv PATH]
+    .venv/bin/python bench/silicon_agg_control.py [--jobs 2] [--csv PATH] [--peer-python PY | --no-peer]
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import platform
 import statistics
+import subprocess
 import sys
 from concurrent.futures import ProcessPoolExecutor
 from datetime import date
@@ -35,7 +40,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.silicon_check import simulate_row  # noqa: E402
+from bench.silicon_check import peer_python, simulate_row  # noqa: E402
 
 GPUS = {"b200_sxm": "B200", "h200_sxm": "H200"}
 MODELS = ("deepseek-ai/DeepSeek-V3", "deepseek-ai/DeepSeek-R1")
@@ -87,9 +92,60 @@ def load_rows(csv: Path) -> list[dict]:
                 "batch_size": int(r.batch_size),
                 "silicon_ttft_ms": float(r.silicon_ttft_ms),
                 "silicon_tpot_ms": float(r.silicon_tpot_ms),
+                # as the source records them, for the peer
+                "model_path": r.model_path,
+                "system": r.system,
+                "moe_tp_size": int(r.moe_tp_size) if r.moe_tp_size == r.moe_tp_size else None,
+                "gemm_quant_mode": r.gemm_quant_mode,
+                "moe_quant_mode": r.moe_quant_mode,
             }
         )
     return sorted(rows, key=lambda r: (r["backend"], r["gpu"], r["isl"], r["batch_size"]))
+
+
+PEER_SCRIPT = r"""
+import json, logging, sys
+logging.disable(logging.WARNING)
+from aiconfigurator.cli.api import cli_estimate
+for line in sys.stdin:
+    job = json.loads(line)
+    try:
+        args = {k: v for k, v in job.items() if k not in ("id", "model_path", "system")}
+        r = cli_estimate(job["model_path"], job["system"], mode="agg", **args)
+        print(json.dumps({"id": job["id"], "ttft_ms": r.ttft, "tpot_ms": r.tpot}), flush=True)
+    except BaseException as e:
+        print(json.dumps({"id": job["id"], "reason": f"{type(e).__name__}: {str(e)[:200]}"}), flush=True)
+"""
+
+
+def peer_rows(rows: list[dict], python: str) -> dict[str, dict]:
+    """aiconfigurator's aggregated estimate (``cli_estimate``, mode agg) of every row, by id, with
+    the row's system, parallelism and quant modes as the source records them."""
+    jobs = [
+        {
+            "id": row["id"],
+            "model_path": row["model_path"],
+            "system": row["system"],
+            "backend_name": row["backend"],
+            "isl": row["isl"],
+            "osl": row["osl"],
+            "batch_size": row["batch_size"],
+            "tp_size": row["tp"],
+            "moe_tp_size": row["moe_tp_size"],
+            "moe_ep_size": row["moe_ep_size"],
+            "gemm_quant_mode": row["gemm_quant_mode"],
+            "moe_quant_mode": row["moe_quant_mode"],
+        }
+        for row in rows
+    ]
+    done = subprocess.run(
+        [python, "-c", PEER_SCRIPT],
+        input="\n".join(json.dumps(j) for j in jobs),
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONWARNINGS": "ignore"},
+    )
+    return {item["id"]: item for item in map(json.loads, filter(lambda s: s.startswith("{"), done.stdout.splitlines()))}
 
 
 def _simulate(job: tuple[dict, bool]) -> dict:
@@ -101,17 +157,20 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--jobs", type=int, default=2)
     parser.add_argument("--csv", type=Path, help="silicon_sample.csv (default: the installed aiconfigurator-core's)")
+    parser.add_argument("--peer-python", help="python of a venv with aiconfigurator==0.12.0 (default: made)")
+    parser.add_argument("--no-peer", action="store_true")
     args = parser.parse_args()
     rows = load_rows(args.csv or default_csv())
     print(f"{date.today()} on {platform.node()} ({os.cpu_count()} CPUs, {platform.machine()}): {len(rows)} rows")
     jobs = [(row, fitted) for fitted in (True, False) for row in rows]
     with ProcessPoolExecutor(args.jobs) as pool:
         outs = list(pool.map(_simulate, jobs))
+    peer = {} if args.no_peer else peer_rows(rows, peer_python(args.peer_python))
     errors: dict[tuple[str, str], list[tuple[float, float]]] = {}
-    print("backend GPU     ISL   C  TTFT meas    fit  unfit  TPOT meas    fit  unfit")
+    print("backend GPU     ISL   C  TTFT meas    fit  unfit   peer  TPOT meas    fit  unfit   peer")
     for i, row in enumerate(rows):
         cells = []
-        for kind, out in (("fit", outs[i]), ("unfit", outs[len(rows) + i])):
+        for kind, out in (("fit", outs[i]), ("unfit", outs[len(rows) + i]), ("peer", peer.get(row["id"], {}))):
             if "ttft_ms" not in out:
                 cells.append(None)
                 continue
@@ -121,8 +180,8 @@ def main() -> None:
         pct = lambda c, k: "-" if c is None else f"{c[k] * 100:+.0f}%"  # noqa: E731
         print(
             f"{row['backend']:7} {row['gpu']:5} {row['isl']:5} {row['batch_size']:3}  {row['silicon_ttft_ms']:9.0f}"
-            f" {pct(cells[0], 0):>6} {pct(cells[1], 0):>6}  {row['silicon_tpot_ms']:9.2f}"
-            f" {pct(cells[0], 1):>6} {pct(cells[1], 1):>6}"
+            f" {pct(cells[0], 0):>6} {pct(cells[1], 0):>6} {pct(cells[2], 0):>6}  {row['silicon_tpot_ms']:9.2f}"
+            f" {pct(cells[0], 1):>6} {pct(cells[1], 1):>6} {pct(cells[2], 1):>6}"
         )
     print("\nmedian %             rows  |TTFT|  TTFT signed  |TPOT|  TPOT signed")
     for (backend, kind), pairs in sorted(errors.items()):
@@ -132,9 +191,10 @@ def main() -> None:
             f"{backend:7} {kind:6} {len(pairs):10}  {med(map(abs, ttft)):6.1f}  {med(ttft):+11.1f}"
             f"  {med(map(abs, tpot)):6.1f}  {med(tpot):+11.1f}"
         )
-    failed = [o["id"] + ": " + o.get("reason", "") for o in outs if "ttft_ms" not in o]
-    for line in failed:
-        print("not replayed:", line)
+    for who, answers in (("kvplan", outs), ("the peer", list(peer.values()))):
+        for o in answers:
+            if "ttft_ms" not in o:
+                print(f"no answer from {who}: {o['id']}: {o.get('reason', '')[:160]}")
 
 
 if __name__ == "__main__":

@@ -19,6 +19,8 @@ KEPT = {
     "model_path": "deepseek-ai/DeepSeek-R1",
     "system": "b200_sxm",
     "precision": "fp8",
+    "gemm_quant_mode": "fp8_block",
+    "moe_quant_mode": "fp8_block",
     "mode": "agg",
     "isl": 1024,
     "osl": 1024,
@@ -66,3 +68,10 @@ def test_the_filter_keeps_one_row_per_measurement(tmp_path: Path) -> None:
     )
     assert (first["weight_dtype"], first["silicon_ttft_ms"], first["silicon_tpot_ms"]) == ("fp8", 183.0, 8.75)
     assert (got[1]["gpu"], got[1]["moe_ep_size"]) == ("H200", 8)
+    # the source's own fields, for the peer (aiconfigurator's cli_estimate)
+    assert (first["model_path"], first["system"], first["moe_tp_size"], first["gemm_quant_mode"]) == (
+        "deepseek-ai/DeepSeek-R1",
+        "b200_sxm",
+        8,
+        "fp8_block",
+    )
