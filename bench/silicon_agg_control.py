@@ -5,22 +5,34 @@ of the step times both share.
 The rows: aiconfigurator-core 0.12.0's measured sample (the PyPI package, Apache-2.0, file
 ``aiconfigurator_core/systems/silicon_sample.csv``, as bench/silicon_disagg_extract.py reads it),
 filtered to the aggregated runs of the disaggregated check's main model on its Hopper and Blackwell
-GPUs that kvplan can replay alone: ``mode`` agg; model_path deepseek-ai/DeepSeek-V3 or -R1 (kvplan
-preset deepseek-v3); system b200_sxm or h200_sxm (kvplan B200, H200); precision fp8 (weights fp8);
-attention_dp_size 1 (blank taken as 1); tp_size 8 (one node, no attention DP: moe_tp x moe_ep =
-8); ISL 1,024 or 8,192 and OSL 1,024; concurrency at most 64 (minutes on 2 CPUs); from the
-source the disaggregated rows come from, InferenceX's database dump (``db-dump/``:
-../shared/SILICON_PROTOCOL.md; replayed as bench/silicon_check.py replays its InferenceX rows; the
-sample's 2026-04-06 export measures some of the same points again a week later, at about half the
-TPOT on B200 with TensorRT-LLM, which no column explains); one row per measurement (the sample
-repeats runs under a second id). Each row is simulated twice, with the backend's silicon fit
-(kvplan/sizing/data/silicon_fit.yaml, fitted on H100 rows: how ``kvplan simulate`` times an
-aggregated replica) and with the operation times alone (how a disaggregated pool is timed:
-docs/simulate.md). The peer, in the same run: aiconfigurator's own aggregated estimate of each row
-(``cli_estimate(..., mode="agg")`` with the row's system, parallelism and quant modes) from its own
-venv (``--peer-python``; made in a temporary folder with ``pip install aiconfigurator==0.12.0`` when
-not given; ``--no-peer`` skips it). Prints each row and each backend's median |error| and median
-signed error (predicted / measured - 1) of mean TTFT and TPOT, the date and the machine.
+GPUs that kvplan can replay alone:
+
+- ``mode`` agg; model_path deepseek-ai/DeepSeek-V3 or -R1 (kvplan preset deepseek-v3); system
+  b200_sxm or h200_sxm (kvplan B200, H200); precision fp8 (weights fp8);
+- attention_dp_size 1 (blank taken as 1); tp_size 8 with moe_tp_size x moe_ep_size = 8 (blank:
+  moe_tp the tp, moe_ep 1), one node without attention DP;
+- ISL 1,024 or 8,192, OSL 1,024, concurrency at most 64 (minutes on 2 CPUs); both TTFT and TPOT
+  present;
+- from the source the disaggregated rows come from, InferenceX's database dump (``db-dump/``;
+  ../shared/SILICON_PROTOCOL.md; replayed as bench/silicon_check.py replays its InferenceX rows).
+  The sample's 2026-04-06 export measures some of the same points again a week later with a later
+  TensorRT-LLM (1.2.0rc6.post3 against post2), at about half the TPOT on B200;
+- one row per measurement: a run (its source field, which names the config and the concurrency,
+  its lengths and its two results) listed twice is kept once.
+
+Each row is simulated twice: with the backend's silicon fit (kvplan/sizing/data/silicon_fit.yaml,
+fitted on H100 rows: how ``kvplan simulate`` times an aggregated replica) and with the operation
+times alone (how a disaggregated pool is timed: docs/simulate.md). The peer, in the same run:
+aiconfigurator's own aggregated estimate of each row (``cli_estimate(..., mode="agg")`` with the
+row's system, parallelism and quant modes as the source records them) from its own venv
+(``--peer-python``; made first, in a temporary folder with ``pip install aiconfigurator==0.12.0``,
+when not given; ``--no-peer`` skips it).
+
+Prints the date and the machine; per row the measured mean TTFT (ms) and TPOT (ms) and each
+estimate's error (predicted / measured - 1, %); per backend and estimate the median |error| and
+the median signed error of each, over the rows that estimate answered (the row counts differ where
+one gave no answer); the seconds each side took; then one line per row an estimate did not answer,
+with its reason.
 
     .venv/bin/python bench/silicon_agg_control.py [--jobs 2] [--csv PATH] [--peer-python PY | --no-peer]
 """
@@ -34,6 +46,7 @@ import platform
 import statistics
 import subprocess
 import sys
+import time
 from concurrent.futures import ProcessPoolExecutor
 from datetime import date
 from pathlib import Path
@@ -54,6 +67,11 @@ def default_csv() -> Path:
     return Path(aiconfigurator_core.__file__).parent / "systems" / "silicon_sample.csv"
 
 
+def _given(value: object, kind: type) -> object:
+    """A CSV cell as ``kind``, None where it is blank (NaN)."""
+    return None if value != value else kind(value)  # NaN is the one value not equal to itself
+
+
 def load_rows(csv: Path) -> list[dict]:
     """The control rows (module docstring) in bench/silicon_check.py's row format."""
     import pandas as pd
@@ -66,6 +84,7 @@ def load_rows(csv: Path) -> list[dict]:
         & (d.precision == "fp8")
         & (d.attention_dp_size.fillna(1) == 1)
         & (d.tp_size == 8)
+        & (d.moe_tp_size.fillna(d.tp_size) * d.moe_ep_size.fillna(1) == d.tp_size)
         & d.isl.isin([1024, 8192])
         & (d.osl == 1024)
         & (d.batch_size <= 64)
@@ -73,7 +92,7 @@ def load_rows(csv: Path) -> list[dict]:
         & d.silicon_ttft_ms.notna()
         & d.silicon_tpot_ms.notna()
     )
-    same = ["backend", "system", "isl", "osl", "batch_size", "tp_size", "moe_ep_size", "silicon_ttft_ms"]
+    same = ["silicon_data_source", "isl", "osl", "silicon_ttft_ms", "silicon_tpot_ms"]  # one measurement
     rows = []
     for _, r in d[keep].drop_duplicates(subset=same).iterrows():
         rows.append(
@@ -92,12 +111,11 @@ def load_rows(csv: Path) -> list[dict]:
                 "batch_size": int(r.batch_size),
                 "silicon_ttft_ms": float(r.silicon_ttft_ms),
                 "silicon_tpot_ms": float(r.silicon_tpot_ms),
-                # as the source records them, for the peer
                 "model_path": r.model_path,
                 "system": r.system,
-                "moe_tp_size": int(r.moe_tp_size) if r.moe_tp_size == r.moe_tp_size else None,
-                "gemm_quant_mode": r.gemm_quant_mode,
-                "moe_quant_mode": r.moe_quant_mode,
+                # as the source records them (None: blank), for the peer
+                "source_parallel": {k: _given(r[k], int) for k in ("moe_tp_size", "moe_ep_size")},
+                "source_quant": {k: _given(r[k], str) for k in ("gemm_quant_mode", "moe_quant_mode")},
             }
         )
     return sorted(rows, key=lambda r: (r["backend"], r["gpu"], r["isl"], r["batch_size"]))
@@ -131,10 +149,8 @@ def peer_rows(rows: list[dict], python: str) -> dict[str, dict]:
             "osl": row["osl"],
             "batch_size": row["batch_size"],
             "tp_size": row["tp"],
-            "moe_tp_size": row["moe_tp_size"],
-            "moe_ep_size": row["moe_ep_size"],
-            "gemm_quant_mode": row["gemm_quant_mode"],
-            "moe_quant_mode": row["moe_quant_mode"],
+            **row["source_parallel"],
+            **row["source_quant"],
         }
         for row in rows
     ]
@@ -145,7 +161,11 @@ def peer_rows(rows: list[dict], python: str) -> dict[str, dict]:
         text=True,
         env={**os.environ, "PYTHONWARNINGS": "ignore"},
     )
-    return {item["id"]: item for item in map(json.loads, filter(lambda s: s.startswith("{"), done.stdout.splitlines()))}
+    got = {item["id"]: item for item in map(json.loads, filter(lambda s: s.startswith("{"), done.stdout.splitlines()))}
+    said = (done.stderr.strip().splitlines() or [f"exit {done.returncode}"])[-1][:160]
+    return {
+        row["id"]: got.get(row["id"], {"id": row["id"], "reason": f"no line from the peer ({said})"}) for row in rows
+    }
 
 
 def _simulate(job: tuple[dict, bool]) -> dict:
@@ -161,11 +181,15 @@ def main() -> None:
     parser.add_argument("--no-peer", action="store_true")
     args = parser.parse_args()
     rows = load_rows(args.csv or default_csv())
+    python = None if args.no_peer else peer_python(args.peer_python)  # first: a failed install loses nothing
     print(f"{date.today()} on {platform.node()} ({os.cpu_count()} CPUs, {platform.machine()}): {len(rows)} rows")
+    started = time.perf_counter()
     jobs = [(row, fitted) for fitted in (True, False) for row in rows]
     with ProcessPoolExecutor(args.jobs) as pool:
         outs = list(pool.map(_simulate, jobs))
-    peer = {} if args.no_peer else peer_rows(rows, peer_python(args.peer_python))
+    ours_s, started = time.perf_counter() - started, time.perf_counter()
+    peer = {} if python is None else peer_rows(rows, python)
+    peer_s = time.perf_counter() - started
     errors: dict[tuple[str, str], list[tuple[float, float]]] = {}
     print("backend GPU     ISL   C  TTFT meas    fit  unfit   peer  TPOT meas    fit  unfit   peer")
     for i, row in enumerate(rows):
@@ -191,7 +215,14 @@ def main() -> None:
             f"{backend:7} {kind:6} {len(pairs):10}  {med(map(abs, ttft)):6.1f}  {med(ttft):+11.1f}"
             f"  {med(map(abs, tpot)):6.1f}  {med(tpot):+11.1f}"
         )
-    for who, answers in (("kvplan", outs), ("the peer", list(peer.values()))):
+    print(f"kvplan: {len(jobs)} simulations in {ours_s:.0f} s ({args.jobs} processes)", end="")
+    print("" if python is None else f"; the peer: {len(rows)} estimates in {peer_s:.0f} s")
+    named = [
+        ("kvplan, fit", outs[: len(rows)]),
+        ("kvplan, unfit", outs[len(rows) :]),
+        ("the peer", list(peer.values())),
+    ]
+    for who, answers in named:
         for o in answers:
             if "ttft_ms" not in o:
                 print(f"no answer from {who}: {o['id']}: {o.get('reason', '')[:160]}")
