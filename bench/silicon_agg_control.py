@@ -40,11 +40,9 @@ with its reason.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import statistics
-import subprocess
 import sys
 import time
 from concurrent.futures import ProcessPoolExecutor
@@ -54,6 +52,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.silicon_check import peer_python, simulate_row  # noqa: E402
+from bench.silicon_disagg_check import estimates  # noqa: E402
 
 GPUS = {"b200_sxm": "B200", "h200_sxm": "H200"}
 MODELS = ("deepseek-ai/DeepSeek-V3", "deepseek-ai/DeepSeek-R1")
@@ -121,21 +120,6 @@ def load_rows(csv: Path) -> list[dict]:
     return sorted(rows, key=lambda r: (r["backend"], r["gpu"], r["isl"], r["batch_size"]))
 
 
-PEER_SCRIPT = r"""
-import json, logging, sys
-logging.disable(logging.WARNING)
-from aiconfigurator.cli.api import cli_estimate
-for line in sys.stdin:
-    job = json.loads(line)
-    try:
-        args = {k: v for k, v in job.items() if k not in ("id", "model_path", "system")}
-        r = cli_estimate(job["model_path"], job["system"], mode="agg", **args)
-        print(json.dumps({"id": job["id"], "ttft_ms": r.ttft, "tpot_ms": r.tpot}), flush=True)
-    except BaseException as e:
-        print(json.dumps({"id": job["id"], "reason": f"{type(e).__name__}: {str(e)[:200]}"}), flush=True)
-"""
-
-
 def peer_rows(rows: list[dict], python: str) -> dict[str, dict]:
     """aiconfigurator's aggregated estimate (``cli_estimate``, mode agg) of every row, by id, with
     the row's system, parallelism and quant modes as the source records them."""
@@ -154,18 +138,7 @@ def peer_rows(rows: list[dict], python: str) -> dict[str, dict]:
         }
         for row in rows
     ]
-    done = subprocess.run(
-        [python, "-c", PEER_SCRIPT],
-        input="\n".join(json.dumps(j) for j in jobs),
-        capture_output=True,
-        text=True,
-        env={**os.environ, "PYTHONWARNINGS": "ignore"},
-    )
-    got = {item["id"]: item for item in map(json.loads, filter(lambda s: s.startswith("{"), done.stdout.splitlines()))}
-    said = (done.stderr.strip().splitlines() or [f"exit {done.returncode}"])[-1][:160]
-    return {
-        row["id"]: got.get(row["id"], {"id": row["id"], "reason": f"no line from the peer ({said})"}) for row in rows
-    }
+    return estimates(jobs, python, "agg")
 
 
 def _simulate(job: tuple[dict, bool]) -> dict:

@@ -187,7 +187,7 @@ for line in sys.stdin:
     job = json.loads(line)
     try:
         args = {k: v for k, v in job.items() if k not in ("id", "model_path", "system")}
-        r = cli_estimate(job["model_path"], job["system"], mode="disagg", **args)
+        r = cli_estimate(job["model_path"], job["system"], mode=sys.argv[1], **args)
         print(json.dumps({"id": job["id"], "ttft_ms": r.ttft, "tpot_ms": r.tpot}), flush=True)
     except BaseException as e:
         print(json.dumps({"id": job["id"], "reason": f"{type(e).__name__}: {str(e)[:200]}"}), flush=True)
@@ -219,14 +219,23 @@ def peer_rows(rows: list[dict], python: str) -> dict[str, dict]:
                 f"{role}_num_workers": p["workers"],
             }
         jobs.append(job)
+    return estimates(jobs, python, "disagg")
+
+
+def estimates(jobs: list[dict[str, Any]], python: str, mode: str) -> dict[str, dict]:
+    """aiconfigurator's ``cli_estimate(model_path, system, mode=mode, **the job's other keys)`` of
+    every job, run in ``python`` (its venv), by job id: ``ttft_ms`` and ``tpot_ms`` (ms), or the
+    ``reason`` it gave none (a job it printed no line for: its stderr's last line, or exit code)."""
     done = subprocess.run(
-        [python, "-c", PEER_SCRIPT],
+        [python, "-c", PEER_SCRIPT, mode],
         input="\n".join(json.dumps(j) for j in jobs),
         capture_output=True,
         text=True,
         env={**os.environ, "PYTHONWARNINGS": "ignore"},
     )
-    return {item["id"]: item for item in map(json.loads, filter(lambda s: s.startswith("{"), done.stdout.splitlines()))}
+    got = {item["id"]: item for item in map(json.loads, filter(lambda s: s.startswith("{"), done.stdout.splitlines()))}
+    said = (done.stderr.strip().splitlines() or [f"exit {done.returncode}"])[-1][:160]
+    return {j["id"]: got.get(j["id"], {"id": j["id"], "reason": f"no line from the peer ({said})"}) for j in jobs}
 
 
 def uses_dp(row: dict) -> bool:
