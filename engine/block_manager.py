@@ -140,6 +140,14 @@ class BlockManager:
         hashes = self._hashes.setdefault(request.request_id, [])
         num_full = num_tokens // self.block_size
         first, width = len(hashes), 8 * self.block_size  # int64 bytes per block
+        given_by = request.prompt_hashes  # the prompt's full blocks' from their source (Request)
+        if given_by is not None and first < num_full and first < len(request.prompt_token_ids) // self.block_size:
+            given = given_by(self.block_size, request.cache_salt, num_full) or ()
+            if first < len(given):
+                hashes.extend(given[first:])
+                if not first and self._heads is not None:
+                    deferred.first_block(self, request, hashes)
+                first = len(hashes)
         if first < num_full:  # only the blocks not hashed yet are read: a long request's tokens are not copied whole
             raw = array("q", request.token_ids_between(first * self.block_size, num_full * self.block_size)).tobytes()
             begin = 0

@@ -36,11 +36,12 @@ class Chain:
     salt to hash them with later, ``hashes`` the manager's list of its hashes so far (the same
     list object while the request runs). ``open``: the request may defer more blocks."""
 
-    __slots__ = ("request_id", "prompt", "outputs", "salt", "hashes", "table", "first", "end", "live", "open")
+    __slots__ = ("request_id", "prompt", "given", "outputs", "salt", "hashes", "table", "first", "end", "live", "open")
 
     def __init__(self, request: Request, hashes: list[bytes]):
         self.request_id = request.request_id
         self.prompt: tuple[int, ...] = request.prompt_token_ids
+        self.given = request.prompt_hashes  # the prompt's full blocks' hashes, where they come from a source
         self.outputs: list[int] = request.output_token_ids  # the request's own list: it grows as it decodes
         self.salt = request.cache_salt
         self.hashes = hashes
@@ -99,13 +100,17 @@ def settle(bm: Any, chain: Chain) -> None:
 def release(chain: Chain) -> None:
     """Drop what only hashing ``chain``'s blocks needed (none of them is cached any more)."""
     chain.live = 0
-    chain.prompt, chain.outputs, chain.table = (), [], ()
+    chain.prompt, chain.outputs, chain.table, chain.given = (), [], (), None
 
 
 def _extend(hashes: list[bytes], chain: Chain, block_size: int) -> None:
     """``hashes`` (at least the first block's) grown to ``chain.end`` blocks from the chain's tokens,
-    as BlockManager._block_hashes chains them."""
+    as BlockManager._block_hashes chains them (the prompt's full blocks from its source, if any)."""
+    if chain.given is not None and len(hashes) < min(chain.end, len(chain.prompt) // block_size):
+        hashes.extend((chain.given(block_size, chain.salt, chain.end) or ())[len(hashes) :])
     start, stop, prompt = len(hashes) * block_size, chain.end * block_size, chain.prompt
+    if start >= stop:
+        return
     num_prompt = len(prompt)
     tokens = [*prompt[start:stop]]
     if stop > num_prompt:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import enum
 import math
 import numbers
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from engine.config import SEED_LIMIT
@@ -117,7 +118,13 @@ class Request:
     Times are ``time.perf_counter()`` seconds (the engine's clock), so differences are latencies.
     ``cache_salt`` enters the first block's prefix-cache hash: requests with different salts never
     share blocks. ``tenant``: who sent it, for admission's per-tenant limits (engine.admission);
-    None: no tenant, no per-tenant limit.
+    None: no tenant, no per-tenant limit. ``prompt_hashes``: where the prefix-cache hashes of the
+    prompt's full blocks come from without reading its tokens (a simulated trace prompt's recipe,
+    kvplan.traffic.trace.TracePrompt.block_hashes): called with the block size, the cache salt and
+    a count, it gives the chained hashes of the prompt's first ``count`` full blocks, or None (then
+    the tokens are hashed, engine.block_hash). Every request of one engine must then take its
+    hashes from such a source, whose hashes agree exactly where the tokens and salts do; None: the
+    tokens are hashed.
     """
 
     request_id: str
@@ -126,6 +133,7 @@ class Request:
     arrival_time: float
     cache_salt: str | None = None
     tenant: str | None = None
+    prompt_hashes: Callable[[int, str | None, int], list[bytes] | None] | None = field(default=None, repr=False)
 
     output_token_ids: list[int] = field(default_factory=list)
     num_computed_tokens: int = 0

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 import numpy as np
 
@@ -149,7 +149,9 @@ class Submission:
     scheduled arrival on the backend's clock (open loop), None for now (closed loop).
     ``output_token_ids``: the output to emit instead of sampled tokens (a session turn's recorded
     reply, engine.request.SamplingParams.forced_token_ids), where the backend can; None: sampled.
-    ``tenant``: who sends it (SampledRequest.admission_tenant), for admission's per-tenant limits."""
+    ``tenant``: who sends it (SampledRequest.admission_tenant), for admission's per-tenant limits.
+    ``prompt_hashes``: a simulated backend's source of the prompt's block hashes
+    (engine.request.Request.prompt_hashes: a trace prompt's recipe); a server ignores it."""
 
     request_id: str
     prompt_token_ids: tuple[int, ...]
@@ -159,6 +161,7 @@ class Submission:
     arrival_time: float | None = None
     output_token_ids: tuple[int, ...] | None = None
     tenant: str | None = None
+    prompt_hashes: Callable[[int, str | None, int], list[bytes] | None] | None = None
 
 
 @fast_init  # built once a step or request (engine.frozen)
@@ -314,6 +317,7 @@ def run_level(backend: Backend, level: Level, recorder: Recorder, seed: int) -> 
     t0 = backend.now()
     end = t0 + duration if duration is not None else None
     sent = in_flight = 0
+    unbuilt = getattr(backend, "takes_unbuilt_prompts", False)  # a simulated engine (kvplan.run.sim)
 
     def upcoming() -> float | None:
         """Closed loop: whether another request may go now (1.0) or not (None); open loop: the
@@ -337,8 +341,15 @@ def run_level(backend: Backend, level: Level, recorder: Recorder, seed: int) -> 
         rid, salt = f"{key.id}/{sent}", round_salt(cache_salt(key, index, req), index, num)
         recorder.submitted[rid] = (req, salt, backend.now())
         tenant = req.admission_tenant
-        ids = tuple(req.prompt_token_ids)  # a trace's prompt is built here (kvplan.traffic.trace.TracePrompt)
-        backend.submit(Submission(rid, ids, req.max_tokens, seed + sent, salt, arrival, tenant=tenant))
+        prompt = req.prompt_token_ids
+        # a trace's prompt (kvplan.traffic.trace.TracePrompt) is built here; a simulated engine's
+        # takes it unbuilt (TraceTokens: it never reads the ids) and its block hashes from its recipe
+        lazy = getattr(prompt, "tokens", None) if unbuilt else None
+        ids = cast(tuple, lazy()) if lazy is not None else tuple(prompt)  # a Sequence that acts as the tuple
+        hashes = getattr(prompt, "block_hashes", None)
+        backend.submit(
+            Submission(rid, ids, req.max_tokens, seed + sent, salt, arrival, tenant=tenant, prompt_hashes=hashes)
+        )
         sent += 1
         in_flight += 1
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from functools import lru_cache
+from hashlib import shake_128
 from typing import overload
 
 import numpy as np
@@ -38,17 +39,54 @@ class TracePrompt(Sequence[int]):
 
     def ids(self) -> tuple[int, ...]:
         """The token ids, a tuple of ``len(self)`` Python ints in [0, vocab_size)."""
-        seed, vocab, size, line, hash_ids, length = self._recipe
-        count = -(-length // size)
-        keys: list[tuple[int, ...]]
-        if hash_ids is None:  # the line's own blocks, shared with nothing
-            keys = [(1, line, b) for b in range(count)]
-        else:
-            keys = [(0, h) for h in hash_ids]
-        if not keys:
+        return self.ids_between(0, self._recipe[5])
+
+    def ids_between(self, start: int, stop: int) -> tuple[int, ...]:
+        """``ids()[start:stop]`` (0 <= start <= stop <= len), drawing only the blocks it covers."""
+        seed, vocab, size, line, hash_ids, _ = self._recipe
+        if start >= stop:
             return ()
+        first, end = start // size, -(-stop // size)
+        if hash_ids is None:  # the line's own blocks, shared with nothing
+            keys: list[tuple[int, ...]] = [(1, line, b) for b in range(first, end)]
+        else:
+            keys = [(0, h) for h in hash_ids[first:end]]
         parts = [_block(seed, vocab, size, key) for key in keys]
-        return tuple(np.concatenate(parts)[:length].tolist())  # Python ints, in C
+        offset = first * size
+        return tuple(np.concatenate(parts)[start - offset : stop - offset].tolist())  # Python ints, in C
+
+    def tokens(self) -> TraceTokens:
+        """The ids as a simulated engine's request holds them (``TraceTokens``): nothing drawn until
+        a part of them is read."""
+        return TraceTokens(self, 0, len(self))
+
+    def block_hashes(self, block_size: int, salt: str | None, count: int) -> list[bytes] | None:
+        """The prefix-cache hashes of the prompt's first ``count`` full blocks of ``block_size``
+        tokens (at most ``len // block_size``) under ``salt``, from the recipe alone (no token is
+        built; the engine's Request.prompt_hashes): 16 bytes each, chained as the engine chains
+        block hashes (a block's hash covers the salt and every block before it). Trace block ``t``
+        (key ``k_t``, as ``ids`` draws it) gives its ``block_tokens / block_size`` blocks from one
+        ``shake_128(parent + recipe + k_t)`` output, 16 bytes a block (``parent``: the previous
+        block's hash; block 0's covers the salt), so a shorter prompt's blocks are a prefix of a
+        longer one's. Two trace prompts' blocks hash alike exactly where they draw the same trace
+        blocks in the same order under the same salt, which is where their tokens agree (distinct
+        blocks' draws differ); these are not the hashes of the tokens (engine.block_hash), so a
+        run's requests all take theirs from here. None where ``block_size`` does not divide
+        ``block_tokens`` (an engine block would span two trace blocks)."""
+        seed, vocab, size, line, hash_ids, length = self._recipe
+        if size % block_size:
+            return None
+        per, full = size // block_size, min(count, length // block_size)
+        recipe = f"{seed}/{vocab}/{size}/".encode()
+        parent = b"salt:" + (b"" if salt is None else b"\x01" + salt.encode()) + b"\x00"
+        hashes: list[bytes] = []
+        for t in range(-(-full // per)):
+            key = (1, line, t) if hash_ids is None else (0, hash_ids[t])
+            num = min(per, full - t * per)
+            out = shake_128(parent + recipe + repr(key).encode()).digest(16 * num)
+            hashes += [out[i : i + 16] for i in range(0, 16 * num, 16)]
+            parent = hashes[-1]
+        return hashes
 
     def __len__(self) -> int:
         return self._recipe[5]
@@ -75,6 +113,59 @@ class TracePrompt(Sequence[int]):
 
     def __repr__(self) -> str:
         return f"TracePrompt(line={self._recipe[3]}, len={len(self)})"
+
+
+class TraceTokens(Sequence[int]):
+    """Token ids ``start``..``stop - 1`` of a ``TracePrompt``, drawn only where read: a slice is
+    another view (a simulated scheduler slices every prompt into its steps and never reads the
+    ids), an index or an iteration draws the blocks it covers, ``+`` gives a tuple. Equal to,
+    and hashing as, the tuple of its ids (so a set or dict mixes them with tuples)."""
+
+    __slots__ = ("prompt", "start", "stop")
+
+    def __init__(self, prompt: TracePrompt, start: int, stop: int):
+        self.prompt, self.start, self.stop = prompt, start, stop
+
+    def ids(self) -> tuple[int, ...]:
+        return self.prompt.ids_between(self.start, self.stop)
+
+    def __len__(self) -> int:
+        return self.stop - self.start
+
+    @overload
+    def __getitem__(self, index: int) -> int: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> TraceTokens: ...
+
+    def __getitem__(self, index: int | slice) -> int | TraceTokens:
+        if isinstance(index, slice):
+            begin, end, step = index.indices(len(self))
+            if step != 1:
+                raise ValueError("TraceTokens: only contiguous slices (step 1)")
+            return TraceTokens(self.prompt, self.start + begin, self.start + max(begin, end))
+        at = index + len(self) if index < 0 else index
+        if not 0 <= at < len(self):
+            raise IndexError("TraceTokens index out of range")
+        return self.prompt.ids_between(self.start + at, self.start + at + 1)[0]
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self.ids())
+
+    def __add__(self, other: Sequence[int]) -> tuple[int, ...]:
+        return self.ids() + tuple(other)
+
+    def __radd__(self, other: Sequence[int]) -> tuple[int, ...]:
+        return tuple(other) + self.ids()
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Sequence) and len(other) == len(self) and tuple(other) == self.ids()
+
+    def __hash__(self) -> int:
+        return hash(self.ids())
+
+    def __repr__(self) -> str:
+        return f"TraceTokens({self.prompt!r}, {self.start}:{self.stop})"
 
 
 @lru_cache(maxsize=4096)

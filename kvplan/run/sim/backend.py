@@ -92,6 +92,8 @@ class SimBackend:
             never run them; the load test's request checks rule this out beforehand).
     """
 
+    takes_unbuilt_prompts = True  # the driver sends a trace prompt unbuilt (kvplan.traffic.trace.TraceTokens)
+
     def __init__(
         self,
         facts: EngineFacts,
@@ -167,6 +169,7 @@ class SimBackend:
             arrival,
             submission.cache_salt,
             submission.tenant,
+            submission.prompt_hashes,
         )
         if self._front_end is not None:  # batches leave in arrival order: _pending stays in time order
             self._tokenizing.append((arrival, len(submission.prompt_token_ids), request))

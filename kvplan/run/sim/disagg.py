@@ -90,6 +90,8 @@ class DisaggBackend:
             checks against both pools rule it out beforehand).
     """
 
+    takes_unbuilt_prompts = True  # the driver sends a trace prompt unbuilt (kvplan.traffic.trace.TraceTokens)
+
     def __init__(
         self,
         prefill: tuple[EngineFacts, Callable[[], StepClock], int],
@@ -135,6 +137,7 @@ class DisaggBackend:
             arrival,
             submission.cache_salt,
             submission.tenant,
+            submission.prompt_hashes,
         )
         self.prefill[p].scheduler.add_request(request, self.now_s)
         self.prefill[p].wake(self.now_s)
@@ -331,6 +334,7 @@ def _join(scheduler: Scheduler, prefilled: Request, max_tokens: int, now: float)
         prefilled.arrival_time,
         prefilled.cache_salt,
         prefilled.tenant,
+        prefilled.prompt_hashes,
     )
     request.output_token_ids = list(prefilled.output_token_ids)
     request.token_times = list(prefilled.token_times)
