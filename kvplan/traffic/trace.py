@@ -47,12 +47,15 @@ class TracePrompt(Sequence[int]):
         if start >= stop:
             return ()
         first, end = start // size, -(-stop // size)
+        offset = first * size
+        if end - first == 1:  # within one block (a simulation's reads: a first block, a prompt's tail)
+            key = (1, line, first) if hash_ids is None else (0, hash_ids[first])
+            return _span(seed, vocab, size, key, start - offset, stop - offset)
         if hash_ids is None:  # the line's own blocks, shared with nothing
             keys: list[tuple[int, ...]] = [(1, line, b) for b in range(first, end)]
         else:
             keys = [(0, h) for h in hash_ids[first:end]]
         parts = [_block(seed, vocab, size, key) for key in keys]
-        offset = first * size
         return tuple(np.concatenate(parts)[start - offset : stop - offset].tolist())  # Python ints, in C
 
     def tokens(self) -> TraceTokens:
@@ -166,6 +169,12 @@ class TraceTokens(Sequence[int]):
 
     def __repr__(self) -> str:
         return f"TraceTokens({self.prompt!r}, {self.start}:{self.stop})"
+
+
+@lru_cache(maxsize=1024)
+def _span(seed: int, vocab_size: int, size: int, key: tuple[int, ...], start: int, stop: int) -> tuple[int, ...]:
+    """Ids ``start``..``stop - 1`` of one hash block's (``_block``), as Python ints."""
+    return tuple(_block(seed, vocab_size, size, key)[start:stop].tolist())
 
 
 @lru_cache(maxsize=4096)
