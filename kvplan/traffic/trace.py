@@ -3,6 +3,7 @@ hash blocks (the format, the hash-block expansion and the level's timing: kvplan
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator, Sequence
 from functools import lru_cache
 from hashlib import shake_128
@@ -13,6 +14,8 @@ import numpy as np
 from kvplan.traffic.requests import SampledBuckets, SampledRequest
 from kvplan.workload.schema import Workload
 from kvplan.workload.trace import PROBE_REQUESTS, Trace, clipped, read_trace
+
+RECIPE_BITS = 64  # the least bits of draws an engine block needs for its hash from the recipe
 
 
 class TracePrompt(Sequence[int]):
@@ -72,12 +75,16 @@ class TracePrompt(Sequence[int]):
         ``shake_128(parent + recipe + k_t)`` output, 16 bytes a block (``parent``: the previous
         block's hash; block 0's covers the salt), so a shorter prompt's blocks are a prefix of a
         longer one's. Two trace prompts' blocks hash alike exactly where they draw the same trace
-        blocks in the same order under the same salt, which is where their tokens agree (distinct
-        blocks' draws differ); these are not the hashes of the tokens (engine.block_hash), so a
-        run's requests all take theirs from here. None where ``block_size`` does not divide
-        ``block_tokens`` (an engine block would span two trace blocks)."""
+        blocks in the same order under the same salt, which is where their tokens agree: an engine
+        block holds ``block_size`` uniform draws from ``vocab_size`` ids, at least
+        ``RECIPE_BITS`` bits of them, so two distinct ones agree with a chance below 2**-64 (the
+        ids' own hash is 128-bit blake2b). These are not the hashes of the tokens
+        (engine.block_hash), so a run's requests all take theirs from here. None (the tokens are
+        hashed) where ``block_size`` does not divide ``block_tokens`` (an engine block would span
+        two trace blocks) or its draws hold fewer bits (a small vocabulary or block, where
+        distinct blocks' ids can agree and hit in the prefix cache)."""
         seed, vocab, size, line, hash_ids, length = self._recipe
-        if size % block_size:
+        if size % block_size or block_size * math.log2(max(vocab, 1)) < RECIPE_BITS:
             return None
         per, full = size // block_size, min(count, length // block_size)
         recipe = f"{seed}/{vocab}/{size}/".encode()

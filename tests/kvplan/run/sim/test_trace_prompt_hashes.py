@@ -14,6 +14,7 @@ from unittest.mock import patch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from engine import deferred_hashes
 from engine.block_manager import hash_block
 from engine.offload.tiers import Offload
 from kvplan.results.records import LevelKey
@@ -25,7 +26,7 @@ from kvplan.traffic.requests import SampledRequest
 from kvplan.traffic.trace import TracePrompt
 from tests.kvplan.run.sim.test_decode_runs import COST, _Capture, facts, pool_state
 
-VOCAB = 1 << 30  # two distinct blocks' draws never agree (a collision would be a hit only tokens see)
+VOCAB = 1 << 40  # engine blocks of 2 ids and more hold 64 bits of draws (RECIPE_BITS): hashed from the recipe
 SEED = 7
 
 
@@ -51,7 +52,7 @@ PROMPTS = [  # (line, hash ids or None, length); block_tokens 8
 
 def test_recipe_hashes_agree_where_the_token_hashes_do():
     prompts = [TracePrompt(SEED, VOCAB, 8, line, ids, length) for line, ids, length in PROMPTS]
-    for block_size in (1, 2, 4, 8):
+    for block_size in (2, 4, 8):
         for salt in (None, "s"):
             recipe = [p.block_hashes(block_size, salt, 99) for p in prompts]
             tokens = [token_hashes(p.ids(), block_size, salt) for p in prompts]
@@ -69,6 +70,10 @@ def test_recipe_hashes_agree_where_the_token_hashes_do():
         salted, plain = prompts[0].block_hashes(4, "a", 9), prompts[0].block_hashes(4, None, 9)
         assert not set(salted) & set(plain) and not set(salted) & set(prompts[0].block_hashes(4, "b", 9))
     assert prompts[0].block_hashes(3, None, 9) is None and prompts[0].block_hashes(16, None, 9) is None
+    # fewer than 64 bits of draws a block (RECIPE_BITS): distinct blocks' ids can agree, so the ids are hashed
+    small = TracePrompt(SEED, 512, 8, 1, (0, 1, 2), 24)  # 9 bits an id
+    assert small.block_hashes(4, None, 9) is None and len(small.block_hashes(8, None, 9)) == 3
+    assert TracePrompt(SEED, 1, 8, 1, (0,), 8).block_hashes(8, None, 9) is None
 
 
 @st.composite
@@ -76,15 +81,16 @@ def traces(draw):
     """Trace lines as a trace workload reads them, a pool and a level: lines drawing hash ids from
     a small set (so prompts share leading blocks) or blocks of their own, cut anywhere in their
     last block; ``block_tokens`` a multiple of the engine block or not (then the tokens are hashed)."""
-    block_size = draw(st.sampled_from([1, 2, 4]))
-    block_tokens = draw(st.sampled_from([4, 6, 8]))
+    block_size = draw(st.sampled_from([1, 2, 4, 8]))
+    block_tokens = draw(st.sampled_from([4, 6, 8, 16]))
+    vocab = draw(st.sampled_from([VOCAB, 512]))  # 512: blocks under 8 ids are hashed from their ids
     requests = []
     for line in range(1, draw(st.integers(1, 10)) + 1):
         count = draw(st.integers(1, 4))
         length = draw(st.integers((count - 1) * block_tokens + 1, count * block_tokens))
         own = draw(st.booleans())
         ids = None if own else tuple(draw(st.lists(st.integers(0, 3), min_size=count, max_size=count)))
-        prompt = TracePrompt(SEED, VOCAB, block_tokens, line, ids, length)
+        prompt = TracePrompt(SEED, vocab, block_tokens, line, ids, length)
         requests.append(SampledRequest(prompt, draw(st.integers(1, 30)), f"trace:{line}"))
     longest = max(r.num_tokens for r in requests)
     least = -(-longest // block_size)
@@ -137,13 +143,19 @@ def one_to_one(recipe: dict, tokens: dict) -> dict:
 def test_recipe_hashes_change_nothing_a_simulation_shows(case):
     engine, requests, mode, value, plan, decode_runs, tiers = case
     plain = [SampledRequest(tuple(r.prompt_token_ids), r.max_tokens, r.source) for r in requests]
-    recipe_hashes = TracePrompt.block_hashes
-    with patch.object(TracePrompt, "block_hashes", autospec=True, side_effect=recipe_hashes) as asked:
+    recipe_hashes, opened = TracePrompt.block_hashes, deferred_hashes.first_block
+    with (
+        patch.object(TracePrompt, "block_hashes", autospec=True, side_effect=recipe_hashes) as asked,
+        patch.object(deferred_hashes, "first_block", side_effect=opened) as classes,
+    ):
         recipe = simulated(engine, requests, mode, value, plan, decode_runs, tiers)
-    tokens = simulated(engine, plain, mode, value, plan, decode_runs, tiers)
+    with patch.object(deferred_hashes, "first_block", side_effect=opened) as token_classes:
+        tokens = simulated(engine, plain, mode, value, plan, decode_runs, tiers)
     assert recipe.steps == tokens.steps
     assert recipe.finished == tokens.finished
     one_to_one(recipe.pool, tokens.pool)
+    # the hashes deferred alike (engine.deferred_hashes: each first block's class, opened or settled)
+    assert classes.call_count == token_classes.call_count
     # a prompt's first full block is hashed by its lookup or once computed: asked of the recipe
     assert asked.called == any(len(r.prompt_token_ids) >= engine.block_size for r in requests)
 
