@@ -389,12 +389,18 @@ class BlockManager:
         self._num_checked.pop(request_id, None)
         if (chain := self._open.pop(request_id, None)) is not None:
             chain.open = False  # preempted or done: from now on it hashes (its deferred blocks stay)
-        refs, joined = self._refs, []
-        for block_id in reversed(self._tables.pop(request_id, ())):
-            left = refs[block_id] - 1
-            refs[block_id] = left
-            if not left:
-                joined.append(block_id)  # tail of the request joins first
-        self._free.extend(joined)
+        refs, table = self._refs, self._tables.pop(request_id, ())[::-1]  # tail of the request joins first
+        if [*map(refs.__getitem__, table)].count(1) == len(table):  # none shared (most): every block joins
+            for block_id in table:
+                refs[block_id] = 0
+            self._free.extend(table)
+        else:
+            joined = []
+            for block_id in table:
+                left = refs[block_id] - 1
+                refs[block_id] = left
+                if not left:
+                    joined.append(block_id)
+            self._free.extend(joined)
         if forget:
             self._hashes.pop(request_id, None)

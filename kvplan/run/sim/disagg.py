@@ -33,18 +33,21 @@ The backend reports requests as the router streams them (token 1 from the prefil
 rest from the decode worker) and the seconds each one's KV took to move (``kv_transfer_s``);
 each pool's steps are kept in ``steps`` (the driver gets none: two pools have no one step index).
 A decode worker's pure decode steps are taken together (engine.decode_run) up to the first step
-that a transfer's end or a handoff could change (``_run``), equal step for step to stepping them.
+that a transfer's end or a handoff could change, or the step that finishes requests (``_run``),
+equal step for step to stepping them: timed when the run starts, taken when the worker next
+starts a step (or its finishing step ends), and cut where a handoff arrives that it would admit.
 """
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from operator import attrgetter
 from typing import Any
 
-from engine.decode_run import SIMULATED_TOKEN_ID, decode_run
+from engine.decode_run import SIMULATED_TOKEN_ID, PlannedRun, decode_run, plan_decode_run
 from engine.disagg.scheduler import DisaggScheduler
 from engine.outputs import DecodeRunSteps
 from engine.request import FinishReason, Request, SamplingParams
@@ -70,14 +73,42 @@ class _Worker:
     handoffs: deque[tuple[float, Request]] = field(default_factory=deque)  # decode: (ready at, prefilled)
     moving: dict[str, tuple[float, Request]] = field(default_factory=dict)  # decode: id -> (start, prefilled)
     moved: list[tuple[float, Request]] = field(default_factory=list)  # decode: (moved at, prefilled)
+    # decode: a run timed from ``now`` (the clock before it) whose steps are taken when the worker
+    # next starts a step, or cut at a handoff that a step of it would admit (DisaggBackend._run)
+    pending: tuple[PlannedRun, float] | None = None
 
     def wake(self, at: float) -> None:
         self.idle, self.now = False, max(self.now, at)
 
+    def take_run(self, before: float | None = None) -> None:
+        """Take the pending run's steps: where ``before`` (s) is given, those starting before it
+        if that cuts the run short (else it stays pending); the clock goes to the end of the last
+        one taken (back to the run's start if none is). A run that ends in a step finishing
+        requests is in flight as that step (``step``) and taken at its end (DisaggBackend._end)."""
+        if self.pending is None:
+            return
+        run, start = self.pending
+        k = len(run.ends) if before is None else bisect_left(run.starts, before)
+        if k == len(run.ends) and (before is not None or run.finish_at == k):
+            return  # not cut; a finishing run is taken at its last step's end
+        self.pending = None
+        if self.step is not None and self.step[0] is _FINISHING:
+            self.step = None  # cut before the step that would have finished requests
+        if not k:
+            self.now = start
+            return
+        parts, self.now = run.take(k)
+        self.parts += parts
+        self.num_steps += k
+
     @property
     def steps(self) -> list[Any]:
         """Every step's StepStats in order (a decode run's built here, where they are read)."""
+        self.take_run()
         return [s for part in self.parts for s in (part if isinstance(part, DecodeRunSteps) else (part,))]
+
+
+_FINISHING = object()  # a decode worker's step in flight that is a pending run's last, finishing step
 
 
 class DisaggBackend:
@@ -178,6 +209,7 @@ class DisaggBackend:
         worker = pool[i]
         if kind.endswith("start"):
             if pool is self.decode:
+                worker.take_run()
                 self._admit(i, at)
                 if self.decode_runs and self._run(i):
                     return [], []
@@ -187,36 +219,60 @@ class DisaggBackend:
 
     def _run(self, d: int) -> bool:
         """Decode worker ``d``'s steps from the one starting now (its handoffs admitted) taken
-        together as a decode run (engine.decode_run: equal step for step to the scheduler's), up to
-        the first step that something from outside could change: its link's next transfer end (a
-        moved request joins at the next step start), and, unless no handoff can be admitted during
-        the run, the earliest end a prefill step can have (a handoff; every prefill worker busy, its
-        step's end or next start, else no run). No handoff can be admitted while the head of the
-        queue waits (its pool only fills during a run: FIFO, the rest wait behind it) or running +
-        moving requests hold max_num_seqs (none finishes in a run). On a clock with a gap between
-        steps, a handoff arriving in a gap would delay the next step: the prefill bound then too.
-        Only on a ``ModelClock`` (a step's time from its work; arrivals join at its start). Whether
-        a run was taken."""
+                together as a decode run (engine.decode_run: equal step for step to the scheduler's), up to
+                the first step that something from outside could change: its link's next transfer end (a
+                moved request joins at the next step start) or a handoff it would admit, and (without prefix
+        caching) up to the step in which the requests nearest their max_tokens finish: that step is in
+        flight (``step``) until its end, where ``_end`` takes the run and reports them. The run is timed
+                now and its steps are taken when the worker next starts a step (``_Worker.take_run``); a
+                handoff that arrives meanwhile, while none waits and running + moving requests hold fewer
+                than max_num_seqs (none finishes before a run's last step), cuts it before the first step starting at or
+                after the handoff (``_handoff``), where the scheduler would admit it. On a clock with a gap
+                between steps, a handoff arriving in a gap would delay the next step: the run is then taken
+                at once, up to the earliest end a prefill step can have where a handoff could be admitted
+                (every prefill worker busy, its step's end or next start, else no run). Only on a
+                ``ModelClock`` (a step's time from its work; arrivals join at its start). Whether a run was
+                taken."""
         worker = self.decode[d]
         clock = worker.clock
         if type(clock) is not ModelClock:
             return False
         scheduler = worker.scheduler
         until = self.links[d].next_end()
+        if not clock.cost.gap_s:
+            run = plan_decode_run(scheduler, clock, worker.now, until, worker.num_steps, decode_work, finish=True)
+            if run is None:
+                return False
+            worker.pending, worker.now = (run, worker.now), run.ends[-1]
+            if run.finish_at == len(run.ends):  # its last step finishes requests: in flight until its end
+                worker.step = (_FINISHING, run.starts[-1], run.ends[-1])
+            return True
         full = len(scheduler.running) + len(worker.moving) >= scheduler.max_num_seqs
-        if not (worker.handoffs or full) or clock.cost.gap_s:
+        if not (worker.handoffs or full):
             for p in self.prefill:
                 if p.idle:  # it may start a step at any time (a request, a freed block)
                     return False
                 at = p.step[2] if p.step is not None else p.clock.next_start(p.now)[1]
                 until = at if until is None else min(until, at)
-        run = decode_run(scheduler, clock, worker.now, until, worker.num_steps, decode_work)
-        if run is None:
+        taken = decode_run(scheduler, clock, worker.now, until, worker.num_steps, decode_work)
+        if taken is None:
             return False
-        steps, worker.now = run
+        steps, worker.now = taken
         worker.parts.append(steps)
         worker.num_steps += len(steps)
         return True
+
+    def _handoff(self, d: int, ready: float, request: Request) -> None:
+        """A prefilled request handed to decode worker ``d`` at ``ready``, s: queued FIFO; where it
+        could be admitted at once (none waits before it, a slot free), the worker's pending run is
+        cut before its first step starting at or after ``ready`` (that step's start admits it)."""
+        worker = self.decode[d]
+        if worker.pending is not None and not worker.handoffs:
+            scheduler = worker.scheduler
+            if len(scheduler.running) + len(worker.moving) < scheduler.max_num_seqs:
+                worker.take_run(before=ready)
+        worker.handoffs.append((ready, request))
+        worker.wake(ready)
 
     def _start(self, worker: _Worker, start: float) -> None:
         output = worker.scheduler.schedule(start)
@@ -229,10 +285,20 @@ class DisaggBackend:
         assert worker.step is not None
         output, start, _ = worker.step
         scheduler = worker.scheduler
-        scheduler.update_from_output(output, dict.fromkeys(map(_REQUEST_ID, output.scheduled), SIMULATED_TOKEN_ID), end)
-        finished = scheduler.take_finished()
-        worker.parts.append(scheduler.step_stats(worker.num_steps, start, end, output, len(finished)))
-        worker.num_steps += 1
+        if output is _FINISHING:  # a decode run whose last step finishes requests (_run)
+            assert worker.pending is not None
+            run, _ = worker.pending
+            worker.pending = None
+            parts, _ = run.take(len(run.ends))
+            worker.parts += parts
+            worker.num_steps += len(run.ends)
+            finished = scheduler.take_finished()
+        else:
+            scheduled = output.scheduled
+            scheduler.update_from_output(output, dict.fromkeys(map(_REQUEST_ID, scheduled), SIMULATED_TOKEN_ID), end)
+            finished = scheduler.take_finished()
+            worker.parts.append(scheduler.step_stats(worker.num_steps, start, end, output, len(finished)))
+            worker.num_steps += 1
         worker.step, worker.now = None, end
         out = []
         for request in finished:
@@ -259,8 +325,7 @@ class DisaggBackend:
                         done = replace(done, token_times=(), num_output_tokens=0)
                     out.append(done)
                     continue
-                self.decode[d].handoffs.append((end, request))
-                self.decode[d].wake(end)
+                self._handoff(d, end, request)
             else:  # refused or cut short on the prefill worker (cannot fit): the client's answer
                 del self._route[request.request_id]
                 out.append(_finished(request))

@@ -334,6 +334,26 @@ def test_runs_with_requests_waiting_where_none_can_be_admitted():
         assert any(s["num_waiting"] for s in slow.steps), (seqs, prefill_first)
 
 
+def test_runs_while_a_preempted_request_waits_for_more_blocks_than_are_free():
+    """4 users of a 3-token prompt and a 40-token reply on 30 blocks of 4 (each request ends
+    holding 11): the pool runs out, the last admitted is preempted and waits, its 3 + n tokens
+    needing a block more than are free while the others decode. Without prefix caching those
+    steps go in runs (an advance reports several steps, each with the request waiting), equal to
+    stepping one by one; with prefix caching (a block a run fills could shorten the waiting one's
+    need) each is the scheduler's own."""
+    requests = [SampledRequest(tuple(range(i, i + 3)), 40, "random") for i in range(4)]
+    for caching in (False, True):
+        case = (facts(4, 30, 8, 64, caching), requests, "closed", 4, None, 0.0)
+        fast, slow = run(*case, decode_runs=True), run(*case, decode_runs=False)
+        assert fast.steps == slow.steps and fast.finished == slow.finished and fast.pool == slow.pool
+        assert sum(s["num_preemptions"] for s in slow.steps) >= 1
+        at, waiting_runs = 0, 0
+        for size in fast.batches:  # the steps of each advance, in order
+            waiting_runs += size > 1 and all(s["num_waiting"] for s in fast.steps[at : at + size])
+            at += size
+        assert (waiting_runs > 0) == (not caching), caching
+
+
 def test_a_run_that_evicts_the_hashes_its_own_blocks_fill_settles_step_by_step():
     """One user, two requests with the same prompt (3 tokens: no full block to hit) and the same
     20-token reply, on a pool of exactly the 6 blocks of 4 that the first one holds (23 tokens).

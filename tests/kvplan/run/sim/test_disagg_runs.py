@@ -6,6 +6,7 @@ steps or none, token 1 from either pool, closed and open loop, every finished re
 transfer seconds), every worker's steps and each pool's blocks at the end are the same with runs
 taken and without."""
 
+from bisect import bisect_left
 from dataclasses import asdict
 
 from hypothesis import HealthCheck, given, settings
@@ -17,7 +18,7 @@ from kvplan.results.stats.steady import LevelSchedule
 from kvplan.run.driver import Level, Recorder, run_level
 from kvplan.run.sim.calibration.fit import LinearStepCost
 from kvplan.run.sim.cost import ModelClock
-from kvplan.run.sim.disagg import DisaggBackend
+from kvplan.run.sim.disagg import DisaggBackend, _Worker
 from kvplan.sizing.gpus.links import Link
 from kvplan.traffic.requests import SampledRequest
 
@@ -136,3 +137,48 @@ def test_a_decode_pool_full_of_long_replies_is_taken_in_runs():
     decode_steps = sum(len(w.steps) for w in slow_backend.decode)
     assert decode_steps > 24 * 200 / 8  # at most 8 decode at once over the two workers
     assert fast.calls < slow.calls / 5
+
+
+def test_a_decode_worker_runs_while_its_prefill_worker_idles_and_a_handoff_cuts_its_run():
+    """1 prefill and 1 decode worker with room to spare (8 slots, 3 users of 200-token replies):
+    the prefill worker is idle between requests, and any moment a request could arrive and be
+    handed off. The decode worker's steps still go in runs (far fewer advances), timed ahead and
+    cut where a handoff arrives (the step starting at or after it admits it), each going on to the
+    step that finishes requests (fewer decode steps taken alone than requests), equal to stepping."""
+    requests = [SampledRequest(tuple(range(i % 5 + 20)), 200, "random") for i in range(6)]
+    case = (
+        requests,
+        facts(16, 64, 8, 256),
+        facts(16, 128, 8, 256),
+        (1, 1),
+        Link("t", bytes_per_s=1e6, setup_s=1e-4),
+        0.0,
+        "prefill",
+        "closed",
+        3,
+        None,
+    )
+    cuts, starts = [], []
+    take_run, start = _Worker.take_run, DisaggBackend._start
+
+    def spy(worker, before=None):
+        if worker.pending is not None and before is not None:
+            cuts.append(bisect_left(worker.pending[0].starts, before) < len(worker.pending[0].ends))
+        take_run(worker, before)
+
+    def stepped(backend, worker, at):
+        starts.append(worker in backend.decode)
+        start(backend, worker, at)
+
+    _Worker.take_run, DisaggBackend._start = spy, stepped
+    try:
+        (fast, fast_backend) = run(*case, decode_runs=True)
+        decode_steps_alone, starts[:] = sum(starts), []
+        (slow, slow_backend) = run(*case, decode_runs=False)
+    finally:
+        _Worker.take_run, DisaggBackend._start = take_run, start
+    assert fast.finished == slow.finished and state(fast_backend) == state(slow_backend)
+    assert fast.calls < slow.calls / 5
+    assert any(cuts)  # a pending run was cut short by a handoff
+    # a run goes on to the step that finishes requests: fewer decode steps alone than finishes
+    assert decode_steps_alone < len(requests) < sum(starts)
