@@ -390,17 +390,9 @@ class BlockManager:
         if (chain := self._open.pop(request_id, None)) is not None:
             chain.open = False  # preempted or done: from now on it hashes (its deferred blocks stay)
         refs, table = self._refs, self._tables.pop(request_id, ())[::-1]  # tail of the request joins first
-        if [*map(refs.__getitem__, table)].count(1) == len(table):  # none shared (most): every block joins
-            for block_id in table:
-                refs[block_id] = 0
-            self._free.extend(table)
-        else:
-            joined = []
-            for block_id in table:
-                left = refs[block_id] - 1
-                refs[block_id] = left
-                if not left:
-                    joined.append(block_id)
-            self._free.extend(joined)
+        for block_id in table:
+            refs[block_id] -= 1
+        shared = [*map(refs.__getitem__, table)].count(0) < len(table)  # those stay held; most tables: none
+        self._free.extend([b for b in table if not refs[b]] if shared else table)
         if forget:
             self._hashes.pop(request_id, None)

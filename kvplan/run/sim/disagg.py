@@ -32,10 +32,9 @@ does meanwhile (a transfer freeing prefill blocks) lands between the two, as on 
 The backend reports requests as the router streams them (token 1 from the prefill worker, the
 rest from the decode worker) and the seconds each one's KV took to move (``kv_transfer_s``);
 each pool's steps are kept in ``steps`` (the driver gets none: two pools have no one step index).
-A decode worker's pure decode steps are taken together (engine.decode_run) up to the first step
-that a transfer's end or a handoff could change, or the step that finishes requests (``_run``),
-equal step for step to stepping them: timed when the run starts, taken when the worker next
-starts a step (or its finishing step ends), and cut where a handoff arrives that it would admit.
+A decode worker's pure decode steps are taken together (engine.decode_run), equal step for step to
+stepping them: timed when the run starts, taken when the worker next starts a step or its finishing
+step ends, and cut at a transfer's end or where a handoff arrives that it would admit (``_run``).
 """
 
 from __future__ import annotations
@@ -59,6 +58,7 @@ from kvplan.run.sim.cost import ModelClock, StepClock, StepWork, decode_work
 from kvplan.sizing.gpus.links import Link, SharedLink
 
 _REQUEST_ID = attrgetter("request_id")
+_FINISHING = object()  # a decode worker's step in flight that is a pending run's last, finishing step
 
 
 @dataclass
@@ -73,18 +73,16 @@ class _Worker:
     handoffs: deque[tuple[float, Request]] = field(default_factory=deque)  # decode: (ready at, prefilled)
     moving: dict[str, tuple[float, Request]] = field(default_factory=dict)  # decode: id -> (start, prefilled)
     moved: list[tuple[float, Request]] = field(default_factory=list)  # decode: (moved at, prefilled)
-    # decode: a run timed from ``now`` (the clock before it) whose steps are taken when the worker
-    # next starts a step, or cut at a handoff that a step of it would admit (DisaggBackend._run)
+    # decode: a run timed from ``now`` (the clock before it), not yet taken (DisaggBackend._run)
     pending: tuple[PlannedRun, float] | None = None
 
     def wake(self, at: float) -> None:
         self.idle, self.now = False, max(self.now, at)
 
     def take_run(self, before: float | None = None) -> None:
-        """Take the pending run's steps: where ``before`` (s) is given, those starting before it
-        if that cuts the run short (else it stays pending); the clock goes to the end of the last
-        one taken (back to the run's start if none is). A run that ends in a step finishing
-        requests is in flight as that step (``step``) and taken at its end (DisaggBackend._end)."""
+        """Take the pending run's steps (where ``before``, s, cuts it short: those starting before it;
+        else it stays pending) and the clock to the end of the last one taken. A run that ends in a
+        step finishing requests is in flight as that step (``step``), taken at its end (``_end``)."""
         if self.pending is None:
             return
         run, start = self.pending
@@ -106,9 +104,6 @@ class _Worker:
         """Every step's StepStats in order (a decode run's built here, where they are read)."""
         self.take_run()
         return [s for part in self.parts for s in (part if isinstance(part, DecodeRunSteps) else (part,))]
-
-
-_FINISHING = object()  # a decode worker's step in flight that is a pending run's last, finishing step
 
 
 class DisaggBackend:
@@ -218,21 +213,16 @@ class DisaggBackend:
         return self._end(worker, pool is self.prefill, at), []
 
     def _run(self, d: int) -> bool:
-        """Decode worker ``d``'s steps from the one starting now (its handoffs admitted) taken
-                together as a decode run (engine.decode_run: equal step for step to the scheduler's), up to
-                the first step that something from outside could change: its link's next transfer end (a
-                moved request joins at the next step start) or a handoff it would admit, and (without prefix
-        caching) up to the step in which the requests nearest their max_tokens finish: that step is in
-        flight (``step``) until its end, where ``_end`` takes the run and reports them. The run is timed
-                now and its steps are taken when the worker next starts a step (``_Worker.take_run``); a
-                handoff that arrives meanwhile, while none waits and running + moving requests hold fewer
-                than max_num_seqs (none finishes before a run's last step), cuts it before the first step starting at or
-                after the handoff (``_handoff``), where the scheduler would admit it. On a clock with a gap
-                between steps, a handoff arriving in a gap would delay the next step: the run is then taken
-                at once, up to the earliest end a prefill step can have where a handoff could be admitted
-                (every prefill worker busy, its step's end or next start, else no run). Only on a
-                ``ModelClock`` (a step's time from its work; arrivals join at its start). Whether a run was
-                taken."""
+        """Decode worker ``d``'s steps from the one starting now (its handoffs admitted) as a decode
+        run (engine.decode_run, equal step for step), up to the first step its link's next transfer
+        end could change (a moved request joins at the next step start), or (without prefix caching)
+        the step that finishes the requests nearest their max_tokens, in flight (``step``) until its
+        end, where ``_end`` takes the run. The run is timed now and taken when the worker next
+        starts a step (``_Worker.take_run``); a handoff it would admit cuts it first (``_handoff``).
+        On a clock with a gap between steps (a handoff arriving in a gap delays the next step) the
+        run is taken at once, up to the earliest end a prefill step can have where a handoff could be
+        admitted (every prefill worker busy, else no run). Only on a ``ModelClock``. Whether a run
+        was taken."""
         worker = self.decode[d]
         clock = worker.clock
         if type(clock) is not ModelClock:
@@ -263,9 +253,8 @@ class DisaggBackend:
         return True
 
     def _handoff(self, d: int, ready: float, request: Request) -> None:
-        """A prefilled request handed to decode worker ``d`` at ``ready``, s: queued FIFO; where it
-        could be admitted at once (none waits before it, a slot free), the worker's pending run is
-        cut before its first step starting at or after ``ready`` (that step's start admits it)."""
+        """A prefilled request handed to decode worker ``d`` at ``ready``, s, FIFO; where it could be
+        admitted (none waits, a slot free) a pending run is cut before its first step from ``ready``."""
         worker = self.decode[d]
         if worker.pending is not None and not worker.handoffs:
             scheduler = worker.scheduler

@@ -114,7 +114,7 @@ def test_a_first_block_hashed_in_a_run_settles_deferred_blocks_in_the_steps_orde
     """Found by the fuzz profile: requests of one first block (prompt (0,), salted alike) whose
     first block fills during a decode run, while the run's takes evict deferred blocks of an
     earlier one of them: the first block's hash settles those blocks (engine.deferred_hashes), so
-    the run's blocks are settled step by step (engine.decode_run._settle); before, one cached
+    the run's blocks are settled step by step (engine.run_settle.settle); before, one cached
     entry too many was left."""
     engine = facts(4, 27, 3, 4, True)
     prompts = [(0,), (0,), (3, 13, 0), (3, 13, 0), (0,)]
