@@ -220,9 +220,8 @@ class DisaggBackend:
         end, where ``_end`` takes the run. The run is timed now and taken when the worker next
         starts a step (``_Worker.take_run``); a handoff it would admit cuts it first (``_handoff``).
         On a clock with a gap between steps (a handoff arriving in a gap delays the next step) the
-        run is taken at once, up to the earliest end a prefill step can have where a handoff could be
-        admitted (every prefill worker busy, else no run). Only on a ``ModelClock``. Whether a run
-        was taken."""
+        run is taken at once, up to the earliest end a prefill step can have (every prefill worker
+        busy, else no run). Only on a ``ModelClock``. Whether a run was taken."""
         worker = self.decode[d]
         clock = worker.clock
         if type(clock) is not ModelClock:
@@ -237,13 +236,11 @@ class DisaggBackend:
             if run.finish_at == len(run.ends):  # its last step finishes requests: in flight until its end
                 worker.step = (_FINISHING, run.starts[-1], run.ends[-1])
             return True
-        full = len(scheduler.running) + len(worker.moving) >= scheduler.max_num_seqs
-        if not (worker.handoffs or full):
-            for p in self.prefill:
-                if p.idle:  # it may start a step at any time (a request, a freed block)
-                    return False
-                at = p.step[2] if p.step is not None else p.clock.next_start(p.now)[1]
-                until = at if until is None else min(until, at)
+        for p in self.prefill:  # a gap clock: a handoff in a gap delays the next step, admitted or not
+            if p.idle:  # it may start a step at any time (a request, a freed block)
+                return False
+            at = p.step[2] if p.step is not None else p.clock.next_start(p.now)[1]
+            until = at if until is None else min(until, at)
         taken = decode_run(scheduler, clock, worker.now, until, worker.num_steps, decode_work)
         if taken is None:
             return False
