@@ -12,6 +12,13 @@ above 1, the line through the lowest two crosses 1 at the edge. A level that fai
 SLO (a score above ``FAR_SCORE``) bends the secant through it down to the level that holds (the
 scores are convex there), so where it is more than twice that level, the guess is at least their
 geometric mean: a nearer failing level, from which the line through the two failing ones follows.
+Where two levels hold (scores rising, below 1) beside a failing one, the line through the two
+holding scores crosses 1 on the edge's other side wherever the scores bend one way below it
+(convex, as they rise with the load: the guess from the failing side lands below the edge and the
+holding line's above; concave: the reverse), so the guess is the midpoint of the two, the holding
+line taken no further than the lowest failing level. A guess from the failing side alone creeps
+up through levels that hold (regula falsi's one-sided convergence on a convex function), and a
+holding level runs to its end, where a failing one stops early.
 Past ``max_num_seqs`` users with only levels that meet it, each user more waits ``1 / X`` s longer
 (Little's law, X the requests/s of the highest level that meets it), so the edge is where the TTFT
 or E2E P95 grows to its bound; else, with levels on one side only, the score is taken as growing in
@@ -83,16 +90,16 @@ def expected_edge(
         if failed is None or (edge is not None and edge < failed):
             return edge
     line = _queue_line(known, scores, held)
-    if line is not None:
-        return line
-    if held is not None and failed is not None:
+    if line is None and held is not None and failed is not None:
         low, high = scores.get(held, math.nan), scores.get(failed, math.nan)
         if not (math.isfinite(low) and math.isfinite(high) and high > low):
             return None
-        secant = held + (1.0 - low) * (failed - held) / (high - low)
+        line = held + (1.0 - low) * (failed - held) / (high - low)
         if high > FAR_SCORE and failed > 2 * held:  # a far overloaded level: a second one, nearer
-            return max(secant, math.sqrt(held * failed))
-        return secant
+            line = max(line, math.sqrt(held * failed))
+    if line is not None:
+        rising = _held_line(known, scores, held)
+        return line if rising is None or failed is None else (line + min(rising, failed)) / 2
     one = held if held is not None else failed  # one side only: the score in proportion to the level
     ratio = math.nan if one is None else scores.get(one, math.nan)
     return one / ratio if one is not None and math.isfinite(ratio) and ratio > 0 else None
@@ -110,6 +117,18 @@ def _queue_line(known: Mapping[float, bool], scores: Mapping[float, float], held
         return None
     edge = f1 - (s1 - 1.0) * (f2 - f1) / (s2 - s1)
     return edge if (held or 0.0) < edge < f1 else None
+
+
+def _held_line(known: Mapping[float, bool], scores: Mapping[float, float], held: float | None) -> float | None:
+    """Where the line through the two highest holding levels' scores (both finite, rising, the
+    higher below 1) crosses 1; None otherwise."""
+    holding = sorted(v for v, k in known.items() if k)[-2:]
+    if held is None or len(holding) < 2:
+        return None
+    (h1, h2), (s1, s2) = holding, (scores.get(holding[0], math.nan), scores.get(holding[1], math.nan))
+    if not (math.isfinite(s1) and math.isfinite(s2) and s1 < s2 < 1.0):
+        return None
+    return h2 + (1.0 - s2) * (h2 - h1) / (s2 - s1)
 
 
 def _queue_edge(held: float, at: LevelSummary, slo: Slo, waves: bool) -> float | None:

@@ -6,10 +6,12 @@ from __future__ import annotations
 import math
 from types import SimpleNamespace
 
+import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from kvplan.optimize.plan import RATE_MODE_CONCURRENCY_PRECISION
 from kvplan.results.metrics import Slo
 from kvplan.results.records import RequestRecord
 from kvplan.results.stats.latency import LatencyStats
@@ -194,8 +196,70 @@ def test_on_scores_that_bend_up_past_the_edge_the_guesses_find_it_in_fewer_level
     assert answer == highest_int(lambda u: score(u) <= 1.0, 1024, 1.1) == (56, 60)
     monkeypatch.setattr(edges, "FAR_SCORE", math.inf)
     monkeypatch.setattr(edges, "_queue_line", lambda *args: None)
+    monkeypatch.setattr(edges, "_held_line", lambda *args: None)
     secant_answer, secant_asked = levels()
     assert secant_answer == answer and len(asked) == 5 and len(secant_asked) == 12
+
+
+def test_two_holding_levels_bracket_the_edge_with_the_guess_from_above():
+    """A 2P + 2D unit's levels (kvplan plan --disagg, 8,000 / 1,000 tokens, H100-SXM tp 2): its scores
+    rise slowly, then jump where a queue builds (240 users hold, 256 fail). The line through the two
+    highest holding levels crosses 1 past the edge, the guess from the failing side before it: the
+    guess is their midpoint."""
+    slo = Slo(ttft_ms=2000, tpot_ms=30)
+    scores = {52: 0.3, 176: 0.67, 304: 4.15, 512: 10.18}
+    held_line = 176 + 0.33 * (176 - 52) / (0.67 - 0.3)  # 286.59
+    # one level failing far (10.18 > FAR_SCORE, 512 > 2 x 176): the geometric mean, 300.18, beats the secant
+    known = {52: True, 176: True, 512: False}
+    assert edges.expected_edge(known, scores, {}, slo, 512) == pytest.approx((math.sqrt(176 * 512) + held_line) / 2)
+    # two failing: the line through them, 304 - 3.15 x 208 / 6.03 = 195.34; the midpoint, 240.97
+    known[304] = False
+    queue_line = 304 - 3.15 * 208 / 6.03
+    assert edges.expected_edge(known, scores, {}, slo, 512) == pytest.approx((queue_line + held_line) / 2)
+    # holding scores that barely rise: their line crosses 1 at 1,788, past the lowest failing level (304),
+    # which bounds it
+    slow = {52: 0.3, 176: 0.35, 304: 4.15, 512: 10.18}
+    assert edges.expected_edge(known, slow, {}, slo, 512) == pytest.approx((queue_line + 304) / 2)
+    # holding scores that fall, or one holding level: no holding line, the guess from the failing side
+    flat = {52: 0.7, 176: 0.67, 304: 4.15, 512: 10.18}
+    assert edges.expected_edge(known, flat, {}, slo, 512) == pytest.approx(queue_line)
+    level = {52: 0.67, 176: 0.67, 304: 4.15, 512: 10.18}  # equal: a line that never crosses 1
+    assert edges.expected_edge(known, level, {}, slo, 512) == pytest.approx(queue_line)
+    assert edges.expected_edge({176: True, 304: False, 512: False}, scores, {}, slo, 512) == pytest.approx(queue_line)
+
+
+def test_on_a_units_measured_scores_the_holding_line_saves_two_levels_that_hold():
+    """The 2P + 2D unit's concurrency search (kvplan plan --disagg at 10 req/s, H100-SXM tp 2 over
+    rdma-400g, 8,000 / 1,000 tokens, 20 requests): each level's score as kvplan simulated it
+    (2026-12-07), the search's precision as plan's at a rate. With the failing side's guesses
+    alone the search simulates 208 and 224, both holding (a holding level runs to its end: 1.8 CPU-s
+    each there, a failing one about 0.7); with the holding line, neither. The same answer as the
+    plain bisection's on these scores."""
+    measured = {52: 0.3, 176: 0.67, 208: 0.76, 224: 0.82, 240: 0.99, 256: 1.07, 304: 4.15, 512: 10.18}
+    slo, precision = Slo(ttft_ms=2000, tpot_ms=30), RATE_MODE_CONCURRENCY_PRECISION
+
+    def levels() -> tuple[tuple, list]:
+        known: dict[float, bool] = {}
+        scores: dict[float, float] = {}
+        asked: list[float] = []
+
+        def ok(u: float) -> bool:
+            asked.append(u)
+            scores[u] = measured[u]  # a level the unit's searches never simulated: a KeyError
+            return scores[u] <= 1.0
+
+        search = lambda test: highest_int(test, 512, precision)  # noqa: E731
+        return steered(search, ok, known, lambda: edges.expected_edge(known, scores, {}, slo, 512)), asked
+
+    answer, asked = levels()
+    levels_scores = sorted(measured.items())
+    interpolated = lambda u: float(np.interp(u, *zip(*levels_scores)))  # noqa: E731  # rising: monotone
+    assert answer == highest_int(lambda u: interpolated(u) <= 1.0, 512, precision) == (240, 256)
+    assert asked == [512, 52, 176, 304, 256, 240]
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(edges, "_held_line", lambda *args: None)
+        failing_side, failing_side_asked = levels()
+    assert failing_side == answer and failing_side_asked == [512, 52, 176, 304, 208, 256, 224, 240]
 
 
 def test_past_max_num_seqs_the_edge_is_where_littles_law_puts_the_queue_at_the_bound():
