@@ -98,7 +98,7 @@ def expected_edge(
         if high > FAR_SCORE and failed > 2 * held:  # a far overloaded level: a second one, nearer
             line = max(line, math.sqrt(held * failed))
     if line is not None:
-        rising = _held_line(known, scores, held)
+        rising = _held_line(known, scores)
         return line if rising is None or failed is None else (line + min(rising, failed)) / 2
     one = held if held is not None else failed  # one side only: the score in proportion to the level
     ratio = math.nan if one is None else scores.get(one, math.nan)
@@ -119,11 +119,11 @@ def _queue_line(known: Mapping[float, bool], scores: Mapping[float, float], held
     return edge if (held or 0.0) < edge < f1 else None
 
 
-def _held_line(known: Mapping[float, bool], scores: Mapping[float, float], held: float | None) -> float | None:
+def _held_line(known: Mapping[float, bool], scores: Mapping[float, float]) -> float | None:
     """Where the line through the two highest holding levels' scores (both finite, rising, the
     higher below 1) crosses 1; None otherwise."""
     holding = sorted(v for v, k in known.items() if k)[-2:]
-    if held is None or len(holding) < 2:
+    if len(holding) < 2:
         return None
     (h1, h2), (s1, s2) = holding, (scores.get(holding[0], math.nan), scores.get(holding[1], math.nan))
     if not (math.isfinite(s1) and math.isfinite(s2) and s1 < s2 < 1.0):
