@@ -36,6 +36,22 @@ def _steer(search, limit: float, guesses: list[float | None]):
     return answer, asked
 
 
+def _guided(score, top: int, precision: float, slo: Slo) -> tuple[tuple, list]:
+    """``highest_int(ok, top, precision)`` steered by ``edges.expected_edge`` on the levels' scores
+    (``score(users)``; a level holds where it is at most 1): (the answer, the levels asked)."""
+    known: dict[float, bool] = {}
+    scores: dict[float, float] = {}
+    asked: list[float] = []
+
+    def ok(u: float) -> bool:
+        asked.append(u)
+        scores[u] = score(u)
+        return scores[u] <= 1.0
+
+    search = lambda test: highest_int(test, top, precision)  # noqa: E731
+    return steered(search, ok, known, lambda: edges.expected_edge(known, scores, {}, slo, top)), asked
+
+
 SEARCHES = {
     "highest_int": lambda top, p: lambda ok: highest_int(ok, top, p),
     "beyond": lambda top, p: lambda ok: beyond(lambda c: c <= top or ok(c), top, 8 * top, p),
@@ -179,18 +195,7 @@ def test_on_scores_that_bend_up_past_the_edge_the_guesses_find_it_in_fewer_level
     slo = Slo(ttft_ms=2000)
     score = lambda u: 0.25 + 0.009 * u if u <= 57 else 1.0 + 0.1 * (u - 57)  # noqa: E731
 
-    def levels() -> tuple[tuple, list]:
-        known: dict[float, bool] = {}
-        scores: dict[float, float] = {}
-        asked: list[float] = []
-
-        def ok(u: float) -> bool:
-            asked.append(u)
-            scores[u] = score(u)
-            return scores[u] <= 1.0
-
-        search = lambda test: highest_int(test, 1024, 1.1)  # noqa: E731
-        return steered(search, ok, known, lambda: edges.expected_edge(known, scores, {}, slo, 1024)), asked
+    levels = lambda: _guided(score, 1024, 1.1, slo)  # noqa: E731
 
     answer, asked = levels()
     assert answer == highest_int(lambda u: score(u) <= 1.0, 1024, 1.1) == (56, 60)
@@ -238,18 +243,7 @@ def test_on_a_units_measured_scores_the_holding_line_saves_two_levels_that_hold(
     measured = {52: 0.3, 176: 0.67, 208: 0.76, 224: 0.82, 240: 0.99, 256: 1.07, 304: 4.15, 512: 10.18}
     slo, precision = Slo(ttft_ms=2000, tpot_ms=30), RATE_MODE_CONCURRENCY_PRECISION
 
-    def levels() -> tuple[tuple, list]:
-        known: dict[float, bool] = {}
-        scores: dict[float, float] = {}
-        asked: list[float] = []
-
-        def ok(u: float) -> bool:
-            asked.append(u)
-            scores[u] = measured[u]  # a level the unit's searches never simulated: a KeyError
-            return scores[u] <= 1.0
-
-        search = lambda test: highest_int(test, 512, precision)  # noqa: E731
-        return steered(search, ok, known, lambda: edges.expected_edge(known, scores, {}, slo, 512)), asked
+    levels = lambda: _guided(measured.__getitem__, 512, precision, slo)  # noqa: E731  # unsimulated: KeyError
 
     answer, asked = levels()
     levels_scores = sorted(measured.items())
