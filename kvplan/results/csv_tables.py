@@ -182,9 +182,12 @@ def _as_pandas(values: Sequence[Any], as_object: bool) -> tuple[Sequence[Any], t
 
 
 # ---- the records as CSV -----------------------------------------------------------------------
+_REQUEST_CSV_FIELDS = tuple(f.name for f in fields(RequestRecord) if f.name != "token_times")
+
+
 def request_row(rec: RequestRecord) -> dict[str, Any]:
     """The requests.csv row: scalars plus derived latencies in ms (empty when undefined)."""
-    row = {f.name: getattr(rec, f.name) for f in fields(rec) if f.name != "token_times"}
+    row = {name: getattr(rec, name) for name in _REQUEST_CSV_FIELDS}
     ms = lambda s: None if s is None else s * 1e3  # noqa: E731
     e2e = None if rec.finish_reason == "rejected" else metrics.e2e_s(rec)  # refused at the entry: no latency
     row.update(ttft_ms=ms(metrics.ttft_s(rec)), tpot_ms=ms(metrics.tpot_s(rec)), e2e_ms=ms(e2e))

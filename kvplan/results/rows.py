@@ -141,6 +141,9 @@ def by_level(records: Sequence[Any]) -> dict[tuple, list[int]]:
     """The positions of each level's records, by the level as a ``LEVEL_FIELDS`` tuple (two equal
     exactly when their LevelKeys are), levels in the order they first appear."""
     if isinstance(records, StepRows):
+        columns = [records.column(f) for f in LEVEL_FIELDS]
+        if columns[0] and all(c.count(c[0]) == len(c) for c in columns):  # one level (a trace's replay)
+            return {tuple(c[0] for c in columns): list(range(len(records)))}
         levels = records.levels()
     else:
         levels = map(attrgetter(*LEVEL_FIELDS), records)

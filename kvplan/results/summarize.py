@@ -9,6 +9,7 @@ run, ``prefix_caching`` (kvplan.results.stats.prefix_metrics.compare_variants).
 from __future__ import annotations
 
 from collections.abc import Sequence
+from operator import sub
 
 from kvplan.results import metrics
 from kvplan.results.records import LevelKey, RequestRecord, StepRecord
@@ -131,11 +132,11 @@ def summarize(
             )
         )
     # |measured - paged| of each step of an unshared variant, read column by column
-    unshared = [
-        abs(m - p)
-        for v, m, p in zip(column(steps, "variant"), column(steps, "measured_bytes"), column(steps, "paged_bytes"))
-        if v != prefix_metrics.CACHED
-    ]
+    variants, measured, paged = column(steps, "variant"), column(steps, "measured_bytes"), column(steps, "paged_bytes")
+    if variants and variants.count(variants[0]) == len(variants):  # one variant (a run without one: every step)
+        unshared = [] if variants[0] == prefix_metrics.CACHED else list(map(abs, map(sub, measured, paged)))
+    else:
+        unshared = [abs(m - p) for v, m, p in zip(variants, measured, paged) if v != prefix_metrics.CACHED]
     pricing = prefix_pricing(result)
     kv = KvSummary(
         num_steps=len(steps),

@@ -164,6 +164,20 @@ def test_step_rows_are_the_records_they_hold():
     assert column(rows, "no_such_field", 7) == [7] * 5
 
 
+def test_one_level_groups_as_the_loop_groups_it():
+    """A run of one level (a trace's replay: a million steps) is read in one pass per level field;
+    its group is what grouping step by step gives, 1 and 1.0 one level as their LevelKeys are."""
+    for level in (lambda i: 2.5, lambda i: [1, 1.0][i % 2]):
+        steps = _steps(5, level=level)
+        rows = StepRows([tuple(getattr(s, f.name) for f in fields(StepRecord)) for s in steps])
+        positions = by_level(rows)
+        key = (steps[0].bucket, steps[0].mode, level(0), steps[0].variant)
+        assert positions == by_level(steps) == {key: [0, 1, 2, 3, 4]}
+        assert [type(k[2]) for k in positions] == [type(level(0))]  # the first step's value, as the loop keeps it
+        assert pick(rows, positions[next(iter(positions))]) is rows
+    assert by_level(StepRows()) == {} == by_level([])
+
+
 def test_levels_group_as_their_keys():
     steps = _steps(6, level=lambda i: [1, 2.5, 1.0, 3][i % 4])  # 1 and 1.0: one LevelKey, as before
     rows = StepRows([tuple(getattr(s, f.name) for f in fields(StepRecord)) for s in steps])
