@@ -7,7 +7,7 @@ function, registered below (the order is ``kvplan --help``'s).
 """
 
 from kvplan.cli import advise, compare, estimate, gate, loadtest, plan, profile, report, schema, simulate
-from kvplan.cli.app import app, main
+from kvplan.cli.app import app, main, script
 
 app.command()(estimate.estimate)
 app.command()(loadtest.loadtest)
@@ -20,4 +20,4 @@ app.command(name="compare")(compare.compare_runs)
 app.command()(gate.gate)
 app.command()(schema.schema)
 
-__all__ = ["app", "main"]
+__all__ = ["app", "main", "script"]

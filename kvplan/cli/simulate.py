@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from kvplan.cli.app import exit_interrupted, make_console, simulation_gc, warn
+from kvplan.cli.app import exit_interrupted, left_to_exit, make_console, simulation_gc, warn
 
 
 def simulate(
@@ -138,7 +138,9 @@ def simulate(
     elif calibrated is not None:  # the drift warning goes to stderr whatever else is quiet
         warn([d.describe() for d in calibrated.drift], str(calibrate))
     note = lambda line: warn([line], spec.source)  # noqa: E731
-    run_dir = run_simulate(spec, setup, out, plan=plan, attainment=attainment, charts=charts, note=note)
+    run_dir = run_simulate(
+        spec, setup, out, plan=plan, attainment=attainment, charts=charts, note=note, keep=left_to_exit()
+    )
     result = read_result(run_dir)
     if json_output:
         import json

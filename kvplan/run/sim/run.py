@@ -92,6 +92,7 @@ def simulate(
     search: bool = True,
     charts: bool = False,
     note: Callable[[str], None] = lambda line: None,
+    keep: list | None = None,
 ) -> Path:
     """Simulate ``workload`` on ``setup`` and write its run folder; returns the folder.
 
@@ -99,6 +100,8 @@ def simulate(
         without records. search: False skips the capacity search (knees stay in the estimate).
     charts: draw the report's PNGs too (seconds of matplotlib; ``kvplan report DIR`` draws them later).
     note: called with each line the user should read (a replay's levels left out).
+    keep: where to put the run's records once the report is written, for the caller to free (the
+        console script leaves them to the OS: kvplan.cli.app.script); None: freed on return.
 
     Raises:
         KvplanError: an ``out`` that cannot be a new run folder, prompts that cannot fill a bucket, a
@@ -172,6 +175,8 @@ def simulate(
         left_out = ", ".join(lv.key.id for lv in levels if lv.key.id not in kept)
         note(f"--replay: not simulated, as the measured run did not run them: {left_out}")
     records = KeptRecords(finish_later=True)  # the records in memory too: the report reads no file back
+    if keep is not None:
+        keep.append(records)
     # the searches need none of the levels' records: on other cores while the levels run; one
     # target's search with two probes side by side where cores allow (kvplan.run.sim.ahead): on
     # two cores, once the levels are done (till then they hold one core, the search the other, and
