@@ -92,17 +92,23 @@ def workload_file(folder: Path, isl: int, osl: int) -> Path:
     return path
 
 
+# the tree's console script: kvplan.cli.script since 1e52876 (it ends the process without freeing
+# every object), kvplan.cli.main before
+SCRIPT = "import sys, kvplan.cli as cli; sys.argv[0] = 'kvplan'; getattr(cli, 'script', cli.main)()"
+
+
 def kvplan_plan(
     workload: Path, model: str, gpus: list[str], load: list[str], seqs: str, out: Path, tree: Path = ROOT
 ) -> tuple[dict, float]:
     """``kvplan plan --json``'s object and its wall seconds, kvplan imported from ``tree``."""
     started = time.perf_counter()
     done = subprocess.run(
-        [str(Path(sys.executable).parent / "kvplan"), "plan", str(workload), "--model", model, *load]
+        [sys.executable, "-c", SCRIPT, "plan", str(workload), "--model", model, *load]
         + ["--gpus", ",".join(gpus), "--tp", "1,2,4,8", "--max-num-seqs", seqs, "--json", "--out", str(out)],
         capture_output=True,
         text=True,
         check=False,
+        cwd=tree,  # python -c puts its working folder first on sys.path
         env={**os.environ, "PYTHONPATH": str(tree)},
     )
     if done.returncode:
