@@ -239,8 +239,8 @@ class DecodeBatch:
             if rid in fills:
                 bm.cache_computed_blocks(request)
             if id(request) in done:
-                for bucket in growth:
-                    bucket.pop(rid, None)
+                # its growth slot, from _join: (step + first) % block_size == -base % block_size
+                del growth[-self.base[rid] % len(growth)][rid]
                 del self.base[rid], self.entry[rid], self.order[rid]
                 s._finish(request, FinishReason.LENGTH, now)
         tail, self.tail = self.tail, None
