@@ -77,7 +77,7 @@ def script() -> NoReturn:
     threads joined, atexit handlers run, stdout and stderr flushed, ``SystemExit``'s code as its
     status) without its finalization, which frees every object one by one. After a
     20,000-request trace's report is written, freeing its kept records (some ten million objects)
-    and the interpreter took 1.7 s (docs/benchmarks.md#trace-20k). An exception other than
+    and the interpreter took 1.2-1.7 s (docs/benchmarks.md#trace-20k). An exception other than
     SystemExit propagates as before (its traceback, status 1). Where this Python has no
     ``threading._shutdown`` or ``atexit._run_exitfuncs`` (CPython's, which its finalization
     calls), the process ends as usual."""
